@@ -1,0 +1,86 @@
+"""Conversion and verification reports: plain data, shared by every converter.
+
+Library code returns these; only the CLI renders them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["EXACT", "VALUE_EXACT", "LOSSY", "REFUSED", "TensorPlan", "ConversionReport"]
+
+#: every code and scale bit preserved
+EXACT = "exact"
+#: stored differently but every value identical (e.g. float32 fallback of a K-quant)
+VALUE_EXACT = "value-exact"
+#: a fallback the user chose that changes values (max_abs_error says how much)
+LOSSY = "lossy"
+#: not exactly representable and no fallback chosen
+REFUSED = "refused"
+
+
+@dataclass
+class TensorPlan:
+    """What happens (or happened) to one tensor."""
+
+    name: str
+    source_type: str  # e.g. "Q4_0", "F32", "MXFP4 (gpt-oss)"
+    mapping: str  # e.g. "per-block affine int4 SYMMETRIC K=32 f16", or the target GGML type
+    status: str  # EXACT / VALUE_EXACT / LOSSY / REFUSED
+    bytes_in: int = 0
+    bytes_out: int = 0
+    reason: str = ""  # why refused, or what the fallback did
+    max_abs_error: float | None = None
+    substituted_blocks: int = 0  # forbidden scales replaced on all-zero blocks (recorded, restored on export)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ConversionReport:
+    source: str
+    destination: str | None
+    source_format: str
+    destination_format: str
+    tensors: list[TensorPlan] = field(default_factory=list)
+    dry_run: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def refused(self) -> list[TensorPlan]:
+        return [t for t in self.tensors if t.status == REFUSED]
+
+    @property
+    def exact(self) -> bool:
+        return all(t.status in (EXACT, VALUE_EXACT) for t in self.tensors)
+
+    @property
+    def bytes_in(self) -> int:
+        return sum(t.bytes_in for t in self.tensors)
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(t.bytes_out for t in self.tensors)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.tensors:
+            out[t.status] = out.get(t.status, 0) + 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "destination": self.destination,
+            "source_format": self.source_format,
+            "destination_format": self.destination_format,
+            "dry_run": self.dry_run,
+            "exact": self.exact,
+            "counts": self.counts(),
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "notes": list(self.notes),
+            "tensors": [t.to_dict() for t in self.tensors],
+        }
