@@ -1,0 +1,319 @@
+"""The ``hurray-interop`` command line.
+
+    hurray-interop convert SRC DST [--from F] [--to F] [--fallback float32|float16|bfloat16]
+                                   [--q4-1 overlay|requantize] [--convention gpt-oss|compressed-tensors]
+                                   [--dry-run] [--force] [--json] [--quiet]
+    hurray-interop verify FILE [FILE ...] [--pair] [--json] [--quiet]
+    hurray-interop inspect FILE [--json]
+
+Exit status: 0 success; 1 refused or inexact conversion, failed verification;
+2 bad input or usage.  One line on stderr for every error; ``--debug`` adds the
+traceback.  This is the only module that prints or exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence, TextIO
+
+from . import __version__
+from .errors import ConversionRefused, HurrayInteropError, UsageError, VerificationFailed
+from .report import ConversionReport
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+FORMATS = ("gguf", "hurray", "safetensors")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one line and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="hurray-interop",
+        description="Move quantized weights between GGUF, OCP MX (safetensors) and Hurray (.hrry), "
+        "byte-exact, and prove it.",
+    )
+    p.add_argument("--version", action="version", version=f"hurray-interop {__version__}")
+    p.add_argument("--debug", action="store_true", help="show a traceback on errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    c = sub.add_parser("convert", help="convert SRC into DST (formats from extensions, confirmed by magic bytes)")
+    c.add_argument("src", metavar="SRC")
+    c.add_argument("dst", metavar="DST")
+    c.add_argument("--from", dest="src_format", choices=FORMATS, help="force the source format")
+    c.add_argument("--to", dest="dst_format", choices=FORMATS, help="force the destination format")
+    c.add_argument(
+        "--fallback",
+        choices=("float32", "float16", "bfloat16"),
+        help="store tensors that cannot be converted exactly dequantized as this type (reported per tensor)",
+    )
+    c.add_argument(
+        "--q4-1",
+        dest="q4_1",
+        choices=("overlay", "requantize"),
+        default="overlay",
+        help="Q4_1/Q5_1: exact minimum overlay composite (default) or lossy plain per-block affine",
+    )
+    c.add_argument(
+        "--convention",
+        choices=("gpt-oss", "compressed-tensors"),
+        help="safetensors output: MX checkpoint convention (default: the one recorded at import)",
+    )
+    c.add_argument("--dry-run", action="store_true", help="show the plan per tensor; write nothing")
+    c.add_argument("--force", action="store_true", help="overwrite an existing DST")
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary")
+    c.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+    v = sub.add_parser(
+        "verify",
+        help="round-trip each FILE through Hurray and back and compare bytes and values; "
+        "with --pair (or two files of different formats) compare the two files",
+    )
+    v.add_argument("files", nargs="+", metavar="FILE")
+    v.add_argument("--pair", action="store_true", help="compare exactly two files with each other")
+    v.add_argument("--each", action="store_true", help="round-trip every file, even two of different formats")
+    v.add_argument("--json", action="store_true", help="print the report as JSON")
+    v.add_argument("--quiet", "-q", action="store_true", help="print summary lines only")
+    v.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+    i = sub.add_parser("inspect", help="show tensors, their mapping and metadata of a .hrry, .gguf or .safetensors file")
+    i.add_argument("file", metavar="FILE")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+# ---------------------------------------------------------------------------
+# progress
+
+
+@contextmanager
+def _progress(enabled: bool, desc: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A ``progress(done_bytes, total_bytes)`` callback drawing a tqdm bar on a terminal."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, leave=False, file=sys.stderr)
+
+    def update(done: int, total: int) -> None:
+        if bar.total != total:
+            bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
+# ---------------------------------------------------------------------------
+# rendering
+
+
+def _fmt_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    if not rows:
+        return
+    widths = [max(len(str(r[c])) for r in rows) for c in range(len(rows[0]))]
+    for r in rows:
+        out.write("  ".join(str(cell).ljust(w) for cell, w in zip(r, widths)).rstrip() + "\n")
+
+
+def _render_conversion(report: ConversionReport, out: TextIO) -> None:
+    rows = [("tensor", "source", "hurray mapping" if report.destination_format == "hurray" else "mapping", "status", "bytes in", "bytes out", "note")]
+    for t in report.tensors:
+        note = t.reason
+        if t.max_abs_error is not None:
+            note = (note + "; " if note else "") + f"max abs error {t.max_abs_error:.6g}"
+        if t.substituted_blocks:
+            note = (note + "; " if note else "") + f"{t.substituted_blocks} zero-block scale(s) substituted and recorded"
+        rows.append((t.name, t.source_type, t.mapping, t.status, _fmt_bytes(t.bytes_in), _fmt_bytes(t.bytes_out), note))
+    _table(rows, out)
+    for n in report.notes:
+        out.write(f"note: {n}\n")
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(report.counts().items()))
+    verb = "would convert" if report.dry_run else "converted"
+    out.write(
+        f"{verb} {report.source} ({report.source_format}) -> {report.destination} ({report.destination_format}): "
+        f"{len(report.tensors)} tensors ({counts}), {_fmt_bytes(report.bytes_in)} -> {_fmt_bytes(report.bytes_out)}\n"
+    )
+
+
+def _render_verify(result: Any, out: TextIO, quiet: bool) -> None:
+    if not quiet:
+        rows = [("tensor", "source", "mapping", "bytes equal", "values equal", "max abs diff", "where")]
+        for t in result.tensors:
+            rows.append(
+                (
+                    t.name,
+                    t.source_type,
+                    t.mapping,
+                    "yes" if t.bytes_equal else ("n/a" if t.bytes_equal is None else "NO"),
+                    "yes" if t.values_equal else ("n/a" if t.values_equal is None else "NO"),
+                    "" if t.max_abs_diff is None else f"{t.max_abs_diff:.6g}",
+                    t.where,
+                )
+            )
+        _table(rows, out)
+        for p in result.problems:
+            out.write(f"difference: {p}\n")
+    out.write(result.summary_line() + "\n")
+
+
+def _render_inspect(info: dict[str, Any], out: TextIO) -> None:
+    out.write(f"{info['path']}: {info['format']}")
+    for k in ("version", "alignment", "tensor_count", "file_size"):
+        if k in info:
+            out.write(f", {k.replace('_', ' ')} {info[k]}")
+    out.write("\n")
+    tensors = info.get("tensors", [])
+    if tensors:
+        cols = info.get("tensor_columns") or list(tensors[0].keys())
+        rows = [tuple(cols)] + [tuple(_cell(t.get(c)) for c in cols) for t in tensors]
+        _table(rows, out)
+    kv = info.get("metadata", [])
+    if kv:
+        out.write(f"metadata ({len(kv)} keys):\n")
+        for item in kv:
+            out.write(f"  {item['key']} [{item['type']}] = {_cell(item['value'], 100)}\n")
+    for n in info.get("notes", []):
+        out.write(f"note: {n}\n")
+
+
+def _cell(v: Any, limit: int = 60) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (list, tuple)) and all(isinstance(x, int) for x in v) and len(v) <= 8:
+        return "[" + ", ".join(map(str, v)) + "]"
+    s = v if isinstance(v, str) else json.dumps(v, default=str)
+    s = s.replace("\n", "\\n")
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+# ---------------------------------------------------------------------------
+# commands
+
+
+def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
+    from .convert import convert
+
+    with _progress(not (args.quiet or args.json or args.dry_run), "convert") as progress:
+        try:
+            report = convert(
+                args.src,
+                args.dst,
+                src_format=args.src_format,
+                dst_format=args.dst_format,
+                fallback=args.fallback,
+                q4_1=args.q4_1,
+                convention=args.convention,
+                dry_run=args.dry_run,
+                force=args.force,
+                progress=progress,
+            )
+        except ConversionRefused as exc:
+            report = exc.details.get("report")
+            if report is not None and not args.quiet:
+                if args.json:
+                    out.write(json.dumps(report.to_dict(), indent=2) + "\n")
+                else:
+                    _render_conversion(report, out)
+            for name, typ, reason in exc.reasons:
+                sys.stderr.write(f"hurray-interop: refused: {args.src}: tensor {name!r} ({typ}): {reason}\n")
+            raise
+    if args.json:
+        out.write(json.dumps(report.to_dict(), indent=2) + "\n")
+    elif not args.quiet:
+        _render_conversion(report, out)
+    if args.dry_run and report.refused:
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+    from .verify import verify_files
+
+    results = verify_files(args.files, pair=args.pair, each=args.each)
+    status = EXIT_OK
+    if args.json:
+        out.write(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
+    for r in results:
+        if not args.json:
+            _render_verify(r, out, args.quiet or len(results) > 1)
+        if r.error is not None:
+            status = max(status, EXIT_BAD_INPUT)
+        elif not r.ok:
+            status = max(status, EXIT_FAILED) if status != EXIT_BAD_INPUT else status
+    if len(results) > 1 and not args.json:
+        good = sum(1 for r in results if r.ok)
+        out.write(f"{good} of {len(results)} files verified exact\n")
+    return status
+
+
+def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
+    from .inspect import inspect_file
+
+    info = inspect_file(args.file)
+    if args.json:
+        out.write(json.dumps(info, indent=2, default=str) + "\n")
+    else:
+        _render_inspect(info, out)
+    return EXIT_OK
+
+
+_COMMANDS = {"convert": _cmd_convert, "verify": _cmd_verify, "inspect": _cmd_inspect}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status (the console script exits with it)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    out = sys.stdout
+    try:
+        args = _build_parser().parse_args(argv)
+        if args.command is None:
+            raise UsageError("no command given (use convert, verify or inspect; --help for help)")
+        return _COMMANDS[args.command](args, out)
+    except HurrayInteropError as exc:
+        if debug:
+            traceback.print_exc()
+        if not isinstance(exc, ConversionRefused) or not exc.reasons:
+            sys.stderr.write(f"hurray-interop: error: {exc}\n")
+        else:
+            sys.stderr.write(f"hurray-interop: {exc}\n")
+        return exc.exit_status
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        sys.stderr.write("hurray-interop: interrupted; no output written\n")
+        return 130
+    except OSError as exc:  # file system trouble outside our checks (disk full, I/O error)
+        if debug:
+            traceback.print_exc()
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        sys.stderr.write(f"hurray-interop: error: {where}{exc.strerror or exc}\n")
+        return EXIT_BAD_INPUT
+    except SystemExit as exc:  # --help / --version
+        return int(exc.code or 0)
