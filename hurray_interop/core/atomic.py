@@ -1,0 +1,235 @@
+"""Atomic, crash-safe output files.
+
+:class:`AtomicOutput` writes to a temporary file created in the destination's
+own directory (so the final rename never crosses a file system), and only
+:meth:`AtomicOutput.commit` makes it visible: flush, ``fsync``, rename into
+place, ``fsync`` the directory.  If the ``with`` block raises (including
+``KeyboardInterrupt``) or ``commit`` is never called, the temporary file is
+removed and whatever was at the destination before is untouched.
+
+Safety checks happen before any byte is written:
+
+* an existing destination is refused unless ``force=True``
+  (:class:`~hurray_interop.errors.OutputExistsError`); without ``force`` the
+  final step is a hard link, which fails instead of clobbering a file that
+  appeared meanwhile;
+* a destination that is one of the ``inputs`` (same resolved path, or the same
+  inode via :func:`os.path.samefile`) is refused even with ``force``;
+* permission and other OS errors become one-line
+  :class:`~hurray_interop.errors.UsageError` naming the path.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from pathlib import Path
+from typing import IO, Any, Iterable
+
+from ..errors import OutputExistsError, UsageError
+
+__all__ = ["AtomicOutput", "check_output_path"]
+
+
+
+def _os_error(e: OSError, path: Path, doing: str) -> UsageError:
+    reason = e.strerror or str(e)
+    if isinstance(e, PermissionError):
+        reason = "permission denied"
+    return UsageError(f"cannot {doing}: {reason}", path=path)
+
+
+def check_output_path(
+    path: "str | os.PathLike[str]", *, force: bool = False, inputs: Iterable["str | os.PathLike[str]"] = ()
+) -> Path:
+    """Validate an output path (see the module docstring); returns it as a :class:`Path`."""
+    dest = Path(os.fspath(path))
+    if dest.name in ("", ".", ".."):
+        raise UsageError("output path names a directory, not a file", path=dest)
+    for inp in inputs:
+        ip = Path(os.fspath(inp))
+        same = False
+        try:
+            same = dest.resolve() == ip.resolve()
+        except OSError:  # pragma: no cover - resolve() only fails on symlink loops
+            pass
+        if not same and dest.exists() and ip.exists():
+            try:
+                same = os.path.samefile(dest, ip)
+            except OSError:  # pragma: no cover
+                pass
+        if same:
+            raise UsageError(f"output is the same file as the input {os.fspath(ip)!r}", path=dest)
+    if dest.is_dir():
+        raise UsageError("output path is a directory", path=dest)
+    if (dest.exists() or dest.is_symlink()) and not force:
+        raise OutputExistsError("output exists (pass force to overwrite)", path=dest)
+    parent = dest.parent if str(dest.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"directory {os.fspath(parent)!r} does not exist", path=dest)
+    return dest
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)  # pragma: no cover - only without /proc
+    os.umask(old)  # pragma: no cover
+    return old  # pragma: no cover
+
+
+class AtomicOutput:
+    """Context manager for an all-or-nothing output file.
+
+    ``with AtomicOutput(path) as out:`` gives a writable binary file object
+    (``out.write``, ``out.tell``, ``out.flush``, ``out.fileno`` … are those of
+    the temporary file); call ``out.commit()`` inside the block once the
+    content is complete.  Leaving the block without ``commit()`` discards the
+    temporary file.
+    """
+
+    def __init__(
+        self,
+        path: "str | os.PathLike[str]",
+        *,
+        force: bool = False,
+        inputs: Iterable["str | os.PathLike[str]"] = (),
+    ) -> None:
+        self.path = Path(os.fspath(path))
+        self.force = force
+        self.inputs = tuple(inputs)
+        self.temp_path: Path | None = None
+        self._file: IO[bytes] | None = None
+        self.committed = False
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def open(self) -> "AtomicOutput":
+        if self._file is not None or self.committed:
+            raise UsageError("AtomicOutput is already open or committed", path=self.path)
+        dest = check_output_path(self.path, force=self.force, inputs=self.inputs)
+        parent = dest.parent if str(dest.parent) else Path(".")
+        for _ in range(16):
+            tmp = parent / f".{dest.name}.{secrets.token_hex(6)}.tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            except FileExistsError:  # pragma: no cover - 48 random bits
+                continue
+            except OSError as e:
+                raise _os_error(e, dest, f"create a file in {os.fspath(parent)!r}") from None
+            break
+        else:  # pragma: no cover
+            raise UsageError("cannot create a unique temporary file", path=dest)
+        self.temp_path = tmp
+        self._file = os.fdopen(fd, "wb", buffering=1 << 20)
+        return self
+
+    def __enter__(self) -> "AtomicOutput":
+        return self.open()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if not self.committed:
+            self.abort()
+        return False  # never swallow (KeyboardInterrupt included)
+
+    @property
+    def file(self) -> IO[bytes]:
+        if self._file is None:
+            raise UsageError("AtomicOutput is not open", path=self.path)
+        return self._file
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            raise _os_error(e, self.path, "write the output") from None
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, writelines …
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.file, name)
+
+    def commit(self) -> Path:
+        """Flush, fsync, and move the temporary file into place; returns the path."""
+        f = self.file
+        tmp = self.temp_path
+        assert tmp is not None
+        try:
+            f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            os.fsync(f.fileno())
+            f.close()
+            self._file = None
+            if self.force:
+                os.replace(tmp, self.path)
+            else:
+                self._link_no_clobber(tmp)
+        except OutputExistsError:
+            self.abort()
+            raise
+        except OSError as e:
+            self.abort()
+            raise _os_error(e, self.path, "write the output") from None
+        self.committed = True
+        self.temp_path = None
+        _fsync_dir(self.path.parent if str(self.path.parent) else Path("."))
+        return self.path
+
+    def _link_no_clobber(self, tmp: Path) -> None:
+        try:
+            os.link(tmp, self.path)
+        except FileExistsError:
+            raise OutputExistsError("output appeared while writing (pass force to overwrite)", path=self.path) from None
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS):
+                raise
+            # file system without hard links: re-check, then rename (small race window)
+            if self.path.exists() or self.path.is_symlink():
+                raise OutputExistsError("output appeared while writing (pass force to overwrite)", path=self.path) from None
+            os.replace(tmp, self.path)
+            return
+        os.unlink(tmp)
+
+    def abort(self) -> None:
+        """Discard the temporary file (idempotent)."""
+        f, self._file = self._file, None
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
+        tmp, self.temp_path = self.temp_path, None
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+
+    def __del__(self) -> None:  # best effort if the object is dropped mid-way
+        try:
+            if not self.committed:
+                self.abort()
+        except Exception:  # pragma: no cover
+            pass
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # pragma: no cover - not all platforms can open directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,138 @@
+"""AtomicOutput: all-or-nothing output, refusals, cleanup on every failure path."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from hurray_interop.core.atomic import AtomicOutput
+from hurray_interop.errors import OutputExistsError, UsageError
+
+
+def leftovers(d):
+    return sorted(p.name for p in d.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_commit_moves_temp_into_place(tmp_path):
+    dest = tmp_path / "out.bin"
+    with AtomicOutput(dest) as out:
+        out.write(b"hello ")
+        out.write(memoryview(b"world"))
+        assert out.tell() == 11
+        assert out.temp_path.parent == tmp_path and out.temp_path.name.startswith(".out.bin.")
+        assert not dest.exists()
+        out.commit()
+    assert dest.read_bytes() == b"hello world"
+    assert leftovers(tmp_path) == []
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o666 & ~umask
+
+
+def test_no_commit_leaves_nothing(tmp_path):
+    dest = tmp_path / "out.bin"
+    with AtomicOutput(dest) as out:
+        out.write(b"x")
+    assert not dest.exists()
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt()])
+def test_exception_removes_temp_and_keeps_existing(tmp_path, exc):
+    dest = tmp_path / "out.bin"
+    dest.write_bytes(b"original")
+    with pytest.raises(type(exc)):
+        with AtomicOutput(dest, force=True) as out:
+            out.write(b"new content")
+            raise exc
+    assert dest.read_bytes() == b"original"
+    assert leftovers(tmp_path) == []
+
+
+def test_existing_refused_without_force(tmp_path):
+    dest = tmp_path / "out.bin"
+    dest.write_bytes(b"original")
+    with pytest.raises(OutputExistsError, match=r"out\.bin: output exists"):
+        with AtomicOutput(dest):
+            pass
+    assert dest.read_bytes() == b"original"
+    with AtomicOutput(dest, force=True) as out:
+        out.write(b"replaced")
+        out.commit()
+    assert dest.read_bytes() == b"replaced"
+
+
+def test_file_appearing_meanwhile_is_not_clobbered(tmp_path):
+    dest = tmp_path / "out.bin"
+    with pytest.raises(OutputExistsError, match="appeared while writing"):
+        with AtomicOutput(dest) as out:
+            out.write(b"mine")
+            dest.write_bytes(b"theirs")
+            out.commit()
+    assert dest.read_bytes() == b"theirs"
+    assert leftovers(tmp_path) == []
+
+
+def test_same_file_as_input_refused_even_with_force(tmp_path):
+    src = tmp_path / "in.bin"
+    src.write_bytes(b"data")
+    with pytest.raises(UsageError, match="same file as the input"):
+        AtomicOutput(tmp_path / "sub" / ".." / "in.bin", force=True, inputs=[src]).open()
+    link = tmp_path / "hard.bin"
+    os.link(src, link)
+    with pytest.raises(UsageError, match="same file as the input"):
+        AtomicOutput(link, force=True, inputs=[src]).open()
+    sym = tmp_path / "sym.bin"
+    sym.symlink_to(src)
+    with pytest.raises(UsageError, match="same file as the input"):
+        AtomicOutput(sym, force=True, inputs=[src]).open()
+    assert src.read_bytes() == b"data"
+
+
+def test_directory_and_missing_parent(tmp_path):
+    with pytest.raises(UsageError, match="is a directory"):
+        AtomicOutput(tmp_path, force=True).open()
+    with pytest.raises(UsageError, match="does not exist"):
+        AtomicOutput(tmp_path / "nope" / "x.bin").open()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_permission_denied_is_a_one_line_usage_error(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        with pytest.raises(UsageError, match="permission denied") as ei:
+            AtomicOutput(ro / "x.bin").open()
+        assert "\n" not in str(ei.value) and str(ro / "x.bin") in str(ei.value)
+    finally:
+        ro.chmod(0o755)
+
+
+def test_not_open_and_double_open(tmp_path):
+    a = AtomicOutput(tmp_path / "x.bin")
+    with pytest.raises(UsageError, match="not open"):
+        a.write(b"x")
+    a.open()
+    with pytest.raises(UsageError, match="already open"):
+        a.open()
+    a.abort()
+    assert leftovers(tmp_path) == []
+
+
+def test_permission_error_mapped_without_root_privileges(tmp_path, monkeypatch):
+    """Same check as above, runnable as root: make creating the temp file fail with EACCES."""
+    import hurray_interop.core.atomic as atomic
+
+    real_open = os.open
+
+    def deny(path, *a, **kw):
+        if str(path).endswith(".tmp"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(atomic.os, "open", deny)
+    with pytest.raises(UsageError, match=r"x\.bin: cannot create a file in .*: permission denied$"):
+        AtomicOutput(tmp_path / "x.bin").open()
