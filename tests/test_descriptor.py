@@ -846,11 +846,26 @@ def test_per_channel_zero_points_in_storage_range():
     raw = pcd(pc(zi=2), type_tag=0x11, bufs=[handle(16), handle(16), handle(16)])
     scales = np.ones(4, np.float32).tobytes()
     pv(raw, scales, np.array([0, 255, 128, 7], np.int32).tobytes())
-    with pytest.raises(FormatError, match=r"zero point of block 3 is 256, outside the uint8 range \[0, 255\]") as ei:
+    with pytest.raises(FormatError, match=r"zero point of channel 3 is 256, outside the uint8 range \[0, 255\]") as ei:
         pv(raw, scales, np.array([0, 255, 128, 256], np.int32).tobytes(), offsets=[0, 100, 200])
     assert ei.value.field == "buffer[2]" and ei.value.offset == 212
-    with pytest.raises(FormatError, match="float32 scale of block 0 is 0.0"):
+    with pytest.raises(FormatError, match="float32 scale of channel 0 is 0.0"):
         pv(raw, np.zeros(4, np.float32).tobytes(), np.zeros(4, np.int32).tobytes())
+
+
+def test_shared_scale_and_zero_point_buffer():
+    # quantization.md: one buffer entry may hold [scales | zero_points] end to end
+    raw = pcd(pc(zi=1), type_tag=0x11, bufs=[handle(16), handle(32)])
+    d = decode_descriptor(raw)
+    assert d.quantization == PerChannelAffine(0, 1, 1)
+    both = np.concatenate([np.ones(4, np.float32).view(np.int32), np.array([0, 1, 2, 300], np.int32)])
+    with pytest.raises(FormatError, match="zero point of channel 3 is 300") as ei:
+        validate_parameter_values(d, [np.zeros(16, np.uint8), both.view(np.uint8)], data_offsets=[0, 1000])
+    assert ei.value.offset == 1000 + 16 + 12
+    both[-1] = 255  # scales are not read as zero points and vice versa
+    validate_parameter_values(d, [np.zeros(16, np.uint8), both.view(np.uint8)])
+    # the shared buffer must hold both arrays
+    reject(pcd(pc(zi=1), type_tag=0x11, bufs=[handle(16), handle(16)]), InconsistentError, "buffer[1].byte_size", 61, "needs 32")
 
 
 def test_parameter_values_are_vectorized():
@@ -864,3 +879,49 @@ def test_parameter_values_are_vectorized():
     with pytest.raises(FormatError, match=f"block {n - 1} is nan"):
         validate_parameter_values(d, [np.zeros(1, np.uint8), scales.view(np.uint8)])
     assert time.perf_counter() - t0 < 2.0
+
+
+# ---------------------------------------------------------------------------
+# robustness: every layout / scheme / section path under truncation and bit flips
+
+
+def corpus():
+    inner = struct.pack("<2QBB2x2q", 1, 2, 2, 3, 2, 1)
+    return [
+        wire(layout_tag=0x04, payload=struct.pack("<2QBB2x2q", 2, 2, 3, 4, 2, -1) + inner),
+        wire(layout_tag=0x05, shape=(4, 4), payload=struct.pack("<2I", 2, 2), buffers=[handle(64)]),
+        wire(layout_tag=0x06, shape=(3, 3), payload=struct.pack("<QB7x", 2, 1), buffers=[handle(8), handle(32)]),
+        wire(layout_tag=0x08, shape=(3, 5), payload=struct.pack("<Q8x", 2), buffers=[handle(8), handle(16), handle(48)]),
+        wire(layout_tag=0x09, shape=(2, 2, 2), payload=struct.pack("<Q3I8x", 1, 1, 2, 0), buffers=[handle(4)] + [handle(8)] * 6),
+        wire(type_tag=0x10, layout_tag=0x0A, shape=(64, 2, 4), payload=bp(), buffers=[handle(512), handle(4), handle(8), handle(128)],
+             quant=pb(axis=0, k=16, si=3)),
+        head(rule=2, op=1, shard=struct.pack("<4Q", 16, 8, 8, 0)),
+        wire(layout_tag=0x40, shape=(4, 4), payload=struct.pack("<2I", 2, 2), buffers=[handle(64)]),
+        wire(layout_tag=0xF7, payload=struct.pack("<QI", 0x1234, 3) + b"xyz"),
+        wire(type_tag=0xF5, shape=(3, 4), buffers=[handle(6)], shard=struct.pack("<4Q", 4, 4, 1, 0),
+             stats=stats_bytes(mask=63), ext=ext_bytes(), member=b"\x00" + bytes(15)),
+        ptd(pt(0.5, 3)),
+        pcd(pc(zi=2)),
+        pb_desc(zi=2, buffers=[handle(128), handle(8), handle(16)]),
+        nf4d(),
+        mxd(),
+        wire(type_tag=0x10, shape=(0xFFFFFFFFFFFFFFFF, 64), buffers=[handle(4096), handle(64)], quant=pb()),
+    ]
+
+
+def test_corpus_truncation_and_bit_flips_raise_only_typed_errors():
+    for raw in corpus():
+        d = decode_descriptor(raw)
+        assert encode_descriptor(d) == raw
+        for n in range(len(raw)):
+            with pytest.raises(TruncatedError):
+                decode_descriptor(raw[:n])
+        for bit in range(len(raw) * 8):
+            mutated = bytearray(raw)
+            mutated[bit // 8] ^= 1 << (bit % 8)
+            try:
+                d = decode_descriptor(bytes(mutated))
+            except (FormatError, UnsupportedError) as exc:
+                assert exc.field and exc.offset is not None and 0 <= exc.offset <= len(raw), (raw.hex(), bit, exc)
+                continue
+            assert encode_descriptor(d) == bytes(mutated)

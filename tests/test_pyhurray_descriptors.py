@@ -421,3 +421,28 @@ def test_lax_mxfp_zero_scale_byte_accepted_by_pyhurray_tensor():
     with pytest.raises(FormatError, match="MXFP scale byte of block 1 is 0x00") as ei:
         validate_parameter_values(d, data, data_offsets=[4096, 8192])
     assert ei.value.field == "buffer[1]" and ei.value.offset == 8193
+
+
+# ---------------------------------------------------------------------------
+# strictness ordering: whatever the reference rejects, we reject too
+
+
+@settings(max_examples=80, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(cases(), st.data())
+def test_we_reject_everything_pyhurray_rejects(case, data):
+    _, t = case
+    raw = bytearray(t.descriptor.encode())
+    for _ in range(data.draw(st.integers(1, 3))):
+        bit = data.draw(st.integers(0, len(raw) * 8 - 1))
+        raw[bit // 8] ^= 1 << (bit % 8)
+    raw = bytes(raw)
+    try:
+        theirs = hurray.Descriptor.decode(raw)
+    except (ValueError, NotImplementedError):
+        theirs = None
+    try:
+        ours = decode_descriptor(raw)
+    except (FormatError, UnsupportedError):
+        return  # stricter or equal
+    assert theirs is not None, "pyhurray rejected a descriptor we accepted"
+    assert encode_descriptor(ours) == raw == theirs.encode()

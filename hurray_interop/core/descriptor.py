@@ -126,6 +126,8 @@ F_MEMBER = 0x10
 F_RESERVED = ~0x1F & 0xFFFFFFFF
 
 _HEADER = struct.Struct("<4sBBIIBBI")  # 20 bytes
+_VERSION_LENGTH = struct.Struct("<BBI")
+_FLAGS_TAGS_RANK = struct.Struct("<IBBI")
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -424,7 +426,7 @@ def _decode(buf, offset: int, path, tensor, base: int) -> Descriptor:  # type: i
     magic = rd.bytes(4, "magic")
     if magic != MAGIC:
         raise ctx.err(BadMagicError, f"bad magic {magic!r} (expected {MAGIC!r})", "magic", 0)
-    major, minor, length = rd.unpack(struct.Struct("<BBI"), "version / descriptor_length")
+    major, minor, length = rd.unpack(_VERSION_LENGTH, "version / descriptor_length")
     if major != 1:
         raise ctx.err(UnsupportedError, f"descriptor version {major}.{minor} is not supported (major must be 1)", "version_major", 4)
     if length < 20:
@@ -433,7 +435,7 @@ def _decode(buf, offset: int, path, tensor, base: int) -> Descriptor:  # type: i
     if length > avail:
         raise ctx.err(TruncatedError, f"descriptor_length {length} exceeds the {avail} bytes available", "descriptor_length", 6)
     rd.end = start + length
-    flags, type_tag, layout_tag, rank = rd.unpack(struct.Struct("<IBBI"), "header")
+    flags, type_tag, layout_tag, rank = rd.unpack(_FLAGS_TAGS_RANK, "header")
     if flags & F_RESERVED:
         raise ctx.err(FormatError, f"reserved flag bits set (flags {flags:#010x})", "flags", 10)
     if rank > MAX_RANK:
@@ -1336,7 +1338,13 @@ def validate_parameter_values(
     if q is None or isinstance(q, PerTensorAffine):
         return
 
-    def view(idx: int, dt: str) -> np.ndarray:
+    if isinstance(q, PerChannelAffine):
+        count = desc.shape[q.axis] if q.axis < len(desc.shape) else None
+    else:
+        count = num_blocks(desc)
+
+    def view(idx: int, dt: str, start: int = 0) -> np.ndarray:
+        """Entries of ``dt`` in buffer ``idx`` from entry ``start`` (at most ``count``)."""
         if idx >= len(data):
             raise UsageError(f"buffer {idx} contents not supplied", path=path, tensor=tensor, field=f"buffer[{idx}]")
         raw = data[idx]
@@ -1345,12 +1353,16 @@ def validate_parameter_values(
         if want is not None and raw.size != want:
             raise InconsistentError(f"buffer holds {raw.size} bytes, descriptor declares {want}", path=path, tensor=tensor, field=f"buffer[{idx}]")
         item = np.dtype(dt).itemsize
-        return raw[: raw.size - raw.size % item].view(dt)
+        out = raw[: raw.size - raw.size % item].view(dt)[start:]
+        return out if count is None else out[:count]
 
-    def fail(idx: int, i: int, item: int, what: str, value: str) -> None:
-        off = (data_offsets[idx] + i * item) if data_offsets is not None else None
-        where = "" if off is not None else f" (byte {i * item} of the buffer)"
-        raise FormatError(f"{what} of block {i} is {value}{where}", path=path, tensor=tensor, field=f"buffer[{idx}]", offset=off)
+    unit = "channel" if isinstance(q, PerChannelAffine) else "block"
+
+    def fail(idx: int, i: int, item: int, what: str, value: str, start: int = 0) -> None:
+        rel = start + i * item
+        off = (data_offsets[idx] + rel) if data_offsets is not None else None
+        where = "" if off is not None else f" (byte {rel} of the buffer)"
+        raise FormatError(f"{what} of {unit} {i} is {value}{where}", path=path, tensor=tensor, field=f"buffer[{idx}]", offset=off)
 
     if isinstance(q, MXFP):
         a = view(q.scale_buffer_index, "u1")
@@ -1379,10 +1391,11 @@ def validate_parameter_values(
         value = float(a[i : i + 1].view(st.dtype)[0])
         fail(q.scale_buffer_index, i, item, f"{st.name} scale", f"{value!r} (must be finite and non-zero)")
     if isinstance(q, PerChannelAffine) and q.zero_point_buffer_index is not None:
-        z = view(q.zero_point_buffer_index, "<i4")
-        if q.zero_point_buffer_index == q.scale_buffer_index:
-            z = z[desc.shape[q.axis] or 0 :]
+        # a zero-point array sharing the scale buffer follows the scales ([scales | zero_points])
+        shared = q.zero_point_buffer_index == q.scale_buffer_index
+        z = view(q.zero_point_buffer_index, "<i4", (count or 0) if shared else 0)
         lo, hi = _storage_range(desc.element_type)
         j = _first_bad(z, lambda c: (c < lo) | (c > hi))
         if j is not None:
-            fail(q.zero_point_buffer_index, j, 4, "zero point", f"{int(z[j])}, outside the {desc.element_type.name} range [{lo}, {hi}]")
+            fail(q.zero_point_buffer_index, j, 4, "zero point", f"{int(z[j])}, outside the {desc.element_type.name} range [{lo}, {hi}]",
+                 start=4 * (count or 0) if shared else 0)
