@@ -585,3 +585,37 @@ def test_missing_input_is_a_usage_error(tmp_path):
     (tmp_path / "empty").write_bytes(b"")
     with pytest.raises(TruncatedError, match="empty file"):
         HrryFile(tmp_path / "empty")
+
+
+def test_nested_composites_pre_order(tmp_path):
+    """A group composite whose first member is itself a partition composite (pre-order members)."""
+    from hurray_interop.core.model import RULE_GROUP
+
+    head, m0, m1 = partition()
+    group = Descriptor(element_type("float32"), (4, 4), (), layout=CompositeHead(RULE_GROUP, 0, 2))
+    p = tmp_path / "n.hrry"
+    with HrryWriter(p) as w:
+        w.write_composite(
+            "g",
+            group,
+            [("g.0", head, ()), ("g.0.0", m0, [bytes(32)]), ("g.0.1", m1, [bytes(32)]), ("g.1", dense("float32", (4, 4), 64), [bytes(64)])],
+        )
+        w.write("after", dense("uint8", (1,), 1), [b"\7"])
+        w.finish()
+    with HrryFile(p) as f:
+        assert f.top_level_names() == ("g", "after")
+        assert f.member_names("g") == ("g.0", "g.1")
+        g = f.tensor("g")
+        assert [m.name for m in g.members] == ["g.0", "g.1"]
+        assert [m.name for m in g.members[0].members] == ["g.0.0", "g.0.1"]
+    tensors, _ = load(p)
+    assert list(tensors) == ["g", "after"]
+    save(tmp_path / "n2.hrry", tensors)
+    assert (tmp_path / "n2.hrry").read_bytes() == p.read_bytes()
+    with pytest.raises(UsageError, match="more members than its member_count 2"):
+        with HrryWriter(tmp_path / "x.hrry") as w:
+            w.write_composite("c", head, [("c.0", m0, [bytes(32)]), ("c.1", m1, [bytes(32)]), ("c.2", m1, [bytes(32)])])
+    with pytest.raises(UsageError, match="objects"):
+        with HrryWriter(tmp_path / "x.hrry") as w:
+            w.write("o", dense("uint8", (8,), 8), [np.array([None] * 8)])
+    assert not (tmp_path / "x.hrry").exists()

@@ -734,6 +734,8 @@ def _is_bytes_like(b: Any) -> bool:
 
 def _as_view(b: Any, where: str) -> memoryview:
     if isinstance(b, np.ndarray):
+        if b.dtype.hasobject:
+            raise UsageError("numpy arrays of Python objects cannot be written as bytes", field=where)
         if not b.flags.c_contiguous:
             b = np.ascontiguousarray(b)
         return memoryview(b.reshape(-1).view(np.uint8))
