@@ -188,8 +188,8 @@ def _regions(shape, budget: int, d: int = 0, prefix=(), lo: int = 0, hi: int | N
         return
     if inner <= budget or d == len(shape) - 1:
         step = max(1, budget // max(inner, 1))
-        if d == align_dim and align > 1:
-            step = max(align, step // align * align)
+        if d == align_dim and align > 1 and step >= align:
+            step = step // align * align  # whole blocks per step when the budget allows
         for a in range(lo, hi, step):
             yield d, prefix, a, min(hi, a + step)
     else:
