@@ -582,20 +582,43 @@ def test_dynamic_dimension_unsupported():
         dequantize(t)
 
 
-def test_no_raw_numpy_errors_on_random_descriptors():
-    """Random strides / offsets / sizes: either correct values or a project error, never IndexError & co."""
+def test_random_strided_descriptors_exact_or_typed_error():
+    """Random strides / offsets / buffer sizes: exactly the addressed elements when every one lies
+    inside the buffer, otherwise a project error — never IndexError or a numpy error."""
     from hurray_interop.errors import HurrayInteropError
 
     rng = np.random.default_rng(3)
-    for _ in range(150):
+    outcomes = {True: 0, False: 0}
+    for _ in range(200):
         shape = tuple(int(x) for x in rng.integers(1, 5, 2))
         strides = tuple(int(x) for x in rng.integers(-6, 7, 2))
-        bo = int(rng.integers(0, 12))
-        nbytes = int(rng.integers(0, 24))
         etype = ["int4", "float16", "uint2", "float6_e3m2"][int(rng.integers(0, 4))]
-        t = make("fz", etype, shape, rng.integers(0, 256, nbytes).astype(np.uint8), layout=Strided(strides=strides),
-                 byte_offset=bo)
-        try:
-            dequantize(t)
-        except HurrayInteropError:
-            pass
+        et = element_type(etype)
+        E = rand_codes(etype, (64,)) if etype != "float16" else rng.standard_normal(64).astype(np.float16)
+        packed = storage_bytes(E, etype)
+        nbytes = int(rng.integers(0, 24))
+        if et.bits == 6:
+            bo = 3 * int(rng.integers(0, 5))
+            bo_elems = bo // 3 * 4
+        else:
+            bo = int(rng.integers(0, 12)) // (et.bits // 8 or 1) * (et.bits // 8 or 1)  # whole elements
+            bo_elems = bo * 8 // et.bits
+        idx = np.indices(shape)
+        G = bo_elems + sum(idx[k] * strides[k] for k in range(2))
+        if et.bits == 6:
+            need = 3 * (G // 4) + 3
+        elif et.packed:
+            need = G // (8 // et.bits) + 1
+        else:
+            need = (G + 1) * 2
+        inside = bool(np.all(G >= 0) and np.all(need <= nbytes))
+        t = make("fz", etype, shape, packed[:nbytes], layout=Strided(strides=strides), byte_offset=bo)
+        if inside:
+            expected = E[G].astype(np.float32) if etype != "float6_e3m2" else \
+                E[G].astype(np.uint8).view(ml_dtypes.float6_e3m2fn).astype(np.float32)
+            assert same_bits(dequantize(t), expected)
+        else:
+            with pytest.raises(HurrayInteropError):
+                dequantize(t)
+        outcomes[inside] += 1
+    assert outcomes[True] > 30 and outcomes[False] > 30
