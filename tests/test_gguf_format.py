@@ -80,8 +80,10 @@ def assert_matches_gguf_py(path: Path) -> G.GGUFFile:
             assert f.data == []
         elif v.element_type == ValueType.ARRAY:
             # gguf-py flattens nested arrays: [ARRAY, ARRAY, inner] and all leaves in a row
-            inner = v.value[0].element_type
-            assert [int(t) for t in f.types] == [int(V.ARRAY), int(V.ARRAY), int(inner)], key
+            # (the leaf type comes from the first inner array, and only if that one is non-empty)
+            first = v.value[0]
+            leaf = [int(first.element_type)] if len(first) else []
+            assert [int(t) for t in f.types] == [int(V.ARRAY), int(V.ARRAY)] + leaf, key
             leaves: list[bytes] = []
             for item in v.value:
                 if item.element_type == ValueType.STRING:
@@ -434,6 +436,71 @@ def test_large_vocabulary_parses_exactly():
     assert _rewrite(f) == raw
 
 
+_SCALARS = {
+    ValueType.UINT8: (0, 2**8 - 1), ValueType.INT8: (-(2**7), 2**7 - 1),
+    ValueType.UINT16: (0, 2**16 - 1), ValueType.INT16: (-(2**15), 2**15 - 1),
+    ValueType.UINT32: (0, 2**32 - 1), ValueType.INT32: (-(2**31), 2**31 - 1),
+    ValueType.UINT64: (0, 2**64 - 1), ValueType.INT64: (-(2**63), 2**63 - 1),
+}  # fmt: skip
+
+
+def _value_strategy():
+    from hypothesis import strategies as st
+
+    of = GGUFValue.of
+    ints = [st.integers(lo, hi).map(lambda x, t=t: of(t, x)) for t, (lo, hi) in _SCALARS.items()]
+    f32 = st.binary(min_size=4, max_size=4).map(lambda b: GGUFValue(ValueType.FLOAT32, np.frombuffer(b, "<f4")[0]))
+    f64 = st.floats(allow_nan=False).map(lambda x: of(ValueType.FLOAT64, x))
+    boo = st.booleans().map(lambda x: of(ValueType.BOOL, x))
+    strs = st.binary(max_size=12).map(lambda b: of(ValueType.STRING, b))
+    int_arrays = [
+        st.lists(st.integers(lo, hi), max_size=5).map(lambda xs, t=t: of(ValueType.ARRAY, xs, t)) for t, (lo, hi) in _SCALARS.items()
+    ]
+    str_arrays = st.lists(st.binary(max_size=6), max_size=5).map(lambda xs: of(ValueType.ARRAY, xs, ValueType.STRING))
+    leaf_arrays = st.one_of(*int_arrays, str_arrays)
+    nested = st.lists(leaf_arrays, min_size=1, max_size=3).map(lambda xs: of(ValueType.ARRAY, xs, ValueType.ARRAY))
+    return st.one_of(*ints, f32, f64, boo, strs, leaf_arrays, nested)
+
+
+def test_writer_output_is_read_identically_by_gguf_py(tmp_path_factory):
+    """Property: whatever our writer writes, gguf-py reads as we do, and we rewrite it byte for byte."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    qtypes = [Q.F32, Q.F16, Q.Q8_0, Q.Q4_K, Q.MXFP4, Q.I8]
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(
+        kv=st.dictionaries(st.text("abc.", min_size=1, max_size=6), _value_strategy(), max_size=6),
+        tensors=st.lists(st.tuples(st.sampled_from(qtypes), st.integers(1, 2), st.integers(1, 3)), max_size=4),
+        align_exp=st.integers(0, 7),
+        pad_end=st.booleans(),
+        version=st.sampled_from([2, 3]),
+    )
+    def run(kv, tensors, align_exp, pad_end, version):
+        alignment = 1 << align_exp
+        kv = dict(kv)
+        kv.pop("general.alignment", None)
+        if alignment != 32:
+            kv["general.alignment"] = GGUFValue.of(ValueType.UINT32, alignment)
+        specs = []
+        for i, (qt, rows, depth) in enumerate(tensors):
+            blk = gguf.GGML_QUANT_SIZES[qt][0]
+            specs.append(TensorSpec(f"t{i}", int(qt), (blk * 2, rows, depth)[: 1 + (i % 3)]))
+        path = tmp_path_factory.mktemp("w") / "w.gguf"
+        with GGUFWriterStream(path, version=version, alignment=alignment, kv=kv, tensors=specs, pad_end=pad_end) as w:
+            for spec in w.tensors_in_file_order:
+                n = G.tensor_nbytes(spec.type_id, spec.ne)
+                w.write_tensor_data(bytes((k * 7 + 3) & 0xFF for k in range(n)))
+        f = assert_matches_gguf_py(path)
+        assert f.version == version and f.alignment == alignment and f.canonical_layout
+        assert list(f.kv) == list(kv) and all(f.kv[k] == v for k, v in kv.items())
+        assert f.ends_padded or not pad_end
+        assert _rewrite(f) == path.read_bytes()
+
+    run()
+
+
 # --------------------------------------------------------------------------
 # hostile input
 # --------------------------------------------------------------------------
@@ -506,6 +573,10 @@ def test_tolerated_layouts_are_reproduced():
     assert not f.canonical_layout
     assert set(f.nonzero_padding) == {f.data_offset + 16, f.data_offset + 36}
     assert _rewrite(f) == raw
+    # a zero-size tensor placed past the data still marks the end of the data section
+    raw = build([], [ti("a", [4], 0, 0), ti("z", [0], 0, 128)], bytes(128))
+    f = parse(raw)
+    assert f.tail_bytes == 0 and f.file_size == f.data_offset + 128 and _rewrite(f) == raw
 
 
 def _boundaries(f: G.GGUFFile) -> set[int]:

@@ -611,27 +611,36 @@ class _Parser:
         return GGUFValue(ValueType.ARRAY, tuple(items), et), pos
 
     def _strings(self, pos: int, count: int, what: str) -> tuple[GGUFValue, int]:
-        # The hot loop for vocabularies: one unpack and two compares per string.
+        # The hot loop for vocabularies: one unpack and one compare per string.  A
+        # length prefix that runs past the buffer makes unpack_from raise struct.error
+        # (the parser's end is the buffer's end); both cases are re-diagnosed below.
         buf, end = self.buf, self.end
         unpack = _U64.unpack_from
         base = pos
         starts = [0] * count
-        for i in range(count):
-            if end - pos < 8:
-                raise self.trunc(pos, 8, f"{what}[{i}] length")
-            n = unpack(buf, pos)[0]
-            pos += 8
-            if n > end - pos:
-                raise TruncatedError(
-                    f"string length {n} exceeds the {end - pos} bytes left in the file",
-                    path=self.path,
-                    field=f"{what}[{i}] length",
-                    offset=pos - 8,
-                )
-            starts[i] = pos
-            pos += n
-        arr = StringArray(buf, np.array(starts, dtype=np.int64), base, pos)
-        return GGUFValue(ValueType.ARRAY, arr, ValueType.STRING), pos
+        i = 0
+        try:
+            for i in range(count):
+                p8 = pos + 8
+                starts[i] = p8
+                pos = p8 + unpack(buf, pos)[0]
+                if pos > end:
+                    break
+            else:
+                arr = StringArray(buf, np.array(starts, dtype=np.int64), base, pos)
+                return GGUFValue(ValueType.ARRAY, arr, ValueType.STRING), pos
+        except struct.error:
+            pass
+        at = starts[i] - 8
+        if end - at < 8:
+            raise self.trunc(at, 8, f"{what}[{i}] length")
+        n = unpack(buf, at)[0]
+        raise TruncatedError(
+            f"string length {n} exceeds the {end - at - 8} bytes left in the file",
+            path=self.path,
+            field=f"{what}[{i}] length",
+            offset=at,
+        )
 
 
 class GGUFFile:
@@ -904,7 +913,8 @@ class GGUFFile:
             self._check_gap(buf, cur, t.data_offset, nonzero)
             cur = t.data_offset + t.nbytes
             prev = t
-        data_end = max(cur, data_offset) if tensors else pos
+        # zero-size tensors occupy nothing but still place the end (as the writer does)
+        data_end = max([data_offset] + [t.data_offset + t.nbytes for t in tensors]) if tensors else pos
         self._check_gap(buf, cur, data_end, nonzero)  # only all-empty tensors leave one
         tail = size - data_end
         pad = _align(data_end, alignment) - data_end
