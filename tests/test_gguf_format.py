@@ -255,6 +255,27 @@ def test_kv_types_fixture_exact_values(fixtures_dir):
     assert raw[at + 8 + 13 : at + 8 + 13 + 16] == struct.pack("<IIQ", 9, 4, 0)
 
 
+def test_encode_decode_single_values(fixtures_dir):
+    path = fixtures_dir / "kv-types.gguf"
+    raw = path.read_bytes()
+    f = read_gguf(path)
+    keys = list(f.kv)
+    for i, (key, v) in enumerate(f.kv.items()):
+        # the value's bytes in the file: after key string and type tag, up to the next record
+        start = f.kv_offsets[key] + 8 + len(key.encode()) + 4
+        end = f.kv_offsets[keys[i + 1]] if i + 1 < len(keys) else f.tensor_infos_offset
+        enc = G.encode_value(v)
+        assert enc == raw[start:end], key
+        back = G.decode_value(v.type, enc, what=key)
+        assert back == v and back.element_type == v.element_type
+    with pytest.raises(InconsistentError, match="1 stray bytes after the value"):
+        G.decode_value(ValueType.UINT16, b"\x01\x02\x03", what="k")
+    with pytest.raises(TruncatedError, match="k count at offset 4"):
+        G.decode_value(ValueType.ARRAY, struct.pack("<I", 4) + b"\x01", what="k")
+    with pytest.raises(FormatError, match="invalid GGUF value type 77"):
+        G.decode_value(77, b"")
+
+
 # --------------------------------------------------------------------------
 # byte-exact rewriting
 # --------------------------------------------------------------------------

@@ -82,6 +82,8 @@ __all__ = [
     "tensor_nbytes",
     "StringArray",
     "GGUFValue",
+    "encode_value",
+    "decode_value",
     "GGUFTensorInfo",
     "TensorSpec",
     "GGUFFile",
@@ -990,10 +992,31 @@ def _encode_value(v: GGUFValue, out: list[Any]) -> None:
             _encode_value(item, out)
 
 
-def _encode_value_bytes(v: GGUFValue) -> bytes:
+def encode_value(v: GGUFValue) -> bytes:
+    """The exact GGUF encoding of a value, without its u32 type tag."""
     out: list[Any] = []
     _encode_value(v, out)
     return b"".join(bytes(x) if not isinstance(x, bytes) else x for x in out)
+
+
+_encode_value_bytes = encode_value  # former private name
+
+
+def decode_value(
+    vtype: ValueType | int, raw: bytes | bytearray | memoryview, *, what: str = "value", path: str | None = None
+) -> GGUFValue:
+    """Parse one value of type ``vtype`` that fills ``raw`` exactly (inverse of :func:`encode_value`).
+
+    Malformed or short data raises a :class:`FormatError` subclass with offsets relative to
+    ``raw``; bytes left over raise :class:`InconsistentError`.
+    """
+    if int(vtype) not in _VALUE_TYPE_IDS:
+        raise FormatError(f"invalid GGUF value type {int(vtype)}", path=path, field=what)
+    p = _Parser(raw, len(raw), path)
+    v, end = p.value(ValueType(vtype), 0, what)
+    if end != len(raw):
+        raise InconsistentError(f"{len(raw) - end} stray bytes after the value", path=path, field=what, offset=end)
+    return v
 
 
 def _kv_items(kv: Mapping[Any, GGUFValue] | Iterable[tuple[Any, GGUFValue]]) -> list[tuple[bytes, GGUFValue]]:
