@@ -317,3 +317,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except SystemExit as exc:  # --help / --version
         return int(exc.code or 0)
+    except Exception as exc:  # a defect of ours: still one line, never a traceback unless asked
+        if debug:
+            traceback.print_exc()
+        sys.stderr.write(
+            f"hurray-interop: internal error: {type(exc).__name__}: {exc} "
+            "(this is a bug; rerun with --debug for the traceback)\n"
+        )
+        return EXIT_BAD_INPUT

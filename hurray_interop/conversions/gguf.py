@@ -1,0 +1,1236 @@
+"""GGUF ⇄ Hurray, exact (conversion contract §§ 2–5, 7).
+
+Import (:func:`gguf_to_hurray`) moves every code and scale bit of each GGUF
+tensor into a Hurray tensor, following ``mappings/gguf_hurray.toml``; what
+Hurray cannot hold exactly is refused (or stored by an explicit fallback).
+Export (:func:`hurray_to_gguf`) recognises the same forms and writes the GGML
+blocks back; together with the records below a GGUF → Hurray → GGUF round
+trip reproduces the source file byte for byte.
+
+Records kept in the .hrry KV section (all keys start with ``hurray_interop.``;
+GGUF's own keys are stored first, under their own names, in file order):
+
+``hurray_interop.source_format``      string ``"gguf"``
+``hurray_interop.gguf.version``       uint64: the GGUF version (2 or 3)
+``hurray_interop.gguf.alignment``     uint64: the data alignment
+``hurray_interop.gguf.tail_bytes``    uint64: zero bytes after the last tensor (0 for
+                                      files that end unpadded)
+``hurray_interop.gguf.kv_types``      array of strings, one per GGUF key in order:
+                                      its exact GGUF type (``UINT32``, ``ARRAY[INT32]``,
+                                      …), prefixed ``RAW:`` when the Hurray value is
+                                      the GGUF-encoded payload as ``bytes`` (nested
+                                      arrays, strings that are not UTF-8, float32 NaNs,
+                                      bools other than 0/1)
+``hurray_interop.gguf.tensors``       string (JSON): per tensor, in GGUF order,
+                                      ``[name, ggml type, ne, offset]``
+``hurray_interop.scale_substitutions.<tensor>``  see :mod:`hurray_interop.core.records`
+
+GGUF values map to Hurray KV types naturally: unsigned integers → uint64,
+signed → int64, FLOAT32/FLOAT64 → float64 (float32 widened exactly), BOOL →
+bool, STRING → string, arrays of those → arrays.
+
+Q4_1/Q5_1 tensors become the exact minimum overlay (contract § 3a): a composite
+head ``<name>`` (float32, overlay, add) with members ``<name>.base`` and
+``<name>.min``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from ..core.atomic import AtomicOutput
+from ..core.elements import element_type
+from ..core.hrry import HrryFile, HrryWriter
+from ..core.kv import KVValue
+from ..core.model import (
+    MXFP,
+    OP_ADD,
+    ROLE_BASE,
+    ROLE_CORRECTION,
+    RULE_OVERLAY,
+    BufferHandle,
+    CompositeHead,
+    CompositeMember,
+    Descriptor,
+    PerBlockAffine,
+    RowMajor,
+    Shard,
+    Tensor,
+)
+from ..core.records import SCALE_RECORD_PREFIX, encode_scale_record, restore_scales, scale_record_key
+from ..errors import ConversionRefused, FormatError, UnsupportedError, UsageError
+from ..formats import gguf as G
+from ..report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan
+from ..tables import load_table
+from . import _gguf_blocks as B
+
+__all__ = ["gguf_to_hurray", "hurray_to_gguf", "plan_gguf", "KEY_PREFIX"]
+
+KEY_PREFIX = "hurray_interop."
+K_SOURCE = "hurray_interop.source_format"
+K_VERSION = "hurray_interop.gguf.version"
+K_ALIGN = "hurray_interop.gguf.alignment"
+K_TAIL = "hurray_interop.gguf.tail_bytes"
+K_TYPES = "hurray_interop.gguf.kv_types"
+K_TENSORS = "hurray_interop.gguf.tensors"
+
+#: blocks processed per chunk (≈ 8 Mi elements): bounds memory for any tensor size
+CHUNK_BLOCKS = 1 << 18
+#: rows of plain data per chunk, in bytes
+CHUNK_BYTES = 32 << 20
+
+Progress = Callable[[int, int], None] | None
+#: legal stand-ins for forbidden scales on all-zero blocks (contract § 4); a ±0 float16
+#: scale becomes ±1.0 so that the block still decodes to zeros of the same sign
+F16_ONE = np.float16(1.0)
+E8M0_ONE = 0x7F
+
+VT = G.ValueType
+_UNSIGNED = {VT.UINT8, VT.UINT16, VT.UINT32, VT.UINT64}
+_SIGNED = {VT.INT8, VT.INT16, VT.INT32, VT.INT64}
+_FLOATS = {VT.FLOAT32, VT.FLOAT64}
+
+
+def _table() -> Any:
+    return load_table("gguf_hurray")
+
+
+# ===========================================================================
+# metadata
+
+
+def _natural_kind(vt: "G.ValueType") -> str | None:
+    if vt in _UNSIGNED:
+        return "uint64"
+    if vt in _SIGNED:
+        return "int64"
+    if vt in _FLOATS:
+        return "float64"
+    if vt == VT.BOOL:
+        return "bool"
+    if vt == VT.STRING:
+        return "string"
+    return None
+
+
+def _natural(v: "G.GGUFValue") -> KVValue | None:
+    """The faithful plain Hurray value of a GGUF value, or None when only raw bytes are exact."""
+    t = v.type
+    if t == VT.ARRAY:
+        et = v.element_type
+        kind = _natural_kind(et) if et is not None else None
+        if kind is None:
+            return None  # nested arrays
+        if et == VT.STRING:
+            try:
+                items = v.value.decode("strict")
+            except UnicodeDecodeError:
+                return None
+            return KVValue("array", items, "string")
+        arr = np.asarray(v.value)
+        if et == VT.BOOL:
+            if arr.size and int(arr.max()) > 1:
+                return None
+            return KVValue("array", [bool(x) for x in arr.tolist()], "bool")
+        if et == VT.FLOAT32 and np.isnan(arr).any():
+            return None
+        return KVValue("array", arr.tolist(), kind)
+    kind = _natural_kind(t)
+    if t == VT.STRING:
+        try:
+            return KVValue("string", bytes(v.value).decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+    if t == VT.BOOL:
+        b = int(v.value)
+        return KVValue("bool", bool(b)) if b in (0, 1) else None
+    if t == VT.FLOAT32 and np.isnan(v.value):
+        return None
+    return KVValue(kind, v.value.item())  # type: ignore[arg-type]
+
+
+def _type_string(v: "G.GGUFValue") -> str:
+    if v.type == VT.ARRAY:
+        return f"ARRAY[{v.element_type.name}]" if v.element_type is not None else "ARRAY"
+    return v.type.name
+
+
+def _raw_payload(v: "G.GGUFValue") -> bytes:
+    """The GGUF encoding of a value (without its type tag), for values kept as raw bytes."""
+    return G._encode_value_bytes(v)
+
+
+def _decode_raw_payload(vt: "G.ValueType", raw: bytes, key: str, path: str) -> "G.GGUFValue":
+    parser = G._Parser(raw, len(raw), path)
+    try:
+        value, end = parser.value(vt, 0, key)
+    except FormatError as e:
+        raise FormatError(f"metadata {key!r}: corrupt raw GGUF value ({e.message})", path=path, field=key) from None
+    if end != len(raw):
+        raise FormatError(f"metadata {key!r}: {len(raw) - end} stray bytes after the raw GGUF value", path=path, field=key)
+    return value
+
+
+def _kv_to_hurray(src: "G.GGUFFile") -> tuple[list[tuple[str, KVValue]], list[str]]:
+    items: list[tuple[str, KVValue]] = []
+    types: list[str] = []
+    for key, v in src.kv.items():
+        if key.startswith(KEY_PREFIX):
+            raise UnsupportedError(
+                f"GGUF metadata key {key!r} uses the prefix {KEY_PREFIX!r} reserved for conversion records",
+                path=src.path,
+                offset=src.kv_offsets.get(key),
+            )
+        nat = _natural(v)
+        if nat is None:
+            items.append((key, KVValue("bytes", _raw_payload(v))))
+            types.append("RAW:" + _type_string(v))
+        else:
+            items.append((key, nat))
+            types.append(_type_string(v))
+    return items, types
+
+
+def _parse_type_string(s: str) -> tuple[bool, "G.ValueType", "G.ValueType | None"]:
+    raw = s.startswith("RAW:")
+    body = s[4:] if raw else s
+    if body.startswith("ARRAY[") and body.endswith("]"):
+        return raw, VT.ARRAY, VT[body[6:-1]]
+    return raw, VT[body], None
+
+
+def _gguf_value_from_record(key: str, value: KVValue, type_str: str, path: str) -> "G.GGUFValue":
+    try:
+        raw, vt, et = _parse_type_string(type_str)
+    except KeyError:
+        raise FormatError(f"unknown GGUF type {type_str!r} recorded for {key!r}", path=path, field=K_TYPES) from None
+    if raw:
+        if value.type != "bytes":
+            raise FormatError(f"metadata {key!r}: recorded as raw GGUF bytes but stored as {value.type}", path=path, field=key)
+        return _decode_raw_payload(vt, value.value, key, path)
+    if vt == VT.ARRAY:
+        if value.type != "array":
+            raise FormatError(f"metadata {key!r}: recorded as {type_str} but stored as {value.type}", path=path, field=key)
+        items = list(value.value)
+        if et == VT.STRING:
+            return G.GGUFValue.of(VT.ARRAY, [s.encode("utf-8") for s in items], VT.STRING)
+        return G.GGUFValue.of(VT.ARRAY, _wide_array(items, et), et)
+    v = value.value
+    if vt == VT.STRING:
+        v = v.encode("utf-8")
+    return G.GGUFValue.of(vt, v)
+
+
+def _wide_array(items: list[Any], et: "G.ValueType") -> np.ndarray:
+    """Python numbers as the widest numpy array of their kind (the GGUF writer narrows, range-checked)."""
+    dt = np.uint64 if et in _UNSIGNED else np.int64 if et in _SIGNED else np.float64 if et in _FLOATS else np.uint8
+    return np.array(items, dtype=dt)
+
+
+_KV_TO_GGUF = {
+    "string": VT.STRING,
+    "int64": VT.INT64,
+    "uint64": VT.UINT64,
+    "float64": VT.FLOAT64,
+    "bool": VT.BOOL,
+}
+
+
+def _gguf_value_from_plain(value: KVValue) -> "G.GGUFValue":
+    """Hurray KV → GGUF for files that did not come from GGUF (documented in the README)."""
+    if value.type == "bytes":
+        return G.GGUFValue.of(VT.ARRAY, np.frombuffer(value.value, dtype=np.uint8), VT.UINT8)
+    if value.type == "array":
+        et = value.element_type
+        if et == "bytes":
+            return G.GGUFValue.of(
+                VT.ARRAY, [G.GGUFValue.of(VT.ARRAY, np.frombuffer(b, dtype=np.uint8), VT.UINT8) for b in value.value], VT.ARRAY
+            )
+        items = list(value.value)
+        gt = _KV_TO_GGUF[et]  # type: ignore[index]
+        if et == "string":
+            return G.GGUFValue.of(VT.ARRAY, [s.encode("utf-8") for s in items], gt)
+        return G.GGUFValue.of(VT.ARRAY, _wide_array(items, gt), gt)
+    v = value.value.encode("utf-8") if value.type == "string" else value.value
+    return G.GGUFValue.of(_KV_TO_GGUF[value.type], v)
+
+
+# ===========================================================================
+# import: per-tensor jobs
+
+
+@dataclass
+class _Job:
+    """One GGUF tensor on its way into Hurray."""
+
+    info: "G.GGUFTensorInfo"
+    plan: TensorPlan
+    write: Callable[[HrryWriter], None] | None = None
+    records: list[tuple[str, KVValue]] = field(default_factory=list)
+    names: tuple[str, ...] = ()
+
+
+def _blocks(info: "G.GGUFTensorInfo") -> np.ndarray:
+    """The tensor's blocks as a ``(n_blocks, block_bytes)`` zero-copy view."""
+    size = info.ggml_type.block_bytes
+    return info.data.reshape(-1, size) if info.nbytes else np.zeros((0, size), dtype=np.uint8)
+
+
+def _chunks(n: int, step: int = CHUNK_BLOCKS) -> Iterator[slice]:
+    for i in range(0, n, step):
+        yield slice(i, min(i + step, n))
+
+
+def _shape(info: "G.GGUFTensorInfo") -> tuple[int, ...]:
+    return tuple(int(x) for x in reversed(info.ne))
+
+
+def _block_desc(shape: tuple[int, ...], storage: str, nblocks: int, *, zero_points: bool = False,
+                shard: bool = False, role: int | None = None) -> Descriptor:
+    et = element_type(storage)
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    from ..core.elements import buffer_size
+
+    bufs = [BufferHandle.cpu(buffer_size(et, n)), BufferHandle.cpu(nblocks * 2)]
+    if zero_points:
+        bufs.append(BufferHandle.cpu(nblocks * 4))
+    return Descriptor(
+        element_type=et,
+        shape=shape,
+        buffers=tuple(bufs),
+        layout=RowMajor(),
+        quantization=PerBlockAffine(
+            axis=len(shape) - 1,
+            block_size=32,
+            scale_buffer_index=1,
+            zero_point_buffer_index=2 if zero_points else None,
+            scale_type=element_type("float16"),
+        ),
+        shard=Shard(parent_shape=shape, offset=(0,) * len(shape)) if shard else None,
+        composite_member=CompositeMember(role) if role is not None else None,
+    )
+
+
+class _Refuse(Exception):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _codes_of(blocks: np.ndarray, row: Any) -> np.ndarray:
+    """GGML codes of a chunk as Hurray storage bytes, ``(n, bytes per block)``."""
+    f = row["fields"]
+    code = row["code"]
+    if code == "i8":
+        return np.ascontiguousarray(blocks[:, f["qs"] : f["qs"] + 32])
+    if code == "nibbles":
+        pairs = B.split_to_pairs(blocks[:, f["qs"] : f["qs"] + 16])
+        if row["code_offset"] == -8:  # int4 two's complement of q−8 is q XOR 8
+            pairs ^= 0x88
+        return pairs
+    # nibbles_qh: Q5 → one code per byte
+    c = B.q5_codes(blocks[:, f["qs"] : f["qs"] + 16], blocks[:, f["qh"] : f["qh"] + 4])
+    if row["code_offset"]:
+        c = (c.astype(np.int16) + row["code_offset"]).astype(np.int8).view(np.uint8)
+    return c
+
+
+def _zero_codes(codes: np.ndarray, row: Any) -> np.ndarray:
+    """Per block: do all codes decode to zero (q − z = 0; MXFP: ±0)?"""
+    if row["mapping"] == "mxfp":
+        return ~np.any(codes & 0x77, axis=1)
+    return ~np.any(codes, axis=1)
+
+
+def _scan_scales(blocks: np.ndarray, row: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Find blocks with forbidden scales.  Returns (block indices, original scale values)
+    of the all-zero blocks to substitute; raises _Refuse for the others."""
+    f = row["fields"]
+    idx_parts: list[np.ndarray] = []
+    orig_parts: list[np.ndarray] = []
+    mxfp = row["mapping"] == "mxfp"
+    for sl in _chunks(blocks.shape[0]):
+        chunk = blocks[sl]
+        if mxfp:
+            e = chunk[:, f["e"]]
+            bad = e == 0xFF
+            if bad.any():
+                b = int(np.argmax(bad)) + sl.start
+                raise _Refuse(f"block {b}: E8M0 scale 0xFF (NaN) is not representable")
+            zero = e == 0
+            scales = e
+        else:
+            d = B.field_f16(chunk, f["d"])
+            bad = ~np.isfinite(d)
+            if bad.any():
+                b = int(np.argmax(bad)) + sl.start
+                raise _Refuse(f"block {b}: scale d = {d[b - sl.start]} is not finite")
+            zero = d == 0
+            scales = d
+        if not zero.any():
+            continue
+        where = np.flatnonzero(zero)
+        codes = _codes_of(chunk[where], row)
+        ok = _zero_codes(codes, row)
+        if not ok.all():
+            b = int(where[np.argmin(ok)]) + sl.start
+            what = "E8M0 scale 0x00" if mxfp else "scale d = 0"
+            raise _Refuse(f"block {b}: {what} on a block with non-zero codes is not representable")
+        idx_parts.append(where + sl.start)
+        orig_parts.append(scales[where])
+    if not idx_parts:
+        empty = np.zeros(0, dtype=np.uint8 if mxfp else np.float16)
+        return np.zeros(0, dtype=np.int64), empty
+    return np.concatenate(idx_parts), np.concatenate(orig_parts)
+
+
+def _scale_chunks(blocks: np.ndarray, row: Any, subst: np.ndarray, field_name: str = "d") -> Iterator[np.ndarray]:
+    f = row["fields"]
+    for sl in _chunks(blocks.shape[0]):
+        if row["mapping"] == "mxfp":
+            s = np.ascontiguousarray(blocks[sl, f["e"]])
+        else:
+            s = B.field_f16(blocks[sl], f[field_name]).copy()
+        if subst.size:
+            lo, hi = np.searchsorted(subst, [sl.start, sl.stop])
+            if hi > lo:
+                at = subst[lo:hi] - sl.start
+                # ±1 keeps the sign of a ±0 scale, so even the zeros' signs decode unchanged
+                s[at] = E8M0_ONE if row["mapping"] == "mxfp" else np.copysign(F16_ONE, s[at])
+        yield s
+
+
+def _code_chunks(blocks: np.ndarray, row: Any) -> Iterator[np.ndarray]:
+    for sl in _chunks(blocks.shape[0]):
+        yield _codes_of(blocks[sl], row)
+
+
+def _mapping_text(row: Any, kind: str) -> str:
+    if kind == "overlay":
+        base = row["storage"]
+        return f"overlay(add): {base} per-block K=32 f16 + uint2 minimum (exact, +2 bits/weight)"
+    if kind == "asym":
+        return f"per-block affine {row['storage']} zero-point K=32 f16"
+    if kind == "requant":
+        return f"per-block affine {row['storage']} zero-point K=32 f16 (requantized)"
+    if row["mapping"] == "mxfp":
+        return f"MXFP {row['storage']} K=32 e8m0"
+    return f"per-block affine {row['storage']} SYMMETRIC K=32 f16"
+
+
+def _plan_block(job: _Job, row: Any, q4_1: str) -> None:
+    info = job.info
+    name = info.name
+    shape = _shape(info)
+    blocks = _blocks(info)
+    nb = blocks.shape[0]
+
+    if row["mapping"] == "block_min":
+        _plan_block_min(job, row, blocks, shape, q4_1)
+        return
+
+    idx, orig = _scan_scales(blocks, row, name)
+    storage = row["storage"]
+    if row["mapping"] == "mxfp":
+        desc = Descriptor(
+            element_type=element_type(storage),
+            shape=shape,
+            buffers=(BufferHandle.cpu(nb * 16), BufferHandle.cpu(nb)),
+            quantization=MXFP(axis=len(shape) - 1, block_size=32, scale_buffer_index=1),
+        )
+    else:
+        desc = _block_desc(shape, storage, nb)
+    job.plan.mapping = _mapping_text(row, "sym")
+    job.plan.bytes_out = sum(h.byte_size for h in desc.buffers)
+    job.plan.substituted_blocks = int(idx.size)
+    if idx.size:
+        job.records.append((scale_record_key(name), KVValue("bytes", encode_scale_record(idx, orig))))
+
+    def write(w: HrryWriter) -> None:
+        w.write(name, desc, [_code_chunks(blocks, row), _scale_chunks(blocks, row, idx)])
+
+    job.write = write
+    job.names = (name,)
+
+
+def _minimum_check(d: np.ndarray, m: np.ndarray, qmax: int) -> np.ndarray | None:
+    """Contract § 2 (a): integer zero points z = −m/d reproducing d·q + m exactly for
+    every code, with m recoverable as f16(−z·d).  Returns z (int32) or None."""
+    d32 = d.astype(np.float32)
+    m32 = m.astype(np.float32)
+    if not (np.isfinite(d32).all() and np.isfinite(m32).all()) or np.any(d32 == 0):
+        return None
+    zf = -m32.astype(np.float64) / d32.astype(np.float64)
+    z = np.rint(zf)
+    if np.any(z != zf) or np.any(np.abs(z) > 2**31 - 1):
+        return None
+    z32 = z.astype(np.int32)
+    q = np.arange(qmax + 1, dtype=np.float32)
+    lhs = d32[:, None] * (q[None, :] - z32[:, None].astype(np.float32))
+    rhs = d32[:, None] * q[None, :] + m32[:, None]
+    if not np.array_equal(lhs.view(np.uint32), rhs.view(np.uint32)):
+        return None
+    back = (-(z32.astype(np.float32)) * d32).astype(np.float16)
+    if not np.array_equal(back.view(np.uint16), m.view(np.uint16)):
+        return None
+    return z32
+
+
+def _plan_block_min(job: _Job, row: Any, blocks: np.ndarray, shape: tuple[int, ...], q4_1: str) -> None:
+    info = job.info
+    name = info.name
+    f = row["fields"]
+    nb = blocks.shape[0]
+    qmax = 15 if row["storage"] == "uint4" else 31
+    storage = row["storage"]
+
+    # d and m must be finite; d = 0 only on blocks whose codes are all zero (a constant block m)
+    idx_parts, orig_parts, zps = [], [], []
+    asym_possible = q4_1 == "overlay"
+    for sl in _chunks(nb):
+        chunk = blocks[sl]
+        d = B.field_f16(chunk, f["d"])
+        m = B.field_f16(chunk, f["m"])
+        for arr, what in ((d, "scale d"), (m, "minimum m")):
+            bad = ~np.isfinite(arr)
+            if bad.any():
+                b = int(np.argmax(bad))
+                raise _Refuse(f"block {b + sl.start}: {what} = {arr[b]} is not finite")
+        zero = d == 0
+        if zero.any():
+            where = np.flatnonzero(zero)
+            ok = _zero_codes(_codes_of(chunk[where], row), row)
+            if not ok.all():
+                b = int(where[np.argmin(ok)]) + sl.start
+                raise _Refuse(f"block {b}: scale d = 0 on a block with non-zero codes is not representable")
+            idx_parts.append(where + sl.start)
+            orig_parts.append(d[where])
+        if asym_possible:
+            z = _minimum_check(d, m, qmax)
+            if z is None:
+                asym_possible = False
+            else:
+                zps.append(z)
+    idx = np.concatenate(idx_parts) if idx_parts else np.zeros(0, dtype=np.int64)
+    orig = np.concatenate(orig_parts) if orig_parts else np.zeros(0, dtype=np.float16)
+
+    if q4_1 == "requantize":
+        _plan_requantize(job, row, blocks, shape)
+        return
+
+    job.plan.substituted_blocks = int(idx.size)
+    if asym_possible and nb:
+        zp = np.concatenate(zps)
+        desc = _block_desc(shape, storage, nb, zero_points=True)
+        job.plan.mapping = _mapping_text(row, "asym")
+        job.plan.bytes_out = sum(h.byte_size for h in desc.buffers)
+
+        def write_asym(w: HrryWriter) -> None:
+            w.write(name, desc, [_code_chunks(blocks, row), _scale_chunks(blocks, row, idx), [zp.astype("<i4")]])
+
+        job.write = write_asym
+        job.names = (name,)
+        if idx.size:  # impossible: _minimum_check refuses d = 0
+            raise AssertionError("zero scale in the zero-point mapping")
+        return
+
+    table = _table()["overlay"]
+    base_name = name + table["base_suffix"]
+    min_name = name + table["correction_suffix"]
+    head = Descriptor(
+        element_type=element_type("float32"),
+        shape=shape,
+        buffers=(),
+        layout=CompositeHead(composition_rule=RULE_OVERLAY, combine_op=OP_ADD, member_count=2),
+    )
+    base = _block_desc(shape, storage, nb, shard=True, role=ROLE_BASE)
+    corr = _block_desc(shape, "uint2", nb, shard=True, role=ROLE_CORRECTION)
+    job.plan.mapping = _mapping_text(row, "overlay")
+    job.plan.bytes_out = sum(h.byte_size for h in base.buffers) + sum(h.byte_size for h in corr.buffers)
+    if idx.size:
+        job.records.append((scale_record_key(base_name), KVValue("bytes", encode_scale_record(idx, orig))))
+
+    def corr_codes() -> Iterator[np.ndarray]:
+        for sl in _chunks(nb):
+            m = B.field_f16(blocks[sl], f["m"])
+            out = np.full((m.size, 8), 0x55, dtype=np.uint8)
+            out[m == 0] = 0
+            yield out
+
+    def corr_scales() -> Iterator[np.ndarray]:
+        for sl in _chunks(nb):
+            m = B.field_f16(blocks[sl], f["m"]).copy()
+            zero = m == 0
+            m[zero] = np.where(np.signbit(m[zero]), np.float16(-1.0), F16_ONE)
+            yield m
+
+    def write_overlay(w: HrryWriter) -> None:
+        w.write_composite(
+            name,
+            head,
+            [
+                (base_name, base, [_code_chunks(blocks, row), _scale_chunks(blocks, row, idx)]),
+                (min_name, corr, [corr_codes(), corr_scales()]),
+            ],
+        )
+
+    job.write = write_overlay
+    job.names = (name, base_name, min_name)
+
+
+def _plan_requantize(job: _Job, row: Any, blocks: np.ndarray, shape: tuple[int, ...]) -> None:
+    """--q4-1 requantize: plain asymmetric per-block affine, z = nearest integer to −m/d (lossy)."""
+    info = job.info
+    f = row["fields"]
+    nb = blocks.shape[0]
+    storage = row["storage"]
+    zmin, zmax = -(2**31), 2**31 - 1
+    zs, scales, err = [], [], 0.0
+    for sl in _chunks(nb):
+        chunk = blocks[sl]
+        d = B.field_f16(chunk, f["d"]).astype(np.float32)
+        m = B.field_f16(chunk, f["m"]).astype(np.float32)
+        safe_d = np.where(d == 0, np.float32(1.0), d)
+        z = np.clip(np.rint(-m.astype(np.float64) / safe_d), zmin, zmax).astype(np.int32)
+        codes = _codes_of(chunk, row)
+        q = _unpacked_codes(codes, storage).astype(np.float32)
+        exact = d[:, None] * q + m[:, None]
+        approx = safe_d[:, None] * (q - z[:, None].astype(np.float32))
+        err = max(err, float(np.max(np.abs(approx - exact))) if approx.size else 0.0)
+        zs.append(z)
+        s = B.field_f16(chunk, f["d"]).copy()
+        s[s == 0] = F16_ONE
+        scales.append(s)
+    zp = np.concatenate(zs) if zs else np.zeros(0, np.int32)
+    sc = np.concatenate(scales) if scales else np.zeros(0, np.float16)
+    desc = _block_desc(shape, storage, nb, zero_points=True)
+    job.plan.mapping = _mapping_text(row, "requant")
+    job.plan.status = VALUE_EXACT if err == 0 else LOSSY
+    job.plan.max_abs_error = err
+    job.plan.reason = "--q4-1 requantize: nearest integer zero points"
+    job.plan.bytes_out = sum(h.byte_size for h in desc.buffers)
+
+    def write(w: HrryWriter) -> None:
+        w.write(info.name, desc, [_code_chunks(blocks, row), [sc], [zp.astype("<i4")]])
+
+    job.write = write
+    job.names = (info.name,)
+
+
+def _unpacked_codes(codes: np.ndarray, storage: str) -> np.ndarray:
+    if storage in ("uint4", "int4"):
+        lo, hi = codes & 0x0F, codes >> 4
+        out = np.empty((codes.shape[0], codes.shape[1] * 2), dtype=np.uint8)
+        out[:, 0::2], out[:, 1::2] = lo, hi
+        return out
+    return codes
+
+
+def _plan_plain(job: _Job, row: Any) -> None:
+    info = job.info
+    shape = _shape(info)
+    desc = Descriptor(element_type=element_type(row["element"]), shape=shape, buffers=(BufferHandle.cpu(info.nbytes),))
+    job.plan.mapping = row["element"]
+    job.plan.bytes_out = info.nbytes
+
+    def write(w: HrryWriter) -> None:
+        data = info.data
+        w.write(info.name, desc, [(data[i : i + CHUNK_BYTES] for i in range(0, data.size, CHUNK_BYTES))])
+
+    job.write = write
+    job.names = (info.name,)
+
+
+_FALLBACK_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def _reference_dequantizer(t: "G.GGMLType") -> Callable[[np.ndarray], np.ndarray] | None:
+    """gguf-py's reference dequantizer for a GGML type (``None`` when it has none)."""
+    if t.family in ("removed", "low_bit") or t.name in ("Q8_1", "Q8_K"):
+        return None  # gguf-py lacks them, or has their block size wrong (gguf-notes § 1.6)
+    try:
+        from gguf import GGMLQuantizationType
+        from gguf import quants as gq
+    except ImportError:  # pragma: no cover - gguf is a dependency
+        return None
+    try:
+        qt = GGMLQuantizationType[t.name]
+        gq.dequantize(np.zeros((1, t.block_bytes), dtype=np.uint8), qt)  # probe: raises if unsupported
+    except (KeyError, NotImplementedError, ValueError):
+        return None
+    return lambda raw: gq.dequantize(raw, qt)
+
+
+def _plan_fallback(job: _Job, fallback: str, reason: str) -> None:
+    info = job.info
+    deq = _reference_dequantizer(info.ggml_type)
+    if deq is None:
+        job.plan.status = REFUSED
+        job.plan.reason = reason + "; no reference dequantizer for a fallback"
+        return
+    t = info.ggml_type
+    shape = _shape(info)
+    row_bytes = info.ne[0] // t.block_elements * t.block_bytes if info.ne else info.nbytes
+    nrows = info.nbytes // row_bytes if row_bytes else 0
+    out_dt = np.dtype(_FALLBACK_TYPES[fallback])
+    rows_per = max(1, (1 << 22) // max(info.ne[0], 1))
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    desc = Descriptor(element_type=element_type(fallback), shape=shape, buffers=(BufferHandle.cpu(n * out_dt.itemsize),))
+    raw = info.data.reshape(nrows, row_bytes) if nrows else info.data.reshape(0, max(row_bytes, 1))
+
+    state = {"err": 0.0}
+
+    def chunks() -> Iterator[np.ndarray]:
+        for r in range(0, nrows, rows_per):
+            vals = np.asarray(deq(raw[r : r + rows_per]), dtype=np.float32)
+            stored = vals.astype(out_dt)
+            diff = np.abs(stored.astype(np.float32) - vals)
+            finite = np.isfinite(diff)
+            if finite.any():
+                state["err"] = max(state["err"], float(diff[finite].max()))
+            yield stored.reshape(-1)
+
+    # measure the error up front for the plan (fallbacks are the rare, small path)
+    if fallback != "float32":
+        for _ in chunks():
+            pass
+    job.plan.status = VALUE_EXACT if (fallback == "float32" or state["err"] == 0.0) else LOSSY
+    job.plan.max_abs_error = state["err"]
+    job.plan.mapping = f"{fallback} (fallback)"
+    job.plan.reason = f"{reason}; stored dequantized by gguf-py's reference dequantizer"
+    job.plan.bytes_out = desc.buffers[0].byte_size
+
+    def write(w: HrryWriter) -> None:
+        w.write(info.name, desc, [chunks()])
+
+    job.write = write
+    job.names = (info.name,)
+
+
+def _refusal_reason(type_name: str, family: str) -> str:
+    r = _table()["refusals"]
+    return r["by_type"].get(type_name) or r["by_family"].get(family) or r["by_family"]["default"]
+
+
+def _plan(info: "G.GGUFTensorInfo", *, fallback: str | None, q4_1: str) -> _Job:
+    t = info.ggml_type
+    plan = TensorPlan(name=info.name, source_type=t.name, mapping="", status=EXACT, bytes_in=info.nbytes)
+    job = _Job(info=info, plan=plan)
+    row = _table()["types"].get(t.name)
+    try:
+        if row is None:
+            raise _Refuse(_refusal_reason(t.name, t.family))
+        if row["mapping"] == "plain":
+            _plan_plain(job, row)
+        else:
+            _plan_block(job, row, q4_1)
+    except _Refuse as r:
+        if fallback:
+            _plan_fallback(job, fallback, r.reason)
+        else:
+            plan.status = REFUSED
+            plan.reason = r.reason
+            plan.mapping = "-"
+    return job
+
+
+# ===========================================================================
+# import: driver
+
+
+def _progress_total(jobs: Sequence[_Job]) -> int:
+    return sum(j.info.nbytes for j in jobs)
+
+
+def gguf_to_hurray(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str] | None,
+    *,
+    fallback: str | None = None,
+    q4_1: str = "overlay",
+    dry_run: bool = False,
+    force: bool = False,
+    progress: Progress = None,
+) -> ConversionReport:
+    """Convert a GGUF file into a .hrry file (exact, or refused; see the module docstring).
+
+    Raises :class:`ConversionRefused` (with the report in ``details['report']``)
+    when any tensor is not exactly representable and no ``fallback`` was chosen;
+    nothing is written then.  With ``dry_run`` the plan is returned instead and
+    nothing is written.
+    """
+    if fallback not in (None, "float32", "float16", "bfloat16"):
+        raise UsageError(f"unknown fallback {fallback!r} (float32, float16 or bfloat16)")
+    if q4_1 not in ("overlay", "requantize"):
+        raise UsageError(f"unknown --q4-1 mode {q4_1!r} (overlay or requantize)")
+    src = os.fspath(src)
+    with G.read_gguf(src) as gf:
+        report = ConversionReport(
+            source=src,
+            destination=None if dst is None else os.fspath(dst),
+            source_format="gguf",
+            destination_format="hurray",
+            dry_run=dry_run,
+        )
+        kv_items, kv_types = _kv_to_hurray(gf)
+        jobs = [_plan(info, fallback=fallback, q4_1=q4_1) for info in gf.tensors]
+        report.tensors = [j.plan for j in jobs]
+        names = [n for j in jobs for n in j.names]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise UnsupportedError(
+                f"overlay member names collide with existing tensor names: {', '.join(dup[:5])}", path=src
+            )
+        if any(j.plan.status == LOSSY for j in jobs):
+            report.notes.append("lossy tensors were stored as chosen; see max abs error per tensor")
+        if any(j.plan.mapping.startswith("overlay") for j in jobs):
+            report.notes.append("Q4_1/Q5_1 stored as the exact minimum overlay: 7 (Q5_1: 11) bits per weight against 5 (6)")
+        if report.refused:
+            if dry_run:
+                return report
+            raise ConversionRefused(
+                f"{len(report.refused)} tensor(s) cannot be converted exactly; nothing was written "
+                "(choose --fallback float32|float16|bfloat16 to store them dequantized)",
+                path=src,
+                reasons=[(t.name, t.source_type, t.reason) for t in report.refused],
+                report=report,
+            )
+        if dry_run or dst is None:
+            return report
+
+        records: list[tuple[str, KVValue]] = [
+            (K_SOURCE, KVValue("string", "gguf")),
+            (K_VERSION, KVValue("uint64", gf.version)),
+            (K_ALIGN, KVValue("uint64", gf.alignment)),
+            (K_TAIL, KVValue("uint64", gf.tail_bytes)),
+            (K_TYPES, KVValue("array", kv_types, "string")),
+            (
+                K_TENSORS,
+                KVValue(
+                    "string",
+                    json.dumps([[t.name, t.type_name, list(t.ne), t.offset] for t in gf.tensors], separators=(",", ":")),
+                ),
+            ),
+        ]
+        if gf.nonzero_padding:
+            report.notes.append("the source has non-zero padding bytes; an export will write zeros there")
+        total = _progress_total(jobs)
+        done = 0
+        with HrryWriter(dst, tensor_count_hint=len(names), force=force, inputs=(src,)) as w:
+            for j in jobs:
+                assert j.write is not None
+                j.write(w)
+                records.extend(j.records)
+                done += j.info.nbytes
+                if progress:
+                    progress(done, total)
+            w.finish(dict(kv_items + records))
+    return report
+
+
+def plan_gguf(src: str | os.PathLike[str], *, fallback: str | None = None, q4_1: str = "overlay") -> ConversionReport:
+    """The per-tensor plan of a GGUF → Hurray conversion (what ``--dry-run`` shows)."""
+    return gguf_to_hurray(src, None, fallback=fallback, q4_1=q4_1, dry_run=True)
+
+
+# ===========================================================================
+# export
+
+
+@dataclass
+class _Export:
+    name: str
+    plan: TensorPlan
+    type_name: str = ""
+    ne: tuple[int, ...] = ()
+    offset: int | None = None
+    chunks: Callable[[], Iterable[Any]] | None = None
+
+
+def _f16_scales(t: Tensor, kv: dict[str, KVValue], buffer_index: int = 1) -> np.ndarray:
+    s = t.data[buffer_index].view("<f2")
+    rec = kv.get(scale_record_key(t.name, buffer_index))
+    return restore_scales(s, rec.value, key=t.name) if rec is not None else s
+
+
+def _is_block(d: Descriptor, storage: str, *, symmetric: bool) -> bool:
+    q = d.quantization
+    return (
+        isinstance(q, PerBlockAffine)
+        and d.element_type.name == storage
+        and isinstance(d.layout, RowMajor)
+        and d.byte_offset == 0
+        and d.rank >= 1
+        and q.axis == d.rank - 1
+        and q.block_size == 32
+        and q.scale_type.name == "float16"
+        and q.symmetric == symmetric
+        and all(x is not None for x in d.shape)
+        and (d.shape[-1] or 0) % 32 == 0
+    )
+
+
+def _nblocks(d: Descriptor) -> int:
+    n = int(np.prod(d.shape, dtype=np.int64)) if d.shape else 1
+    return n // 32
+
+
+def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tuple[str, Callable[[], Iterable[Any]]] | str:
+    """Find the GGML type this Hurray tensor matches exactly.  Returns (type, chunk source) or a refusal reason."""
+    d = t.descriptor
+    types = _table()["types"]
+    if d.is_composite:
+        return _export_overlay(t, kv)
+    if d.quantization is None:
+        if not isinstance(d.layout, RowMajor) or d.byte_offset != 0 or d.shard is not None:
+            return f"{type(d.layout).__name__} layout has no GGML equivalent"
+        for name, row in types.items():
+            if row["mapping"] == "plain" and row["element"] == d.element_type.name:
+                data = t.data[0]
+                return name, lambda: (data[i : i + CHUNK_BYTES] for i in range(0, data.size, CHUNK_BYTES))
+        return f"element type {d.element_type.name} has no GGML equivalent"
+    q = d.quantization
+    if isinstance(q, MXFP):
+        if not (d.element_type.name == "float4_e2m1" and q.block_size == 32 and q.axis == d.rank - 1
+                and isinstance(d.layout, RowMajor) and d.byte_offset == 0):
+            return "MXFP other than float4_e2m1, block 32 along the last axis has no GGML equivalent"
+        return "MXFP4", _mxfp4_chunks(t, kv)
+    if _is_block(d, "int8", symmetric=True):
+        if recorded == "Q5_0":
+            codes = t.data[0].view(np.int8)
+            if codes.size and (codes.min() < -16 or codes.max() > 15):
+                return "int8 codes outside Q5_0's range"
+            return "Q5_0", _q5_0_chunks(t, kv)
+        return "Q8_0", _sym_chunks(t, kv, "Q8_0")
+    if _is_block(d, "int4", symmetric=True):
+        return "Q4_0", _sym_chunks(t, kv, "Q4_0")
+    for storage, gtype in (("uint4", "Q4_1"), ("uint8", "Q5_1")):
+        if _is_block(d, storage, symmetric=False):
+            return _asym_chunks(t, kv, gtype)
+    return "no GGML type matches this layout, scheme, block size or scale type exactly"
+
+
+def _blocks_out(nb: int, size: int) -> np.ndarray:
+    return np.empty((nb, size), dtype=np.uint8)
+
+
+def _sym_chunks(t: Tensor, kv: dict[str, KVValue], gtype: str) -> Callable[[], Iterator[np.ndarray]]:
+    row = _table()["types"][gtype]
+    f = row["fields"]
+    size = 34 if gtype == "Q8_0" else 18
+    nb = _nblocks(t.descriptor)
+    per = 32 if gtype == "Q8_0" else 16
+
+    def gen() -> Iterator[np.ndarray]:
+        scales = _f16_scales(t, kv)
+        codes = t.data[0].reshape(nb, per) if nb else t.data[0].reshape(0, per)
+        for sl in _chunks(nb):
+            out = _blocks_out(sl.stop - sl.start, size)
+            out[:, f["d"] : f["d"] + 2] = scales[sl].reshape(-1, 1).view(np.uint8)
+            c = codes[sl]
+            out[:, f["qs"] : f["qs"] + per] = c if gtype == "Q8_0" else B.pairs_to_split(c ^ 0x88)
+            yield out
+
+    return gen
+
+
+def _q5_0_chunks(t: Tensor, kv: dict[str, KVValue]) -> Callable[[], Iterator[np.ndarray]]:
+    f = _table()["types"]["Q5_0"]["fields"]
+    nb = _nblocks(t.descriptor)
+
+    def gen() -> Iterator[np.ndarray]:
+        scales = _f16_scales(t, kv)
+        codes = t.data[0].view(np.int8).reshape(nb, 32)
+        for sl in _chunks(nb):
+            out = _blocks_out(sl.stop - sl.start, 22)
+            out[:, f["d"] : f["d"] + 2] = scales[sl].reshape(-1, 1).view(np.uint8)
+            qs, qh = B.q5_pack((codes[sl].astype(np.int16) + 16).astype(np.uint8))
+            out[:, f["qh"] : f["qh"] + 4] = qh
+            out[:, f["qs"] : f["qs"] + 16] = qs
+            yield out
+
+    return gen
+
+
+def _mxfp4_chunks(t: Tensor, kv: dict[str, KVValue]) -> Callable[[], Iterator[np.ndarray]]:
+    f = _table()["types"]["MXFP4"]["fields"]
+    nb = int(np.prod(t.descriptor.shape, dtype=np.int64)) // 32
+
+    def gen() -> Iterator[np.ndarray]:
+        e = t.data[1]
+        rec = kv.get(scale_record_key(t.name))
+        if rec is not None:
+            e = restore_scales(e, rec.value, key=t.name)
+        codes = t.data[0].reshape(nb, 16)
+        for sl in _chunks(nb):
+            out = _blocks_out(sl.stop - sl.start, 17)
+            out[:, f["e"]] = e[sl]
+            out[:, f["qs"] : f["qs"] + 16] = B.pairs_to_split(codes[sl])
+            yield out
+
+    return gen
+
+
+def _min_blocks(gtype: str, scales: np.ndarray, mins: np.ndarray, codes: np.ndarray, sl: slice) -> np.ndarray:
+    row = _table()["types"][gtype]
+    f = row["fields"]
+    size = 20 if gtype == "Q4_1" else 24
+    out = _blocks_out(sl.stop - sl.start, size)
+    out[:, f["d"] : f["d"] + 2] = scales[sl].reshape(-1, 1).view(np.uint8)
+    out[:, f["m"] : f["m"] + 2] = mins.reshape(-1, 1).view(np.uint8)
+    c = codes[sl]
+    if gtype == "Q4_1":
+        out[:, f["qs"] : f["qs"] + 16] = B.pairs_to_split(c)
+    else:
+        qs, qh = B.q5_pack(c)
+        out[:, f["qh"] : f["qh"] + 4] = qh
+        out[:, f["qs"] : f["qs"] + 16] = qs
+    return out
+
+
+def _asym_chunks(t: Tensor, kv: dict[str, KVValue], gtype: str) -> tuple[str, Callable[[], Iterator[np.ndarray]]] | str:
+    """uint4/uint8 with integer zero points → Q4_1/Q5_1 when m = −z·d is f16-exact."""
+    d = t.descriptor
+    nb = _nblocks(d)
+    per = 16 if gtype == "Q4_1" else 32
+    qmax = 15 if gtype == "Q4_1" else 31
+    codes = t.data[0].reshape(nb, per)
+    if gtype == "Q5_1" and codes.size and codes.max() > 31:
+        return "uint8 codes above 31 do not fit Q5_1"
+    scales = _f16_scales(t, kv)
+    zp = t.data[d.quantization.zero_point_buffer_index].view("<i4")  # type: ignore[union-attr]
+    mins = np.empty(nb, dtype=np.float16)
+    for sl in _chunks(nb):
+        d32 = scales[sl].astype(np.float32)
+        m = (-(zp[sl].astype(np.float32)) * d32).astype(np.float16)
+        q = np.arange(qmax + 1, dtype=np.float32)
+        lhs = d32[:, None] * (q[None, :] - zp[sl].astype(np.float32)[:, None])
+        rhs = d32[:, None] * q[None, :] + m.astype(np.float32)[:, None]
+        if not np.array_equal(lhs.view(np.uint32), rhs.view(np.uint32)):
+            b = sl.start + int(np.argmax(np.any(lhs.view(np.uint32) != rhs.view(np.uint32), axis=1)))
+            return f"block {b}: zero point × scale is not an f16-exact minimum"
+        mins[sl] = m
+
+    def gen() -> Iterator[np.ndarray]:
+        for sl in _chunks(nb):
+            yield _min_blocks(gtype, scales, mins[sl], codes, sl)
+
+    return gtype, gen
+
+
+def _export_overlay(t: Tensor, kv: dict[str, KVValue]) -> tuple[str, Callable[[], Iterable[Any]]] | str:
+    head = t.descriptor
+    lay = head.layout
+    assert isinstance(lay, CompositeHead)
+    if lay.composition_rule != RULE_OVERLAY or lay.combine_op != OP_ADD or len(t.members) != 2:
+        return "only the exact minimum overlay (overlay, add, two members) has a GGML equivalent"
+    base = next((m for m in t.members if m.descriptor.composite_member and m.descriptor.composite_member.role == ROLE_BASE), None)
+    corr = next((m for m in t.members if m.descriptor.composite_member and m.descriptor.composite_member.role == ROLE_CORRECTION), None)
+    if base is None or corr is None:
+        return "overlay without one base and one correction member"
+    for m in (base, corr):
+        sh = m.descriptor.shard
+        if m.descriptor.shape != head.shape or (sh is not None and any(sh.offset)):
+            return f"overlay member {m.name!r} does not cover the whole tensor"
+    if head.element_type.name != "float32":
+        return "overlay head is not float32"
+    gtype = {"uint4": "Q4_1", "uint8": "Q5_1"}.get(base.descriptor.element_type.name)
+    if gtype is None or not _is_block(base.descriptor, base.descriptor.element_type.name, symmetric=True):
+        return "overlay base is not uint4/uint8 per-block affine K=32 f16 along the last axis"
+    if not _is_block(corr.descriptor, "uint2", symmetric=True):
+        return "overlay correction is not uint2 per-block affine K=32 f16 along the last axis"
+    nb = _nblocks(base.descriptor)
+    per = 16 if gtype == "Q4_1" else 32
+    codes = base.data[0].reshape(nb, per)
+    if gtype == "Q5_1" and codes.size and codes.max() > 31:
+        return "uint8 base codes above 31 do not fit Q5_1"
+    ccodes = corr.data[0].reshape(nb, 8)
+    ones = np.all(ccodes == 0x55, axis=1)
+    zeros = np.all(ccodes == 0x00, axis=1)
+    if not np.all(ones | zeros):
+        b = int(np.argmin(ones | zeros))
+        return f"block {b}: overlay correction is not a constant minimum"
+    cs = corr.data[1].view("<f2")
+    mins = np.where(ones, cs, np.where(np.signbit(cs), np.float16(-0.0), np.float16(0.0))).astype(np.float16)
+    scales = _f16_scales(base, kv)
+
+    def gen() -> Iterator[np.ndarray]:
+        for sl in _chunks(nb):
+            yield _min_blocks(gtype, scales, mins[sl], codes, sl)
+
+    return gtype, gen
+
+
+def _records(kv: dict[str, KVValue], path: str) -> tuple[dict[str, Any], list[tuple[str, str, list[int], int]] | None]:
+    if kv.get(K_SOURCE, KVValue("string", "")).value != "gguf":
+        return {}, None
+    try:
+        tensors = json.loads(kv[K_TENSORS].value)
+        meta = {
+            "version": int(kv[K_VERSION].value),
+            "alignment": int(kv[K_ALIGN].value),
+            "tail": int(kv[K_TAIL].value),
+            "types": list(kv[K_TYPES].value),
+        }
+    except (KeyError, ValueError, TypeError, AttributeError) as e:
+        raise FormatError(f"GGUF conversion records are incomplete or corrupt ({e})", path=path, field=KEY_PREFIX + "gguf") from None
+    return meta, [tuple(x) for x in tensors]  # type: ignore[misc]
+
+
+def _export_kv(kv: dict[str, KVValue], meta: dict[str, Any], path: str, alignment: int) -> list[tuple[str, "G.GGUFValue"]]:
+    plain = [(k, v) for k, v in kv.items() if not k.startswith(KEY_PREFIX)]
+    if meta:
+        types = meta["types"]
+        if len(types) != len(plain):
+            raise FormatError(
+                f"{len(types)} GGUF value types recorded for {len(plain)} metadata keys", path=path, field=K_TYPES
+            )
+        return [(k, _gguf_value_from_record(k, v, ts, path)) for (k, v), ts in zip(plain, types)]
+    out = [(k, _gguf_value_from_plain(v)) for k, v in plain]
+    if alignment != G.DEFAULT_ALIGNMENT and "general.alignment" not in kv:
+        out.append(("general.alignment", G.GGUFValue.of(VT.UINT32, alignment)))
+    return out
+
+
+def hurray_to_gguf(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str] | None,
+    *,
+    fallback: str | None = None,
+    dry_run: bool = False,
+    force: bool = False,
+    progress: Progress = None,
+) -> ConversionReport:
+    """Convert a .hrry file into GGUF (exact, or refused; see the module docstring)."""
+    if fallback not in (None, "float32", "float16", "bfloat16"):
+        raise UsageError(f"unknown fallback {fallback!r} (float32, float16 or bfloat16)")
+    src = os.fspath(src)
+    report = ConversionReport(
+        source=src, destination=None if dst is None else os.fspath(dst), source_format="hurray",
+        destination_format="gguf", dry_run=dry_run,
+    )
+    with HrryFile(src) as hf:
+        kv = dict(hf.kv)
+        meta, recorded = _records(kv, src)
+        alignment = meta.get("alignment", G.DEFAULT_ALIGNMENT)
+        if not meta and "general.alignment" in kv:
+            alignment = int(kv["general.alignment"].value)
+        order = [r[0] for r in recorded] if recorded is not None else hf.top_level_names()
+        rec_by_name = {r[0]: r for r in recorded} if recorded is not None else {}
+        exports: list[_Export] = []
+        for name in order:
+            if name not in hf:
+                raise FormatError(f"tensor {name!r} is recorded but missing from the file", path=src, field=K_TENSORS)
+            t = hf.tensor(name)
+            rec = rec_by_name.get(name)
+            plan = TensorPlan(name=name, source_type=_describe(t), mapping="", status=EXACT, bytes_in=t.nbytes)
+            ex = _Export(name=name, plan=plan)
+            m = _export_match(t, kv, rec[1] if rec else None)
+            if isinstance(m, str):
+                if fallback:
+                    _export_fallback(ex, t, fallback, m)
+                else:
+                    plan.status, plan.reason, plan.mapping = REFUSED, m, "-"
+            else:
+                gtype, chunks = m
+                ex.type_name, ex.chunks = gtype, chunks
+                plan.mapping = gtype
+                if rec is not None and rec[1] != gtype:
+                    plan.status = VALUE_EXACT
+                    plan.reason = f"imported from {rec[1]}, exported as {gtype}"
+            if rec is not None:
+                ex.ne = tuple(int(x) for x in rec[2])
+                ex.offset = int(rec[3])
+            else:
+                if any(x is None for x in t.descriptor.shape) or t.descriptor.rank > G.MAX_DIMS:
+                    plan.status, plan.reason, plan.mapping = REFUSED, "shape has no GGUF equivalent (dynamic or rank > 4)", "-"
+                ex.ne = tuple(int(x) for x in reversed(t.descriptor.shape)) or (1,)
+            if ex.type_name:
+                plan.bytes_out = G.tensor_nbytes(ex.type_name, ex.ne)
+            exports.append(ex)
+        report.tensors = [e.plan for e in exports]
+        if report.refused:
+            if dry_run:
+                return report
+            raise ConversionRefused(
+                f"{len(report.refused)} tensor(s) have no exact GGML equivalent; nothing was written "
+                "(choose --fallback float32|float16|bfloat16 to store them dequantized)",
+                path=src,
+                reasons=[(p.name, p.source_type, p.reason) for p in report.refused],
+                report=report,
+            )
+        if dry_run or dst is None:
+            return report
+        gkv = _export_kv(kv, meta, src, alignment)
+        sizes_ok = recorded is not None and all(
+            G.tensor_nbytes(e.type_name, e.ne) == G.tensor_nbytes(rec_by_name[e.name][1], rec_by_name[e.name][2])
+            for e in exports
+        )
+        specs = [G.TensorSpec(e.name, G.ggml_type(e.type_name).id, e.ne, e.offset if sizes_ok else None) for e in exports]
+        by_name = {e.name: e for e in exports}
+        total = sum(e.plan.bytes_out for e in exports)
+        done = 0
+        with AtomicOutput(dst, force=force, inputs=(src,)) as fh:
+            w = G.GGUFWriterStream(
+                fh,
+                version=meta.get("version", 3),
+                alignment=alignment,
+                kv=gkv,
+                tensors=specs,
+                pad_end=meta["tail"] if meta and sizes_ok else True,
+            )
+            with w:
+                for spec in w.tensors_in_file_order:
+                    e = by_name[spec.name]
+                    assert e.chunks is not None
+                    w.write_tensor_data(e.chunks(), name=e.name)
+                    done += e.plan.bytes_out
+                    if progress:
+                        progress(done, total)
+            fh.commit()
+    return report
+
+
+def _describe(t: Tensor) -> str:
+    d = t.descriptor
+    if d.is_composite:
+        return f"composite({len(t.members)})"
+    q = d.quantization
+    if q is None:
+        return d.element_type.name
+    return f"{type(q).__name__}/{d.element_type.name}"
+
+
+def _export_fallback(ex: _Export, t: Tensor, fallback: str, reason: str) -> None:
+    from ..dequant import iter_dequantize
+
+    gtype = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}[fallback]
+    out_dt = np.dtype(_FALLBACK_TYPES[fallback])
+    ex.type_name = gtype
+    ex.plan.mapping = f"{gtype} (fallback)"
+    ex.plan.status = VALUE_EXACT if fallback == "float32" else LOSSY
+    ex.plan.reason = reason + "; stored dequantized"
+
+    def gen() -> Iterator[np.ndarray]:
+        for _, vals in iter_dequantize(t):
+            yield np.asarray(vals, dtype=np.float32).astype(out_dt).reshape(-1)
+
+    if fallback != "float32":
+        err = 0.0
+        for _, vals in iter_dequantize(t):
+            v = np.asarray(vals, dtype=np.float32)
+            diff = np.abs(v.astype(out_dt).astype(np.float32) - v)
+            fin = np.isfinite(diff)
+            if fin.any():
+                err = max(err, float(diff[fin].max()))
+        ex.plan.max_abs_error = err
+        if err == 0:
+            ex.plan.status = VALUE_EXACT
+    else:
+        ex.plan.max_abs_error = 0.0
+    ex.chunks = gen

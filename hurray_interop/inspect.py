@@ -1,0 +1,188 @@
+"""What ``hurray-interop inspect`` shows, as plain data (the CLI renders it).
+
+For a .hrry file: every tensor (name, shape, element type, layout,
+quantization scheme and parameters, stored bytes) and the KV metadata.
+For a .gguf file: header facts, metadata with exact GGUF types, and the
+conversion plan per tensor (what ``convert --dry-run`` would do).
+For a .safetensors file: its tensors, the MX convention detected, metadata.
+Only headers, indexes and (for the GGUF plan) scales are read.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .convert import detect_format
+from .core.hrry import HrryFile
+from .core.kv import KVValue
+from .core.model import MXFP, NF4, CompositeHead, Descriptor, PerBlockAffine, PerChannelAffine, PerTensorAffine
+
+__all__ = ["inspect_file", "describe_quantization", "describe_layout"]
+
+_LAYOUT_NAMES = {
+    0x01: "row-major", 0x02: "column-major", 0x03: "strided", 0x04: "tiled", 0x05: "morton", 0x06: "coo",
+    0x07: "csr", 0x08: "csc", 0x09: "csf", 0x0A: "block-paged", 0x0B: "composite", 0x40: "hilbert",
+}
+_RULES = {1: "partition", 2: "overlay", 3: "group"}
+_OPS = {0: "", 1: "replace", 2: "add"}
+
+
+def describe_layout(d: Descriptor) -> str:
+    lay = d.layout
+    name = _LAYOUT_NAMES.get(lay.tag, f"private 0x{lay.tag:02x}")
+    if isinstance(lay, CompositeHead):
+        op = _OPS.get(lay.combine_op, str(lay.combine_op))
+        return f"composite {_RULES.get(lay.composition_rule, lay.composition_rule)}{'(' + op + ')' if op else ''} x{lay.member_count}"
+    return name
+
+
+def describe_quantization(d: Descriptor) -> dict[str, Any] | None:
+    q = d.quantization
+    if q is None:
+        return None
+    if isinstance(q, PerTensorAffine):
+        return {"scheme": "per-tensor affine", "scale": q.scale, "zero_point": q.zero_point}
+    if isinstance(q, PerChannelAffine):
+        return {"scheme": "per-channel affine", "axis": q.axis, "symmetric": q.symmetric, "scale_type": q.scale_type.name}
+    if isinstance(q, PerBlockAffine):
+        return {
+            "scheme": "per-block affine",
+            "axis": q.axis,
+            "block_size": q.block_size,
+            "symmetric": q.symmetric,
+            "scale_type": q.scale_type.name,
+        }
+    if isinstance(q, NF4):
+        return {"scheme": "NF4", "axis": q.axis, "block_size": q.block_size}
+    if isinstance(q, MXFP):
+        return {"scheme": "MXFP", "axis": q.axis, "block_size": q.block_size, "scale_type": "float8_e8m0"}
+    return {"scheme": type(q).__name__}  # pragma: no cover
+
+
+def _quant_text(q: dict[str, Any] | None) -> str:
+    if q is None:
+        return ""
+    parts = [q["scheme"]]
+    if "block_size" in q:
+        parts.append(f"K={q['block_size']}")
+    if "axis" in q:
+        parts.append(f"axis {q['axis']}")
+    if "scale_type" in q:
+        parts.append(q["scale_type"])
+    if q.get("symmetric") is True:
+        parts.append("symmetric")
+    elif q.get("symmetric") is False:
+        parts.append("zero points")
+    if "scale" in q:
+        parts.append(f"scale {q['scale']:g} zp {q['zero_point']}")
+    return " ".join(parts)
+
+
+def _kv_item(key: str, v: KVValue) -> dict[str, Any]:
+    if v.type == "array":
+        vals = list(v.value)
+        shown: Any = vals if len(vals) <= 16 else vals[:16] + [f"… {len(vals)} items"]
+        return {"key": key, "type": f"array[{v.element_type}]", "value": shown, "count": len(vals)}
+    if v.type == "bytes":
+        return {"key": key, "type": "bytes", "value": f"<{len(v.value)} bytes>"}
+    return {"key": key, "type": v.type, "value": v.value}
+
+
+def _inspect_hrry(path: str) -> dict[str, Any]:
+    with HrryFile(path) as hf:
+        tensors = []
+        members = set(n for n in hf.names if n not in set(hf.top_level_names()))
+        for name in hf.names:
+            d = hf.descriptor(name)
+            q = describe_quantization(d)
+            tensors.append(
+                {
+                    "name": name,
+                    "shape": [None if x is None else int(x) for x in d.shape],
+                    "type": d.element_type.name,
+                    "layout": describe_layout(d),
+                    "quantization": _quant_text(q),
+                    "quantization_params": q,
+                    "stored_bytes": sum(h.byte_size for h in d.buffers),
+                    "member_of_composite": name in members,
+                }
+            )
+        return {
+            "path": path,
+            "format": "hurray",
+            "tensor_count": len(hf.names),
+            "file_size": os.path.getsize(path),
+            "alignment": hf.header.alignment,
+            "tensors": tensors,
+            "tensor_columns": ["name", "shape", "type", "layout", "quantization", "stored_bytes"],
+            "metadata": [_kv_item(k, v) for k, v in hf.kv.items()],
+        }
+
+
+def _gguf_value(v: Any) -> tuple[str, Any]:
+    from .formats import gguf as G
+
+    t = v.type.name if v.type != G.ValueType.ARRAY else f"ARRAY[{v.element_type.name if v.element_type else '?'}]"
+    if v.type == G.ValueType.ARRAY:
+        n = len(v)
+        if v.element_type == G.ValueType.ARRAY:
+            return t, f"<{n} nested arrays>"
+        head = [v.value[i] for i in range(min(n, 16))]
+        if v.element_type == G.ValueType.STRING:
+            shown: list[Any] = [bytes(b).decode("utf-8", "replace") for b in head]
+        else:
+            shown = [x.item() for x in head]
+        if n > 16:
+            shown = list(shown) + [f"… {n} items"]
+        return t, shown
+    return t, v.to_python("replace")
+
+
+def _inspect_gguf(path: str) -> dict[str, Any]:
+    from .conversions.gguf import plan_gguf
+    from .formats import gguf as G
+
+    with G.read_gguf(path) as gf:
+        metadata = []
+        for k, v in gf.kv.items():
+            t, shown = _gguf_value(v)
+            metadata.append({"key": k, "type": t, "value": shown})
+        info = {
+            "path": path,
+            "format": "gguf",
+            "version": gf.version,
+            "alignment": gf.alignment,
+            "tensor_count": len(gf.tensors),
+            "file_size": gf.file_size,
+            "metadata": metadata,
+        }
+    plan = plan_gguf(path)
+    info["tensors"] = [
+        {
+            "name": p.name,
+            "ggml_type": p.source_type,
+            "hurray_mapping": p.mapping,
+            "status": p.status,
+            "bytes_in": p.bytes_in,
+            "bytes_out": p.bytes_out,
+            "reason": p.reason,
+        }
+        for p in plan.tensors
+    ]
+    info["tensor_columns"] = ["name", "ggml_type", "hurray_mapping", "status", "bytes_in", "bytes_out", "reason"]
+    info["notes"] = list(plan.notes)
+    return info
+
+
+def inspect_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Describe a .hrry, .gguf or .safetensors file (format confirmed by magic bytes)."""
+    p = os.fspath(path)
+    fmt = detect_format(p)
+    if fmt == "hurray":
+        return _inspect_hrry(p)
+    if fmt == "gguf":
+        return _inspect_gguf(p)
+    from .conversions.mx import inspect_safetensors
+
+    return inspect_safetensors(p)
