@@ -218,3 +218,14 @@ def test_truncation_everywhere_raises_only_format_errors():
     for cut in range(len(raw)):
         with pytest.raises(FormatError):
             decode_kv(raw[:cut])
+
+
+def test_large_vocabulary_arrays_match_pyhurray(tmp_path):
+    """Tokenizer-sized arrays (fast paths) encode exactly as the reference does and round-trip."""
+    rng = __import__("random").Random(5)
+    toks = ["".join(rng.choice("abcĠé▁😀\n") for _ in range(rng.randrange(0, 6))) for _ in range(30_000)]
+    kv = {"tokens": toks, "scores": [rng.uniform(-1, 1) for _ in range(30_000)], "ids": list(range(-5, 29_995))}
+    ref = _pyhurray_kv_section(tmp_path, kv)
+    assert encode_kv(kv) == ref
+    back = decode_kv(ref)
+    assert kv_to_python(back) == kv and encode_kv(back) == ref

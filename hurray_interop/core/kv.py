@@ -168,10 +168,10 @@ class KVValue:
                 )
             if isinstance(value, (str, bytes, bytearray, memoryview)) or not isinstance(value, Iterable):
                 raise UsageError(f"array value must be a sequence, got {type_name(value)}")
-            items = tuple(_check_scalar(element_type, x, f"element {i}") for i, x in enumerate(value))
+            items, body = _check_array(element_type, value)
             if len(items) > _MAX_U32:
                 raise UsageError(f"array of {len(items)} elements exceeds the u32 count field")
-            payload = bytes([KV_TAGS[element_type]]) + _U32.pack(len(items)) + _array_payload(element_type, items)
+            payload = bytes([KV_TAGS[element_type]]) + _U32.pack(len(items)) + body
             value = items
         elif type in _SCALAR_TYPES:
             if element_type is not None:
@@ -260,12 +260,43 @@ def type_name(v: Any) -> str:
     return type(v).__name__
 
 
+def _check_array(kind: str, value: Iterable[Any]) -> tuple[tuple[Any, ...], bytes]:
+    """Validate array elements and encode them (one pass; fast paths for large arrays)."""
+    items = tuple(value)
+    types = set(map(type, items))
+    try:
+        if kind == "string" and types <= {str}:
+            enc = [x.encode("utf-8") for x in items]
+            if enc and max(map(len, enc)) > _MAX_U32:
+                raise UsageError("a string exceeds the u32 length field")
+            lens = struct.pack(f"<{len(enc)}I", *map(len, enc))
+            parts: list[bytes] = [b""] * (2 * len(enc))
+            parts[0::2] = [lens[i : i + 4] for i in range(0, len(lens), 4)]
+            parts[1::2] = enc
+            return items, b"".join(parts)
+        if kind in ("int64", "uint64") and types <= {int}:
+            lo, hi = (-(1 << 63), (1 << 63) - 1) if kind == "int64" else (0, (1 << 64) - 1)
+            if items and not (lo <= min(items) and max(items) <= hi):
+                bad = next(x for x in items if not lo <= x <= hi)
+                raise UsageError(f"{bad} is out of range for {kind}")
+            return items, _array_payload(kind, items)
+        if kind == "float64" and types <= {float}:
+            return items, _array_payload(kind, items)
+    except UnicodeEncodeError:
+        pass  # fall through to the element-by-element path for a precise message
+    items = tuple(_check_scalar(kind, x, f"element {i}") for i, x in enumerate(items))
+    return items, _array_payload(kind, items)
+
+
 def _array_payload(kind: str, items: tuple[Any, ...]) -> bytes:
     if kind in _FIXED_FMT:
         return struct.pack(f"<{len(items)}{_FIXED_FMT[kind]}", *items)
     if kind == "bool":
         return bytes(1 if x else 0 for x in items)
     return b"".join(_payload(kind, x) for x in items)
+
+
+_EXACT_KIND = {bool: "bool", int: "int64", float: "float64", str: "string", bytes: "bytes"}
 
 
 def _python_kind(v: Any) -> str | None:
@@ -300,6 +331,9 @@ def as_kv_value(v: Any, *, key: str | None = None) -> KVValue:
                 raise UsageError(
                     "an empty list has no element type; use KVValue.array('<element type>', [])"
                 )
+            exact = set(map(type, v))
+            if len(exact) == 1 and next(iter(exact)) in _EXACT_KIND:
+                return KVValue("array", v, _EXACT_KIND[next(iter(exact))])
             kinds = {_python_kind(x) for x in v}
             if None in kinds:
                 bad = next(x for x in v if _python_kind(x) is None)
@@ -394,6 +428,30 @@ def _read_scalar(r: Reader, kind: str, what: str) -> Any:
     raise AssertionError(kind)  # pragma: no cover
 
 
+def _read_strings(r: Reader, n: int, what: str) -> tuple[str, ...]:
+    """``n`` length-prefixed UTF-8 strings (a tight loop: tokenizer vocabularies hold 10^5 of them)."""
+    buf, pos, end = r.buf, r.pos, r.end
+    unpack = _U32.unpack_from
+    out: list[str] = []
+    append = out.append
+    for j in range(n):
+        if pos + 4 > end:
+            r.pos = pos
+            r.need(4, f"{what} element {j} length")
+        (ln,) = unpack(buf, pos)
+        pos += 4
+        if pos + ln > end:
+            r.pos = pos
+            r.need(ln, f"{what} element {j}")
+        try:
+            append(str(buf[pos : pos + ln], "utf-8"))
+        except UnicodeDecodeError as e:
+            raise r.error(f"invalid UTF-8 ({e.reason} at byte {e.start})", f"{what} element {j}", at=pos + e.start) from None
+        pos += ln
+    r.pos = pos
+    return tuple(out)
+
+
 def _tag_kind(r: Reader, tag: int, what: str, at: int, *, element: bool) -> str:
     kind = _TAG_NAMES.get(tag)
     if kind is None or (element and kind == "array"):
@@ -409,16 +467,16 @@ def _tag_kind(r: Reader, tag: int, what: str, at: int, *, element: bool) -> str:
     return kind
 
 
-def _make(kind: str, value: Any, element_type: str | None = None) -> KVValue:
-    """Build a KVValue from already-validated decoded data without re-checking every element."""
+def _make(kind: str, value: Any, element_type: str | None, payload: bytes) -> KVValue:
+    """Build a KVValue from decoded data and its exact wire payload (no re-encoding).
+
+    The encoding is canonical (one byte string per value), so the payload read
+    is the payload :class:`KVValue` would produce.
+    """
     v = KVValue.__new__(KVValue)
     object.__setattr__(v, "type", kind)
     object.__setattr__(v, "value", value)
     object.__setattr__(v, "element_type", element_type)
-    if kind == "array":
-        payload = bytes([KV_TAGS[element_type]]) + _U32.pack(len(value)) + _array_payload(element_type, value)  # type: ignore[index,arg-type]
-    else:
-        payload = _payload(kind, value)
     object.__setattr__(v, "_payload", payload)
     return v
 
@@ -462,8 +520,10 @@ def decode_kv(
         what = f"KV {key!r}"
         tat = r.pos
         kind = _tag_kind(r, r.u8(f"{what} value_tag"), f"{what} value_tag", tat, element=False)
+        pstart = r.pos
         if kind != "array":
-            out[key] = _make(kind, _read_scalar(r, kind, what))
+            value = _read_scalar(r, kind, what)
+            out[key] = _make(kind, value, None, bytes(r.buf[pstart : r.pos]))
             continue
         eat = r.pos
         ekind = _tag_kind(r, r.u8(f"{what} element tag"), f"{what} element tag", eat, element=True)
@@ -488,9 +548,11 @@ def decode_kv(
                     f"bool byte must be 0x00 or 0x01, got 0x{raw[bad]:02X}", f"{what} element {bad}", at=vat + bad
                 )
             values = tuple(b == 1 for b in raw)
+        elif ekind == "string":
+            values = _read_strings(r, n, what)
         else:
             values = tuple(_read_scalar(r, ekind, f"{what} element {j}") for j in range(n))
-        out[key] = _make("array", values, ekind)
+        out[key] = _make("array", values, ekind, bytes(r.buf[pstart : r.pos]))
     if r.remaining:
         raise InconsistentError(
             f"{r.remaining} unused bytes after the last KV entry",
