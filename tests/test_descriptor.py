@@ -47,13 +47,14 @@ from hurray_interop.core.model import (
     PerBlockAffine,
     PerChannelAffine,
     PerTensorAffine,
+    RowMajor,
     PrivateLayout,
     Shard,
     Statistics,
     Strided,
     Tiled,
 )
-from hurray_interop.errors import BadMagicError, FormatError, InconsistentError, TruncatedError, UnsupportedError
+from hurray_interop.errors import BadMagicError, FormatError, InconsistentError, TruncatedError, UnsupportedError, UsageError
 
 ET = element_type
 F32 = ET("float32")
@@ -925,3 +926,55 @@ def test_corpus_truncation_and_bit_flips_raise_only_typed_errors():
                 assert exc.field and exc.offset is not None and 0 <= exc.offset <= len(raw), (raw.hex(), bit, exc)
                 continue
             assert encode_descriptor(d) == bytes(mutated)
+
+
+# ---------------------------------------------------------------------------
+# the writer never emits what the reader rejects: valid descriptors of every
+# layout/scheme/section with one field replaced by a random value
+
+import dataclasses  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_VALUES = st.one_of(
+    st.sampled_from([0, 1, 2, 3, 4, 7, 8, 16, 32, 63, 64, 255, 256, 0xFFFFFFFF, -1, None, (), (1,), (2, 2), (0, 1, 2), 2**64]),
+    st.integers(0, 300),
+    st.builds(ET, st.sampled_from(["int8", "uint4", "float16", "bfloat16", "float32", "int16", "float8_e4m3"])),
+)
+
+
+def _mutate(obj, data, depth=0):
+    """Replace one (possibly nested) dataclass field of ``obj`` with a random value."""
+    fields = [f.name for f in dataclasses.fields(obj)]
+    name = data.draw(st.sampled_from(fields))
+    cur = getattr(obj, name)
+    if dataclasses.is_dataclass(cur) and depth < 3 and data.draw(st.integers(0, 3)):
+        new = _mutate(cur, data, depth + 1)
+    elif isinstance(cur, tuple) and cur and dataclasses.is_dataclass(cur[0]) and data.draw(st.integers(0, 3)):
+        j = data.draw(st.integers(0, len(cur) - 1))
+        new = cur[:j] + (_mutate(cur[j], data, depth + 1),) + cur[j + 1 :]
+    else:
+        new = data.draw(_VALUES)
+    return dataclasses.replace(obj, **{name: new})
+
+
+_BASES: list = []
+
+
+@settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(0, 15), st.data())
+def test_encode_output_always_decodes_back(which, data):
+    if not _BASES:
+        _BASES.extend(decode_descriptor(raw) for raw in corpus())
+    base = _BASES[which]
+    try:
+        desc = _mutate(base, data)
+    except (TypeError, ValueError):
+        return  # not constructible (frozen dataclass rejected the value)
+    try:
+        raw = encode_descriptor(desc)
+    except (FormatError, UnsupportedError, UsageError) as exc:
+        assert exc.field
+        return
+    assert decode_descriptor(raw) == desc

@@ -689,7 +689,51 @@ def validate_descriptor(desc: Descriptor, *, path: str | None = None, tensor: st
     Offsets in errors are where the field sits in the encoded descriptor, plus ``base``.
     """
     ctx = _Ctx(path, tensor, base)
+    _check_types(desc, ctx)
     _validate(desc, _locate(desc, ctx), structural=True)
+
+
+_LAYOUT_TYPES = (RowMajor, ColumnMajor, Strided, Tiled, Morton, Coo, Csr, Csc, Csf, BlockPaged, CompositeHead, Hilbert, PrivateLayout)
+_SCHEME_TYPES = (PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP)
+
+
+def _check_types(desc: Descriptor, ctx: _Ctx) -> None:
+    """Python types of an in-memory descriptor (a caller bug, hence UsageError)."""
+
+    def bad(field: str, want: str, got: object) -> UsageError:
+        return UsageError(f"{field} must be {want}, not {type(got).__name__}", path=ctx.path, tensor=ctx.tensor, field=field)
+
+    if not isinstance(desc, Descriptor):
+        raise bad("descriptor", "a Descriptor", desc)
+    if not isinstance(desc.element_type, ElementType):
+        raise bad("element_type", "an ElementType", desc.element_type)
+    if not isinstance(desc.element_type.tag, int) or isinstance(desc.element_type.tag, bool):
+        raise bad("element_type.tag", "an int", desc.element_type.tag)
+    if not isinstance(desc.shape, tuple):
+        raise bad("shape", "a tuple", desc.shape)
+    if not isinstance(desc.buffers, tuple) or not all(isinstance(h, BufferHandle) for h in desc.buffers):
+        raise bad("buffers", "a tuple of BufferHandle", desc.buffers)
+    if not isinstance(desc.layout, _LAYOUT_TYPES):
+        raise bad("layout", "a layout", desc.layout)
+    t = desc.layout
+    while isinstance(t, Tiled):
+        if t.inner is not None and not isinstance(t.inner, Tiled):
+            raise bad("tiled.inner", "a Tiled layout or None", t.inner)
+        t = t.inner
+    for name, typ, want in (
+        ("quantization", _SCHEME_TYPES, "a quantization scheme"),
+        ("shard", Shard, "a Shard"),
+        ("statistics", Statistics, "a Statistics"),
+        ("extension_type", ExtensionType, "an ExtensionType"),
+        ("composite_member", CompositeMember, "a CompositeMember"),
+    ):
+        v = getattr(desc, name)
+        if v is not None and not isinstance(v, typ):
+            raise bad(name, f"{want} or None", v)
+    if not isinstance(desc.quantization_padding, (bytes, bytearray)):
+        raise bad("quantization_padding", "bytes", desc.quantization_padding)
+    if desc.shard is not None and not (isinstance(desc.shard.parent_shape, tuple) and isinstance(desc.shard.offset, tuple)):
+        raise bad("shard", "tuples of ints", desc.shard.parent_shape)
 
 
 def _int(v: object, bits: int, ctx: _Ctx, field: str, at: int | None, signed: bool = False) -> None:
@@ -736,8 +780,8 @@ def _validate(desc: Descriptor, ctx: _Ctx, *, structural: bool) -> None:
                 raise ctx.err(InconsistentError, f"HAS_EXTENSION_TYPE set for standard type {et.name}", "flags", 10)
         if not (tag in _LAYOUT_NAMES or (isinstance(layout, PrivateLayout) and is_private_tag(tag))):
             raise ctx.err(FormatError, f"unknown or reserved layout_tag {tag:#04x}", "layout_tag", 15)
-        if isinstance(layout, Coo) and not isinstance(layout.is_sorted, (bool, int)):
-            raise ctx.err(FormatError, "is_sorted must be a bool", "coo.is_sorted", ctx.layout + 8)
+        if isinstance(layout, Coo) and layout.is_sorted not in (0, 1):
+            raise ctx.err(FormatError, f"is_sorted {layout.is_sorted!r} is not a bool", "coo.is_sorted", ctx.layout + 8)
         _validate_layout_structure(desc, ctx)
         for i, h in enumerate(desc.buffers):
             at = ctx.buffers + 1 + 16 * i
