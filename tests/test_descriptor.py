@@ -784,6 +784,10 @@ def test_decode_accepts_numpy_and_memoryview():
     raw = pb_desc()
     arr = np.frombuffer(b"\0" * 3 + raw, np.uint8)
     assert decode_descriptor(arr, 3) == decode_descriptor(memoryview(raw))
+    with pytest.raises(TruncatedError, match="magic"):
+        decode_descriptor(raw, len(raw) + 5)
+    with pytest.raises(UsageError, match="negative"):
+        decode_descriptor(raw, -1)
 
 
 # ---------------------------------------------------------------------------

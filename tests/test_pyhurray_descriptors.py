@@ -446,3 +446,23 @@ def test_we_reject_everything_pyhurray_rejects(case, data):
         return  # stricter or equal
     assert theirs is not None, "pyhurray rejected a descriptor we accepted"
     assert encode_descriptor(ours) == raw == theirs.encode()
+
+
+def _int4_vector() -> bytes:
+    # the bytes of conformance vector quant_per_block_int4_128x128.bin, built by pyhurray
+    return hurray.Tensor(bytes(8192), hurray.dtype.int4, [128, 128], aux_buffers=[bytes(256)],
+                         quantization=hurray.PerBlockAffine.symmetric(1, 128, 1, hurray.float16)).descriptor.encode()
+
+
+def test_lax_mixed_devices():
+    # buffer-protocol.md: all buffers of one descriptor share device_tag and memory_class (colocation)
+    e = _both(_patch(_int4_vector(), 73, "<B", 1), InconsistentError, "buffer[1].device", "must be colocated")
+    assert e.offset == 73
+    e = _both(_patch(_int4_vector(), 75, "<B", 1), InconsistentError, "buffer[1].memory_class", "must be colocated")
+    assert e.offset == 75
+
+
+def test_lax_scheme_version_zero():
+    # per-block-affine.md Binary Encoding: scheme_version MUST be 0x01
+    e = _both(_patch(_int4_vector(), 82, "<B", 0), FormatError, "quantization.scheme_version", "scheme_version 0 is invalid")
+    assert e.offset == 82

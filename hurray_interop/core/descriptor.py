@@ -413,6 +413,8 @@ def decode_descriptor(
     Bytes after ``descriptor_length`` are ignored.  Errors carry absolute
     offsets (``base`` + position in ``buf``).
     """
+    if offset < 0:
+        raise UsageError(f"negative descriptor offset {offset}", path=path, tensor=tensor, field="offset")
     try:
         return _decode(buf, offset, path, tensor, base)
     except HurrayInteropError as exc:
@@ -610,6 +612,8 @@ def decode_quantization(
     block_size ranges, scale types, per-tensor scale), plus ``axis < rank`` when
     ``rank`` is given.
     """
+    if offset < 0 or (length is not None and length < 0):
+        raise UsageError(f"negative offset {offset} or length {length}", path=path, tensor=tensor, field="offset")
     rd = Reader(buf, offset)
     n = rd.end - offset if length is None else length
     ctx = _Ctx(path, tensor, base + offset)
