@@ -1,0 +1,1 @@
+"""Whole-file conversions between foreign checkpoint formats and ``.hrry`` files."""

@@ -1,0 +1,364 @@
+"""safetensors MX checkpoints <-> .hrry: byte-identical round trips, conventions, bad files.
+
+Oracles: the ``safetensors`` package (reads our output, wrote the fixtures), the gpt-oss /
+HF reference MXFP4 decoder (LUT + ldexp, re-implemented here from openai
+``_get_mxfp4_tensor``), byte comparison with the source files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hurray_interop.conversions.mx import (
+    KV_CONVENTION,
+    KV_HEADER,
+    KV_LAYOUT,
+    KV_METADATA,
+    compare_checkpoint_values,
+    hurray_to_safetensors,
+    safetensors_to_hurray,
+)
+from hurray_interop.core.hrry import HrryFile
+from hurray_interop.core.model import MXFP
+from hurray_interop.core.records import decode_scale_record, scale_record_key
+from hurray_interop.errors import (
+    ConversionRefused,
+    FormatError,
+    InconsistentError,
+    OutputExistsError,
+    TruncatedError,
+    UnsupportedError,
+)
+from hurray_interop.formats.safetensors_mx import SafetensorsFile, build_header, detect_pairs
+
+safetensors = pytest.importorskip("safetensors")
+torch = pytest.importorskip("torch")
+
+
+def load_file(path: str) -> dict[str, np.ndarray]:
+    """The safetensors package's view of a file (torch backend: it knows F8_E8M0 and F4);
+    dtypes numpy lacks come back as their raw bytes (uint8)."""
+    from safetensors import safe_open
+
+    out = {}
+    with safe_open(path, "pt") as so:
+        for n in so.keys():
+            t = so.get_tensor(n)
+            try:
+                out[n] = t.numpy()
+            except TypeError:
+                out[n] = t.reshape(-1).contiguous().view(torch.uint8).numpy()
+    return out
+
+GPT = "gpt-oss-tiny.safetensors"
+CT = "ct-mxfp4-tiny.safetensors"
+FP4_LUT = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+def _kv(hf, key):
+    v = hf.kv[key]
+    return getattr(v, "value", v)
+
+
+def _write_st(path: Path, tensors: list[tuple[str, str, list[int], bytes]], metadata=None, *, raw_header: bytes | None = None):
+    """A safetensors file written by hand (struct + json), independent of our writer."""
+    obj = {}
+    if metadata is not None:
+        obj["__metadata__"] = metadata
+    pos = 0
+    for n, d, s, b in tensors:
+        obj[n] = {"dtype": d, "shape": s, "data_offsets": [pos, pos + len(b)]}
+        pos += len(b)
+    h = raw_header if raw_header is not None else json.dumps(obj).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(t[3] for t in tensors))
+    return path
+
+
+def _leftovers(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.startswith("."))
+
+
+@pytest.mark.parametrize("fixture,convention,n_mx", [(GPT, "gpt-oss", 4), (CT, "compressed-tensors", 3)])
+def test_fixture_round_trip_is_byte_identical(fixtures_dir, tmp_path, fixture, convention, n_mx):
+    src = fixtures_dir / fixture
+    rep = safetensors_to_hurray(src, tmp_path / "m.hrry")
+    assert rep.exact and not rep.refused
+    mxs = [t for t in rep.tensors if t.mapping.startswith("MXFP")]
+    assert len(mxs) == n_mx
+    assert sum(t.substituted_blocks for t in rep.tensors) > 0  # fixtures carry 0x00 on zero blocks
+    with HrryFile(tmp_path / "m.hrry") as hf:
+        assert _kv(hf, KV_CONVENTION) == convention
+        assert json.loads(_kv(hf, KV_METADATA)) == {"format": "pt"}
+        assert _kv(hf, KV_HEADER) == src.read_bytes()[8 : 8 + struct.unpack("<Q", src.read_bytes()[:8])[0]]
+        assert len(hf.names) == len(load_file(str(src))) - n_mx
+    rep2 = hurray_to_safetensors(tmp_path / "m.hrry", tmp_path / "back.safetensors")
+    assert rep2.exact
+    assert (tmp_path / "back.safetensors").read_bytes() == src.read_bytes()
+
+
+def test_gpt_oss_pairs_map_to_one_mxfp_tensor_with_source_bytes(fixtures_dir, tmp_path):
+    src = fixtures_dir / GPT
+    safetensors_to_hurray(src, tmp_path / "m.hrry")
+    ref = load_file(str(src))
+    with HrryFile(tmp_path / "m.hrry") as hf:
+        for layer in (0, 1):
+            for nm in ("gate_up_proj", "down_proj"):
+                base = f"model.layers.{layer}.mlp.experts.{nm}"
+                blocks, scales = ref[base + "_blocks"], ref[base + "_scales"]
+                t = hf.tensor(base)
+                q = t.descriptor.quantization
+                E, R, G, _ = blocks.shape
+                assert isinstance(q, MXFP) and (q.axis, q.block_size) == (2, 32)
+                assert t.shape == (E, R, G * 32) and t.descriptor.element_type.name == "float4_e2m1"
+                assert bytes(t.data[0]) == blocks.tobytes()
+                sc = scales.reshape(-1)
+                hs = np.asarray(t.data[1])
+                zero = sc == 0
+                assert np.array_equal(hs[~zero], sc[~zero]) and np.all(hs[zero] == 0x7F)
+                key = scale_record_key(base)
+                if zero.any():
+                    blocks_idx, orig = decode_scale_record(_kv(hf, key))
+                    assert np.array_equal(blocks_idx, np.flatnonzero(zero)) and not orig.any()
+                else:
+                    assert key not in hf.kv
+        assert "model.layers.0.mlp.experts.gate_up_proj_bias" in hf.names
+
+
+def test_dequantizer_matches_the_gpt_oss_reference_decoder(fixtures_dir, tmp_path):
+    try:
+        from hurray_interop.dequant import dequantize
+    except ImportError as e:  # pragma: no cover
+        pytest.skip(f"shared dequantizer not importable: {e}")
+    src = fixtures_dir / GPT
+    safetensors_to_hurray(src, tmp_path / "m.hrry")
+    ref = load_file(str(src))
+    with HrryFile(tmp_path / "m.hrry") as hf:
+        for base in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"):
+            blk, sc = ref[base + "_blocks"], ref[base + "_scales"]
+            # openai gpt_oss _get_mxfp4_tensor: interleaved nibbles, ldexp by (scale - 127)
+            out = np.empty(blk.shape[:-1] + (32,), np.float32)
+            out[..., 0::2] = FP4_LUT[blk & 0x0F]
+            out[..., 1::2] = FP4_LUT[blk >> 4]
+            want = np.ldexp(out, sc.astype(np.int32)[..., None] - 127).reshape(blk.shape[:-2] + (-1,))
+            got = dequantize(hf.tensor(base))
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # -0.0 included
+    cmp = compare_checkpoint_values(src, tmp_path / "m.hrry", dequantize)
+    assert len(cmp) == 4 and all(c.equal and c.max_abs_error == 0 for c in cmp.values())
+
+
+def test_ct_pairs_including_mxfp6_and_nvfp4_left_plain(fixtures_dir, tmp_path):
+    src = fixtures_dir / CT
+    safetensors_to_hurray(src, tmp_path / "m.hrry")
+    ref = load_file(str(src))
+    with HrryFile(tmp_path / "m.hrry") as hf:
+        t6 = hf.tensor("model.layers.0.self_attn.q_proj.weight")
+        assert t6.descriptor.element_type.name == "float6_e2m3" and t6.shape == (8, 64)
+        assert bytes(t6.data[0]) == ref["model.layers.0.self_attn.q_proj.weight_packed"].tobytes()
+        t4 = hf.tensor("model.layers.1.mlp.down_proj.weight")  # F8_E8M0 weight_scale
+        assert t4.shape == (16, 128) and t4.descriptor.quantization.axis == 1
+        for n in ("weight_packed", "weight_scale", "weight_global_scale"):
+            assert f"model.layers.0.self_attn.k_proj.{n}" in hf.names  # NVFP4: plain
+        mask = hf.tensor("model.mask")  # BOOL travels as uint8 bytes
+        assert mask.descriptor.element_type.name == "uint8" and bytes(mask.data[0]) == ref["model.mask"].tobytes()
+        assert hf.tensor("model.scalar").shape == ()
+        lay = json.loads(_kv(hf, KV_LAYOUT))
+        assert [d["name"] for d in lay["tensors"]] == list(SafetensorsFile(src).names)
+
+
+def test_convention_switch_gpt_oss_to_ct_and_back(fixtures_dir, tmp_path):
+    src = fixtures_dir / GPT
+    safetensors_to_hurray(src, tmp_path / "m.hrry")
+    hurray_to_safetensors(tmp_path / "m.hrry", tmp_path / "ct.safetensors", convention="compressed-tensors")
+    ref = load_file(str(src))
+    ct = load_file(str(tmp_path / "ct.safetensors"))  # the safetensors package reads our writer
+    base = "model.layers.0.mlp.experts.gate_up_proj"
+    blk = ref[base + "_blocks"]
+    assert ct[base + ".weight_packed"].shape == blk.shape[:-2] + (blk.shape[-2] * 16,)
+    assert ct[base + ".weight_packed"].tobytes() == blk.tobytes()
+    assert ct[base + ".weight_scale"].tobytes() == ref[base + "_scales"].tobytes()  # 0x00 restored
+    assert base + "_blocks" not in ct and np.array_equal(ct["model.layers.0.mlp.router.bias"], ref["model.layers.0.mlp.router.bias"])
+    # and back: the ct file re-imports as MXFP tensors named "<base>.weight"
+    safetensors_to_hurray(tmp_path / "ct.safetensors", tmp_path / "ct.hrry")
+    hurray_to_safetensors(tmp_path / "ct.hrry", tmp_path / "g.safetensors", convention="gpt-oss")
+    g = load_file(str(tmp_path / "g.safetensors"))
+    assert g[base + ".weight_blocks"].tobytes() == blk.tobytes() and g[base + ".weight_blocks"].shape == blk.shape
+
+
+def test_mxfp6_cannot_be_written_as_gpt_oss(fixtures_dir, tmp_path):
+    safetensors_to_hurray(fixtures_dir / CT, tmp_path / "m.hrry")
+    with pytest.raises(UnsupportedError, match="gpt-oss has no float6_e2m3"):
+        hurray_to_safetensors(tmp_path / "m.hrry", tmp_path / "x.safetensors", convention="gpt-oss")
+    assert not (tmp_path / "x.safetensors").exists() and not _leftovers(tmp_path)
+
+
+def test_metadata_order_and_odd_header_are_reproduced(tmp_path):
+    sc = bytes([127, 0])
+    blocks = bytes(range(16)) + bytes(16)
+    src = _write_st(
+        tmp_path / "a.safetensors",
+        [("w_blocks", "U8", [2, 1, 16], blocks), ("w_scales", "U8", [2, 1], sc), ("b", "BF16", [2], b"\x80\x3f\x00\x40")],
+        {"zeta": "1", "alpha": "two", "ünïcode": "ok"},
+    )
+    safetensors_to_hurray(src, tmp_path / "a.hrry")
+    hurray_to_safetensors(tmp_path / "a.hrry", tmp_path / "b.safetensors")
+    assert (tmp_path / "b.safetensors").read_bytes() == src.read_bytes()
+    meta = SafetensorsFile(tmp_path / "b.safetensors").metadata
+    assert list(meta) == ["zeta", "alpha", "ünïcode"]
+
+
+def test_writer_header_matches_the_safetensors_package_layout(tmp_path):
+    from safetensors.torch import save_file
+
+    t = {"a": torch.ones(3), "b": torch.zeros(2, dtype=torch.uint8)}
+    save_file(t, str(tmp_path / "p.safetensors"), metadata={"format": "pt"})
+    raw = (tmp_path / "p.safetensors").read_bytes()
+    st = SafetensorsFile(tmp_path / "p.safetensors")
+    h, _ = build_header([(e.name, e.dtype, e.shape) for e in st.entries], st.metadata)
+    assert h == raw[8 : 8 + len(h)]
+
+
+# ---------------------------------------------------------------------------
+# scales Hurray cannot hold
+
+
+def _pair_file(tmp_path, scale_byte: int, codes_nonzero: bool):
+    blocks = np.zeros((1, 2, 16), np.uint8)
+    if codes_nonzero:
+        blocks[0, 1, 3] = 0x21
+    sc = np.array([[127, scale_byte]], np.uint8)
+    return _write_st(tmp_path / "p.safetensors", [("m_blocks", "U8", [1, 2, 16], blocks.tobytes()), ("m_scales", "U8", [1, 2], sc.tobytes())])
+
+
+def test_zero_scale_on_nonzero_block_refused_nothing_written(tmp_path):
+    src = _pair_file(tmp_path, 0x00, True)
+    with pytest.raises(ConversionRefused, match=r"m: scale byte 0x00 \(2\^-127\) at block 1") as ei:
+        safetensors_to_hurray(src, tmp_path / "o.hrry")
+    assert ei.value.reasons[0][0] == "m"
+    assert not (tmp_path / "o.hrry").exists() and not _leftovers(tmp_path)
+
+
+def test_nan_scale_refused_and_fallback_float32(tmp_path):
+    src = _pair_file(tmp_path, 0xFF, False)
+    with pytest.raises(ConversionRefused, match="0xFF"):
+        safetensors_to_hurray(src, tmp_path / "o.hrry")
+    src = _pair_file(tmp_path, 0x00, True)
+    rep = safetensors_to_hurray(src, tmp_path / "o.hrry", fallback="float32")
+    (plan,) = rep.tensors
+    assert plan.status == "value-exact" and plan.max_abs_error == 0.0 and "float32" in plan.reason
+    with HrryFile(tmp_path / "o.hrry") as hf:
+        t = hf.tensor("m")
+        assert t.descriptor.quantization is None and t.shape == (1, 64)
+        vals = np.asarray(t.data[0]).view(np.float32)
+        # code 0x1 (0.5) and 0x2 (1.0) at elements 38, 39 of block 1 (scale 2^-127)
+        assert vals[38] == np.float32(0.5 * 2.0**-127) and vals[39] == np.float32(2.0**-127)
+    hurray_to_safetensors(tmp_path / "o.hrry", tmp_path / "o.safetensors")
+    out = load_file(str(tmp_path / "o.safetensors"))
+    assert list(out) == ["m"] and out["m"].dtype == np.float32
+
+
+def test_output_exists_needs_force(fixtures_dir, tmp_path):
+    (tmp_path / "m.hrry").write_bytes(b"keep")
+    with pytest.raises(OutputExistsError):
+        safetensors_to_hurray(fixtures_dir / GPT, tmp_path / "m.hrry")
+    assert (tmp_path / "m.hrry").read_bytes() == b"keep"
+    safetensors_to_hurray(fixtures_dir / GPT, tmp_path / "m.hrry", force=True)
+    assert (tmp_path / "m.hrry").read_bytes()[:8] == b"HRRYFILE"
+
+
+# ---------------------------------------------------------------------------
+# malformed checkpoints
+
+
+def test_blocks_without_scales(tmp_path):
+    src = _write_st(tmp_path / "x.safetensors", [("a.w_blocks", "U8", [1, 1, 16], bytes(16))])
+    with pytest.raises(FormatError, match=r"tensor 'a.w_blocks'.*no scale tensor 'a.w_scales'"):
+        safetensors_to_hurray(src, tmp_path / "o.hrry")
+    assert not _leftovers(tmp_path) and not (tmp_path / "o.hrry").exists()
+
+
+def test_mismatched_pair_shapes(tmp_path):
+    src = _write_st(tmp_path / "x.safetensors", [("w_blocks", "U8", [2, 1, 16], bytes(32)), ("w_scales", "U8", [1, 1], b"\x7f")])
+    with pytest.raises(InconsistentError, match=r"tensor 'w_blocks'.*\[2, 1, 16\].*\[1, 1\]"):
+        safetensors_to_hurray(src, tmp_path / "o.hrry")
+    src = _write_st(tmp_path / "y.safetensors", [("w_blocks", "U8", [1, 1, 8], bytes(8)), ("w_scales", "U8", [1, 1], b"\x7f")])
+    with pytest.raises(InconsistentError, match="w_blocks"):
+        safetensors_to_hurray(src, tmp_path / "o.hrry")
+    src = _write_st(
+        tmp_path / "z.safetensors",
+        [("m.weight_packed", "U8", [2, 20], bytes(40)), ("m.weight_scale", "U8", [2, 1], b"\x7f\x7f")],
+    )
+    with pytest.raises(InconsistentError, match=r"tensor 'm.weight_packed'.*\[2, 20\]"):
+        safetensors_to_hurray(src, tmp_path / "o.hrry")
+
+
+def test_wrong_pair_dtypes(tmp_path):
+    src = _write_st(tmp_path / "x.safetensors", [("w_blocks", "F32", [1, 1, 4], bytes(16)), ("w_scales", "U8", [1, 1], b"\x7f")])
+    with pytest.raises(FormatError, match=r"tensor 'w_blocks'.*must be U8, not F32"):
+        safetensors_to_hurray(src, tmp_path / "o.hrry")
+    src = _write_st(tmp_path / "y.safetensors", [("w_blocks", "U8", [1, 1, 16], bytes(16)), ("w_scales", "F16", [1, 1], b"\x00\x3c")])
+    with pytest.raises(FormatError, match=r"tensor 'w_scales'.*not F16"):
+        safetensors_to_hurray(src, tmp_path / "o.hrry")
+
+
+@pytest.mark.parametrize(
+    "mutate,err,match",
+    [
+        (lambda b: b[:5], TruncatedError, "header length needs 8"),
+        (lambda b: struct.pack("<Q", 10**6) + b[8:], TruncatedError, "runs past the end"),
+        (lambda b: b[:-3], TruncatedError, "run past the 9-byte data section"),
+        (lambda b: b + b"xx", InconsistentError, "cover 12 bytes of the 14-byte data section"),
+        (lambda b: b[:8] + b"[" + b[9:], FormatError, "start with"),
+        (lambda b: b[:8] + b"{\xff" + b[10:], FormatError, "not UTF-8"),
+        (lambda b: b[:8] + b.replace(b'"dtype":"F32"', b'"dtype":"F33"')[8:], UnsupportedError, "F33"),
+        (lambda b: b[:8] + b.replace(b"[0,8]", b"[0,9]")[8:], InconsistentError, "hold 9 bytes"),
+        (lambda b: b[:8] + b.replace(b'"a":{', b'"b":{')[8:], InconsistentError, "duplicate key 'b'"),
+        (lambda b: b[:8] + b.replace(b'"shape":[2]', b'"shape":[-2]')[8:], FormatError, "non-negative"),
+        (lambda b: b[:8] + b.replace(b"[8,12]", b"[4, 8]")[8:], InconsistentError, r"\[4, 8\] overlaps the previous tensor"),
+    ],
+)
+def test_corrupt_files_raise_typed_errors(tmp_path, mutate, err, match):
+    good = tmp_path / "g.safetensors"
+    h = b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}'
+    _write_st(good, [("a", "F32", [2], bytes(8)), ("b", "F32", [1], bytes(4))], raw_header=h)
+    bad = tmp_path / "b.safetensors"
+    bad.write_bytes(mutate(good.read_bytes()))
+    with pytest.raises(err, match=match):
+        SafetensorsFile(bad)
+
+
+def test_reader_agrees_with_safetensors_package(fixtures_dir):
+    for f in (GPT, CT):
+        ref = load_file(str(fixtures_dir / f)) if f == GPT else None
+        st = SafetensorsFile(fixtures_dir / f)
+        from safetensors import safe_open
+
+        with safe_open(str(fixtures_dir / f), "pt") as so:
+            for e in st.entries:
+                t = so.get_tensor(e.name)
+                want = t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+                assert st.raw(e.name).tobytes() == want, e.name
+        if ref is not None:
+            assert np.array_equal(st.array("model.layers.0.mlp.router.weight"), ref["model.layers.0.mlp.router.weight"])
+        pairs, used = detect_pairs(st)
+        assert len(used) == 2 * len(pairs)
+        st.close()
+
+
+def test_bf16_plain_tensor_view(fixtures_dir):
+    st = SafetensorsFile(fixtures_dir / GPT)
+    a = st.array("model.embed_tokens.weight")
+    assert a.dtype == np.dtype(ml_dtypes.bfloat16) and a.shape == (16, 64)
+    st.close()
+
+
+def test_dry_run_writes_nothing(fixtures_dir, tmp_path):
+    rep = safetensors_to_hurray(fixtures_dir / GPT, tmp_path / "m.hrry", dry_run=True)
+    assert rep.dry_run and len(rep.tensors) == 15 and not os.listdir(tmp_path)
