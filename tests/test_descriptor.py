@@ -47,7 +47,6 @@ from hurray_interop.core.model import (
     PerBlockAffine,
     PerChannelAffine,
     PerTensorAffine,
-    RowMajor,
     PrivateLayout,
     Shard,
     Statistics,

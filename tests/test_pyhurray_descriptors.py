@@ -28,7 +28,6 @@ from hurray_interop.core.elements import ELEMENT_TYPES, buffer_size, element_typ
 from hurray_interop.core.model import (
     MXFP,
     NF4,
-    BlockPaged,
     BufferHandle,
     ColumnMajor,
     CompositeHead,

@@ -69,7 +69,7 @@ from ..errors import (
     UsageError,
 )
 from ._binary import Reader
-from .elements import _BY_TAG, ElementType, buffer_size, element_type, is_private_tag
+from .elements import _BY_TAG, ElementType, buffer_size, is_private_tag
 from .model import (
     DYNAMIC,
     MXFP,
