@@ -192,11 +192,31 @@ def test_convention_switch_gpt_oss_to_ct_and_back(fixtures_dir, tmp_path):
     assert g[base + ".weight_blocks"].tobytes() == blk.tobytes() and g[base + ".weight_blocks"].shape == blk.shape
 
 
-def test_mxfp6_cannot_be_written_as_gpt_oss(fixtures_dir, tmp_path):
+def test_mxfp6_cannot_be_written_as_gpt_oss_unless_fallback(fixtures_dir, tmp_path):
     safetensors_to_hurray(fixtures_dir / CT, tmp_path / "m.hrry")
-    with pytest.raises(UnsupportedError, match="gpt-oss has no float6_e2m3"):
+    with pytest.raises(ConversionRefused, match="no exact safetensors form") as ei:
         hurray_to_safetensors(tmp_path / "m.hrry", tmp_path / "x.safetensors", convention="gpt-oss")
+    assert ei.value.reasons == [("model.layers.0.self_attn.q_proj.weight", "MXFP float6_e2m3", ei.value.reasons[0][2])]
+    assert "gpt-oss has no float6_e2m3" in ei.value.reasons[0][2]
     assert not (tmp_path / "x.safetensors").exists() and not _leftovers(tmp_path)
+    plan = hurray_to_safetensors(tmp_path / "m.hrry", tmp_path / "x.safetensors", convention="gpt-oss", dry_run=True)
+    assert [t.status for t in plan.tensors].count("refused") == 1 and not (tmp_path / "x.safetensors").exists()
+    rep = hurray_to_safetensors(
+        tmp_path / "m.hrry", tmp_path / "x.safetensors", convention="gpt-oss", fallback="float32"
+    )
+    (fb,) = [t for t in rep.tensors if t.name == "model.layers.0.self_attn.q_proj.weight"]
+    assert fb.status == "value-exact" and fb.max_abs_error == 0.0
+    out = load_file(str(tmp_path / "x.safetensors"))
+    ref = load_file(str(fixtures_dir / CT))
+    packed = ref["model.layers.0.self_attn.q_proj.weight_packed"].astype(np.uint32).reshape(8, -1, 3)
+    word = packed[..., 0] | packed[..., 1] << 8 | packed[..., 2] << 16  # compressed-tensors LE bitstream
+    codes = np.stack([(word >> (6 * i)) & 0x3F for i in range(4)], axis=-1).reshape(8, 64).astype(np.uint8)
+    sc = ref["model.layers.0.self_attn.q_proj.weight_scale"]
+    want = codes.view(ml_dtypes.float6_e2m3fn).astype(np.float32) * np.repeat(
+        sc.view(ml_dtypes.float8_e8m0fnu).astype(np.float32), 32, axis=1
+    )
+    assert np.array_equal(out["model.layers.0.self_attn.q_proj.weight"], want)
+    assert out["model.layers.0.mlp.down_proj.weight_blocks"].shape == (32, 2, 16)
 
 
 def test_metadata_order_and_odd_header_are_reproduced(tmp_path):

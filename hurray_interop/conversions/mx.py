@@ -42,6 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import report
+from ..core.elements import element_type
 from ..core.hrry import HrryFile, HrryWriter
 from ..core.model import MXFP, BufferHandle, Descriptor, RowMajor, Tensor
 from ..core.records import decode_scale_record, scale_record_key
@@ -93,16 +94,20 @@ def safetensors_to_hurray(
     fallback: str | None = None,
     force: bool = False,
     dry_run: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> report.ConversionReport:
     """Convert a safetensors checkpoint to a ``.hrry`` file (see module doc).
 
     Refuses (:class:`ConversionRefused`, nothing written) when an MX pair holds a scale
     Hurray cannot represent, unless ``fallback`` ("float32", "float16", "bfloat16") is
-    given.  ``dry_run``: plan only, write nothing.
+    given.  ``dry_run`` (or ``dst=None``): return the plan -- refused tensors included --
+    and write nothing.  ``progress(done_bytes, total_bytes)`` is called after each tensor.
     """
     if fallback is not None and fallback not in mx.FALLBACK_TYPES:
         raise UsageError(f"fallback must be one of {', '.join(mx.FALLBACK_TYPES)}, not {fallback!r}")
-    rep = report.ConversionReport(str(src), None if dry_run else str(dst), "safetensors", "hrry", dry_run=dry_run)
+    rep = report.ConversionReport(
+        str(src), None if dry_run or dst is None else str(dst), "safetensors", "hurray", dry_run=dry_run
+    )
     with SafetensorsFile(src) as st:
         pairs, used = detect_pairs(st)
         by_data = {p.data.name: p for p in pairs}
@@ -173,15 +178,15 @@ def safetensors_to_hurray(
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
             raise InconsistentError(f"two source tensors map to the Hurray name {dup!r}", path=src, tensor=dup)
-        if refusals:
+        if refusals and not dry_run and dst is not None:
             raise ConversionRefused(
                 f"{len(refusals)} tensor(s) not exactly representable (choose a fallback to store them dequantized): "
                 + "; ".join(f"{t}: {r}" for t, _, r in refusals),
-                path=src, reasons=refusals,
+                path=src, reasons=refusals, report=rep,
             )
         convention = "none" if not conventions else (conventions.pop() if len(conventions) == 1 else "mixed")
         rep.notes.append(f"checkpoint convention: {convention}")
-        if dry_run:
+        if dry_run or dst is None:
             return rep
         kv: dict[str, Any] = {
             KV_CONVENTION: convention,
@@ -192,9 +197,14 @@ def safetensors_to_hurray(
         if st.metadata is not None:
             kv[KV_METADATA] = json.dumps(st.metadata, separators=(",", ":"), ensure_ascii=False)
         kv.update(kv_records)
+        total = sum(t.nbytes for _, t in items)
+        done = 0
         with HrryWriter(dst, force=force, tensor_count_hint=len(items), inputs=(src,)) as w:
             for name, t in items:
                 w.write(name, t.descriptor, t.data)
+                done += t.nbytes
+                if progress:
+                    progress(done, total)
             w.finish(kv)
     return rep
 
@@ -227,21 +237,32 @@ def _load_layout(kv: dict[str, Any], path: Any) -> dict[str, Any] | None:
 
 def hurray_to_safetensors(
     src: "str | os.PathLike[str]",
-    dst: "str | os.PathLike[str]",
+    dst: "str | os.PathLike[str] | None",
     *,
     convention: str | None = None,
+    fallback: str | None = None,
     force: bool = False,
+    dry_run: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> report.ConversionReport:
     """Write a ``.hrry`` file back as a safetensors checkpoint.
 
     MX tensors are written in ``convention`` (``"gpt-oss"`` / ``"compressed-tensors"``),
     default: the one recorded at import per tensor, else gpt-oss.  Recorded scale
     substitutions are undone; with the recorded convention the output is byte-identical
-    to the imported file.
+    to the imported file.  Tensors safetensors cannot hold exactly (other quantization
+    schemes, composites, MXFP along a non-last axis or of an element type the convention
+    lacks, element types without a safetensors dtype) are refused -- nothing is written --
+    unless ``fallback`` ("float32", "float16", "bfloat16") is given: then they are written
+    dequantized by the shared dequantizer (:mod:`hurray_interop.dequant`) and reported.
     """
     if convention is not None and convention not in CONVENTIONS:
         raise UsageError(f"unknown convention {convention!r} (one of: {', '.join(CONVENTIONS)})")
-    rep = report.ConversionReport(str(src), str(dst), "hrry", "safetensors")
+    if fallback is not None and fallback not in mx.FALLBACK_TYPES:
+        raise UsageError(f"fallback must be one of {', '.join(mx.FALLBACK_TYPES)}, not {fallback!r}")
+    rep = report.ConversionReport(
+        str(src), None if dst is None else str(dst), "hurray", "safetensors", dry_run=dry_run
+    )
     with HrryFile(src) as hf:
         kv = hf.kv
         layout = _load_layout(kv, src)
@@ -257,39 +278,70 @@ def hurray_to_safetensors(
         header = _kv_value(kv, KV_HEADER, bytes, src)
         out: list[tuple[str, str, tuple[int, ...], Any]] = []
         done: set[str] = set()
-        mx_cache: dict[str, tuple[Tensor, str]] = {}
+        refused: list[tuple[str, str, str]] = []
+        mx_cache: dict[str, Any] = {}
 
         def record_for(name: str) -> bytes | None:
             return _kv_value(kv, scale_record_key(name), bytes, src)
 
-        def mx_parts(hname: str, conv: str) -> tuple[tuple[str, str, tuple[int, ...], Any], tuple[str, str, tuple[int, ...], Any]]:
+        def fallback_part(hname: str, t: Tensor, why: str) -> tuple[str, str, tuple[int, ...], Any] | None:
+            src_type = _mapping_of(t)
+            if fallback is None:
+                refused.append((hname, src_type, why))
+                rep.tensors.append(report.TensorPlan(hname, src_type, "refused", report.REFUSED, bytes_in=t.nbytes, reason=why))
+                return None
+            from ..dequant import dequantize  # the shared dequantizer (float32, exact)
+
+            vals = dequantize(t)
+            et = element_type(fallback)
+            with np.errstate(over="ignore"):
+                stored = vals.astype(et.dtype)
+            back = stored.astype(np.float32)
+            same = (back.view(np.uint32) == vals.view(np.uint32)) | (np.isnan(back) & np.isnan(vals))
+            with np.errstate(invalid="ignore", over="ignore"):
+                d = np.abs(back.astype(np.float64) - vals.astype(np.float64))
+            err = float(np.max(np.where(same, 0.0, d))) if d.size else 0.0
+            if np.isnan(err):
+                err = float("inf")
+            rep.tensors.append(report.TensorPlan(
+                hname, src_type, f"{safetensors_dtype_for(et)} (fallback)",
+                report.VALUE_EXACT if err == 0.0 else report.LOSSY, bytes_in=t.nbytes, bytes_out=stored.nbytes,
+                reason=f"{why}; written dequantized as {fallback}", max_abs_error=err,
+            ))
+            return (hname, safetensors_dtype_for(et), tuple(int(x) for x in vals.shape), stored.reshape(-1).view(np.uint8))
+
+        def mx_parts(hname: str, conv: str) -> Any:
             t = hf.tensor(hname)
-            q = t.descriptor.quantization
-            if not isinstance(q, MXFP):
-                raise FormatError("recorded as an MX pair but not an MXFP tensor", path=src, tensor=hname)
-            el, shape, k, axis = mx._check_mxfp(t)
-            if axis != len(shape) - 1:
-                raise UnsupportedError(f"{conv} stores blocks along the last axis, this tensor along axis {axis}", tensor=hname)
-            dshape, sshape = pair_shapes(shape, el.hurray.name, k, conv, tensor=hname)
-            dname, sname = pair_names(hname, conv)
-            rec = record_for(hname)
-            scales = mx.ocp_scale_bytes(t, record=rec)
+            try:
+                el, shape, k, axis = mx._check_mxfp(t)
+                if axis != len(shape) - 1:
+                    raise UnsupportedError(f"{conv} stores blocks along the last axis, this tensor along axis {axis}", tensor=hname)
+                dshape, sshape = pair_shapes(shape, el.hurray.name, k, conv, tensor=hname)
+                dname, sname = pair_names(hname, conv)
+                rec = record_for(hname)
+                scales = mx.ocp_scale_bytes(t, record=rec)
+            except (UnsupportedError, ConversionRefused) as exc:
+                part = fallback_part(hname, t, getattr(exc, "message", str(exc)))
+                return None if part is None else ("fallback", part)
             rep.tensors.append(report.TensorPlan(
                 hname, f"MXFP {el.hurray.name} K={k}", f"{el.ocp} ({conv}): {dname} + {sname}", report.EXACT,
                 bytes_in=t.nbytes, bytes_out=t.nbytes,
                 substituted_blocks=0 if rec is None else int(decode_scale_record(rec, key=scale_record_key(hname))[0].size),
             ))
-            return (dname, "U8", dshape, t.data[0]), (sname, "U8", sshape, scales)
+            return ("pair", (dname, "U8", dshape, t.data[0]), (sname, "U8", sshape, scales))
 
-        def plain_part(hname: str, dtype: str | None, shape: tuple[int, ...] | None) -> tuple[str, str, tuple[int, ...], Any]:
+        def plain_part(hname: str, dtype: str | None, shape: tuple[int, ...] | None) -> Any:
             t = hf.tensor(hname)
             d = t.descriptor
             if d.quantization is not None or not isinstance(d.layout, RowMajor) or len(t.data) != 1 or d.byte_offset:
-                raise UnsupportedError("only plain row-major tensors and MX pairs can be written to safetensors", tensor=hname)
+                return fallback_part(hname, t, "only plain row-major tensors and MX pairs have a safetensors form")
             if dtype is None:
-                dtype = safetensors_dtype_for(d.element_type, tensor=hname)
+                try:
+                    dtype = safetensors_dtype_for(d.element_type, tensor=hname)
+                except UnsupportedError as exc:
+                    return fallback_part(hname, t, exc.message)
                 shape = tuple(int(s) for s in d.shape)  # type: ignore[arg-type]
-            et, exact_type = hurray_type_for(dtype, tensor=hname)
+            et, _ = hurray_type_for(dtype, tensor=hname)
             if et != d.element_type:
                 raise InconsistentError(
                     f"recorded dtype {dtype} does not match the stored element type {d.element_type.name}", path=src, tensor=hname
@@ -305,51 +357,94 @@ def hurray_to_safetensors(
                 raise FormatError(f"layout record names a tensor missing from the file: {hname!r}", path=src, tensor=hname)
             if role == "plain":
                 part = plain_part(hname, d["dtype"], tuple(d["shape"]))
-                out.append((d["name"],) + part[1:])
+                if part is not None:
+                    out.append((d["name"],) + tuple(part[1:]))  # type: ignore[arg-type]
             elif role == "fallback":
                 part = plain_part(hname, None, None)
-                out.append(part)
-                rep.notes.append(f"{hname}: was stored dequantized at import; written as plain {part[1]}")
+                if part is not None:
+                    out.append(part)
+                    rep.notes.append(f"{hname}: was stored dequantized at import; written as plain {part[1]}")
             elif role == "fallback-scale":
                 pass
             elif role in ("data", "scale"):
                 rec_conv = d.get("convention") or "gpt-oss"
                 conv = convention or rec_conv
                 if hname not in mx_cache:
-                    dpart, spart = mx_parts(hname, conv)
-                    mx_cache[hname] = (dpart, spart)  # type: ignore[assignment]
-                dpart, spart = mx_cache[hname]  # type: ignore[misc]
-                part = dpart if role == "data" else spart
-                if conv == rec_conv:
-                    # the recorded name/dtype/shape (e.g. an F8_E8M0 scale tensor), same bytes
-                    if tuple(d["shape"]) != part[2] or d["name"] != part[0]:
-                        raise InconsistentError(
-                            f"recorded {role} tensor {d['name']!r} {d['shape']} does not match the stored MX tensor",
-                            path=src, tensor=hname,
-                        )
-                    if d["dtype"] not in ("U8", "F8_E8M0") or (role == "data" and d["dtype"] != "U8"):
-                        raise FormatError(f"recorded dtype {d['dtype']!r} is not an MX byte dtype", path=src, tensor=hname)
-                    part = (part[0], d["dtype"], part[2], part[3])
-                out.append(part)
+                    mx_cache[hname] = mx_parts(hname, conv)
+                got = mx_cache[hname]
+                if got is None:
+                    pass
+                elif got[0] == "fallback":
+                    if role == "data":
+                        out.append(got[1])
+                else:
+                    part = got[1] if role == "data" else got[2]
+                    if conv == rec_conv:
+                        # the recorded name/dtype/shape (e.g. an F8_E8M0 scale tensor), same bytes
+                        if tuple(d["shape"]) != part[2] or d["name"] != part[0]:
+                            raise InconsistentError(
+                                f"recorded {role} tensor {d['name']!r} {d['shape']} does not match the stored MX tensor",
+                                path=src, tensor=hname,
+                            )
+                        if d["dtype"] not in ("U8", "F8_E8M0") or (role == "data" and d["dtype"] != "U8"):
+                            raise FormatError(f"recorded dtype {d['dtype']!r} is not an MX byte dtype", path=src, tensor=hname)
+                        part = (part[0], d["dtype"], part[2], part[3])
+                    out.append(part)
             else:
                 raise FormatError(f"unknown role {role!r} in the layout record", path=src, field=KV_LAYOUT)
             done.add(hname)
         # tensors the record does not know (or no record at all): file order
-        for hname in hf.names:
+        for hname in hf.top_level_names():
             if hname in done:
                 continue
             t = hf.tensor(hname)
             if isinstance(t.descriptor.quantization, MXFP):
-                dpart, spart = mx_parts(hname, convention or "gpt-oss")
-                out.extend([dpart, spart])
+                got = mx_parts(hname, convention or "gpt-oss")
+                if got is not None:
+                    out.extend(got[1:] if got[0] == "pair" else [got[1]])
             else:
-                out.append(plain_part(hname, None, None))
+                part = plain_part(hname, None, None)
+                if part is not None:
+                    out.append(part)
+        if refused:
+            if dry_run or dst is None:
+                return rep
+            raise ConversionRefused(
+                f"{len(refused)} tensor(s) have no exact safetensors form; nothing was written "
+                "(choose --fallback float32|float16|bfloat16 to write them dequantized)",
+                path=src, reasons=refused, report=rep,
+            )
         names = [o[0] for o in out]
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
             raise InconsistentError(f"two tensors would be written as {dup!r}", path=src, tensor=dup)
-        write_safetensors(dst, out, metadata, force=force, header=header, inputs=(src,))
+        if dry_run or dst is None:
+            return rep
+        total = sum(int(np.asarray(o[3]).nbytes) for o in out)
+        state = {"done": 0}
+
+        def counted(src_buf: Any) -> Any:
+            def gen() -> Any:
+                yield src_buf
+                state["done"] += int(np.asarray(src_buf).nbytes)
+                if progress:
+                    progress(state["done"], total)
+
+            return gen
+
+        write_safetensors(dst, [(n, d, s, counted(b)) for n, d, s, b in out], metadata,
+                          force=force, header=header, inputs=(src,))
     return rep
+
+
+def _mapping_of(t: Tensor) -> str:
+    d = t.descriptor
+    if d.is_composite:
+        return "composite"
+    q = d.quantization
+    if q is None:
+        return d.element_type.name
+    return f"{type(q).__name__} {d.element_type.name}"
 
 
 def compare_checkpoint_values(
