@@ -163,18 +163,11 @@ def _type_string(v: "G.GGUFValue") -> str:
 
 def _raw_payload(v: "G.GGUFValue") -> bytes:
     """The GGUF encoding of a value (without its type tag), for values kept as raw bytes."""
-    return G._encode_value_bytes(v)
+    return G.encode_value(v)
 
 
 def _decode_raw_payload(vt: "G.ValueType", raw: bytes, key: str, path: str) -> "G.GGUFValue":
-    parser = G._Parser(raw, len(raw), path)
-    try:
-        value, end = parser.value(vt, 0, key)
-    except FormatError as e:
-        raise FormatError(f"metadata {key!r}: corrupt raw GGUF value ({e.message})", path=path, field=key) from None
-    if end != len(raw):
-        raise FormatError(f"metadata {key!r}: {len(raw) - end} stray bytes after the raw GGUF value", path=path, field=key)
-    return value
+    return G.decode_value(vt, raw, what=key, path=path)
 
 
 def _kv_to_hurray(src: "G.GGUFFile") -> tuple[list[tuple[str, KVValue]], list[str]]:
