@@ -501,6 +501,15 @@ def test_unsupported_layouts_name_the_tensor():
             dequantize(t)
 
 
+def test_composite_head_with_data_rejected():
+    h = head("hd", (2,), RULE_PARTITION, 0, [member("a", [1.0, 2.0], (0,), (2,))])
+    d = h.descriptor
+    bad = Tensor("hd", Descriptor(element_type=d.element_type, shape=d.shape, buffers=(BufferHandle.cpu(4),),
+                                  layout=d.layout), (np.zeros(4, np.uint8),), h.members)
+    with pytest.raises(FormatError, match="tensor 'hd'.*owns no data"):
+        dequantize(bad)
+
+
 def test_group_composite_unsupported():
     h = head("grp", (2,), RULE_GROUP, 0, [member("a", [1.0, 2.0], (0,), (2,))])
     with pytest.raises(UnsupportedError, match="tensor 'grp'.*group"):

@@ -254,7 +254,9 @@ def test_gguf_large_tensor_bit_exact():
     raw = gguf_quantize(x, Q.Q4_0)
     assert raw.nbytes > 9_000_000
     t = to_hurray(Q.Q4_0, raw, shape)
-    assert bits_equal(dequantize(t), gguf_dequantize(raw, Q.Q4_0))
+    ref = gguf_dequantize(raw, Q.Q4_0)
+    assert bits_equal(dequantize(t, threads=2), ref)
+    assert bits_equal(dequantize(t, threads=1), ref)
 
 
 # ---------------------------------------------------------------------------
