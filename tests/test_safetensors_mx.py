@@ -382,3 +382,49 @@ def test_bf16_plain_tensor_view(fixtures_dir):
 def test_dry_run_writes_nothing(fixtures_dir, tmp_path):
     rep = safetensors_to_hurray(fixtures_dir / GPT, tmp_path / "m.hrry", dry_run=True)
     assert rep.dry_run and len(rep.tensors) == 15 and not os.listdir(tmp_path)
+
+
+# ---------------------------------------------------------------------------
+# verify / inspect hooks
+
+
+@pytest.mark.parametrize("fixture", [GPT, CT])
+def test_verify_round_trip_of_fixtures(fixtures_dir, fixture):
+    from hurray_interop.verify import verify_roundtrip
+
+    r = verify_roundtrip(fixtures_dir / fixture)
+    assert r.ok and r.file_bytes_equal, r.summary_line()
+    mxs = [t for t in r.tensors if t.mapping.startswith("MXFP")]
+    assert mxs and all(t.values_equal and t.bytes_equal for t in mxs)
+
+
+def test_verify_pair_finds_a_changed_code(fixtures_dir, tmp_path):
+    from hurray_interop.verify import verify_pair
+
+    src = fixtures_dir / GPT
+    safetensors_to_hurray(src, tmp_path / "m.hrry")
+    name = "model.layers.1.mlp.experts.down_proj"
+    with HrryFile(tmp_path / "m.hrry") as hf:
+        off = hf.entry(name).data_offset + 5
+    raw = bytearray((tmp_path / "m.hrry").read_bytes())
+    raw[off] ^= 0x01  # element 10 of block 0: one FP4 code changes
+    (tmp_path / "bad.hrry").write_bytes(bytes(raw))
+    assert verify_pair(src, tmp_path / "m.hrry").ok
+    r = verify_pair(src, tmp_path / "bad.hrry")
+    assert not r.ok and r.file_bytes_equal is False
+    (bad,) = [t for t in r.tensors if not t.ok]
+    assert bad.name == name and bad.bytes_equal is False and bad.values_equal is False
+    assert "block 0, element 10" in bad.where or "byte 5" in bad.where
+    assert any(f"tensor '{name}_blocks' byte 5" in p for p in r.problems)
+
+
+def test_verify_and_inspect_report_refused_tensors(tmp_path):
+    from hurray_interop.inspect import inspect_file
+    from hurray_interop.verify import verify_roundtrip
+
+    src = _pair_file(tmp_path, 0x00, True)
+    r = verify_roundtrip(src)
+    assert not r.ok and [t.name for t in r.tensors] == ["m"] and r.tensors[0].mapping == "refused"
+    info = inspect_file(src)
+    assert info["format"] == "safetensors" and info["convention"] == "gpt-oss"
+    assert [(t["name"], t["status"]) for t in info["tensors"]] == [("m", "refused")]
