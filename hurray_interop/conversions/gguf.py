@@ -644,7 +644,7 @@ _FALLBACK_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_
 
 def _reference_dequantizer(t: "G.GGMLType") -> Callable[[np.ndarray], np.ndarray] | None:
     """gguf-py's reference dequantizer for a GGML type (``None`` when it has none)."""
-    if t.family in ("removed", "low_bit") or t.name in ("Q8_1", "Q8_K"):
+    if t.family == "removed" or t.name in _table()["fallback"]["no_reference_dequantizer"]:
         return None  # gguf-py lacks them, or has their block size wrong (gguf-notes § 1.6)
     try:
         from gguf import GGMLQuantizationType

@@ -1,0 +1,95 @@
+"""The support matrix, generated from the tables in ``mappings/``.
+
+The README embeds the output of :func:`support_matrix` between the markers
+``<!-- support-matrix:start -->`` and ``<!-- support-matrix:end -->``;
+``tests/test_support_matrix.py`` fails when the two drift apart.  Regenerate
+with ``python -m hurray_interop.support --write README.md``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .tables import load_table
+
+__all__ = ["support_matrix", "START", "END", "splice"]
+
+START = "<!-- support-matrix:start -->"
+END = "<!-- support-matrix:end -->"
+
+_MAPPING_TEXT = {
+    "plain": "{element}, bytes copied",
+    "block": "per-block affine, {storage} SYMMETRIC, K={block_size}, f16 scales",
+    "block_min": "exact minimum overlay: {storage} codes + uint2 minimum (per-block affine, K={block_size}); "
+    "plain {storage} with int32 zero points when every minimum is an integer multiple of d",
+    "mxfp": "MXFP {storage}, K={block_size}, e8m0 scales",
+}
+
+
+def _ggml_rows() -> list[str]:
+    ggml = load_table("ggml_types")
+    mapping = load_table("gguf_hurray")
+    rows = []
+    for name, row in sorted(ggml.items(), key=lambda kv: int(kv[1]["id"])):
+        if row["family"] == "removed":
+            continue
+        m = mapping["types"].get(name)
+        if m is not None:
+            text = _MAPPING_TEXT[m["mapping"]].format(**m)
+            back = "exact" if m["mapping"] == "plain" or m.get("export") == "inferred" else "exact (type recorded at import)"
+            rows.append(f"| {name} | {int(row['id'])} | exact | {text} | {back} |")
+        else:
+            reason = mapping["refusals"]["by_type"].get(name) or mapping["refusals"]["by_family"].get(
+                row["family"], mapping["refusals"]["by_family"]["default"]
+            )
+            fallback = name not in mapping["fallback"]["no_reference_dequantizer"]
+            how = "refused; `--fallback` stores it dequantized" if fallback else "refused (no reference dequantizer, so no fallback)"
+            rows.append(f"| {name} | {int(row['id'])} | {how} | {reason} | — |")
+    return rows
+
+
+def _mx_rows() -> list[str]:
+    mx = load_table("mx_types")
+    rows = []
+    for name, row in mx["elements"].items():
+        torch = row.get("torch") or "—"
+        shift = int(row.get("ocp_exponent_shift", 0))
+        note = f"scale byte shifted by {shift} (OCP implied 2^-6)" if shift else ""
+        rows.append(f"| {row.get('ocp') or '(Hurray only)'} | {row['hurray']} | `{torch}` | `{row['ml_dtypes']}` | {note} |")
+    return rows
+
+
+def support_matrix() -> str:
+    """Markdown tables of what converts to what, from ``mappings/``."""
+    out = [
+        "GGUF tensor types (`mappings/ggml_types.toml`, `mappings/gguf_hurray.toml`):",
+        "",
+        "| GGML type | id | GGUF → Hurray | Hurray form, or why not | back to GGUF |",
+        "|---|---|---|---|---|",
+        *_ggml_rows(),
+        "",
+        "OCP MX element types (`mappings/mx_types.toml`), all as Hurray MXFP (scheme 0x05) with any legal block size and axis:",
+        "",
+        "| OCP MX | Hurray storage | torch codes | ml_dtypes | note |",
+        "|---|---|---|---|---|",
+        *_mx_rows(),
+    ]
+    return "\n".join(out) + "\n"
+
+
+def splice(text: str, matrix: str) -> str:
+    """Replace the block between the markers in ``text`` by ``matrix``."""
+    head, sep, rest = text.partition(START)
+    if not sep or END not in rest:
+        raise ValueError("support-matrix markers not found")
+    _, _, tail = rest.partition(END)
+    return f"{head}{START}\n{matrix}{END}{tail}"
+
+
+if __name__ == "__main__":  # pragma: no cover - maintenance entry point
+    if len(sys.argv) == 3 and sys.argv[1] == "--write":
+        p = Path(sys.argv[2])
+        p.write_text(splice(p.read_text(encoding="utf-8"), support_matrix()), encoding="utf-8")
+    else:
+        sys.stdout.write(support_matrix())
