@@ -631,3 +631,42 @@ def test_random_strided_descriptors_exact_or_typed_error():
                 dequantize(t)
         outcomes[inside] += 1
     assert outcomes[True] > 30 and outcomes[False] > 30
+
+
+# ---------------------------------------------------------------------------
+# property: any per-block geometry, any chunking, equals the spec formula
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def block_geometries(draw):
+    rank = draw(st.integers(1, 4))
+    shape = tuple(draw(st.lists(st.integers(1, 9), min_size=rank, max_size=rank)))
+    axis = draw(st.integers(0, rank - 1))
+    S = draw(st.integers(2, 40))
+    shape = shape[:axis] + (S,) + shape[axis + 1:]
+    K = 1 << draw(st.integers(1, max(1, S.bit_length() - 1)))
+    etype = draw(st.sampled_from(["int8", "uint8", "int4", "uint4", "int2", "uint2"]))
+    return dict(etype=etype, shape=shape, axis=axis, K=min(K, S),
+                scale_type=draw(st.sampled_from(["float16", "bfloat16", "float32"])),
+                symmetric=draw(st.booleans()), padded=draw(st.booleans()),
+                max_elements=draw(st.integers(1, 300)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(block_geometries())
+def test_per_block_property(g):
+    K = g["K"]
+    if K & (K - 1):
+        K = 1 << (K.bit_length() - 1)
+    padded = g["padded"] and g["shape"][g["axis"]] % K != 0
+    t, expected = per_block_case(g["etype"], g["shape"], g["axis"], K, g["scale_type"], g["symmetric"],
+                                 padded=padded)
+    assert same_bits(dequantize(t), expected)
+    got = np.full(expected.shape, np.nan, np.float32)
+    for index, values in iter_dequantize(t, max_elements=g["max_elements"]):
+        assert values.size <= g["max_elements"]
+        got[index] = values
+    assert same_bits(got, expected)
