@@ -26,7 +26,7 @@ import numpy as np
 from .convert import detect_format
 from .core.hrry import HrryFile
 from .core.model import Tensor
-from .dequant import dequantize
+from .dequant import dequantize, iter_dequantize
 from .errors import ConversionRefused, HurrayInteropError, UsageError
 from .formats import gguf as G
 
@@ -122,37 +122,35 @@ def compare_values(
     block: int = 1,
     signed_zero_equal: bool = False,
 ) -> tuple[bool, float | None, str]:
-    """Compare :func:`dequantize` of ``ours`` with a reference decoder, chunk by chunk.
+    """Compare the shared dequantizer on ``ours`` with a reference decoder, chunk by chunk.
 
     ``reference_rows(start, stop)`` returns the reference float32 values of the
-    flattened outer rows ``start:stop`` (rows along the last axis).
-    Returns ``(equal, max_abs_diff, where)``.
+    flattened outer rows ``start:stop`` (rows run along the last axis).  Memory
+    stays bounded by the chunk size whatever the tensor's size.
+    Returns ``(equal, max_abs_diff, where)``; ``where`` locates the first difference.
     """
     shape = tuple(int(x) for x in ours.shape)
-    ncols = shape[-1] if shape else 1
-    nrows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
-    ours_all = dequantize(ours).reshape(nrows, ncols) if ncols else dequantize(ours).reshape(nrows, 0)
-    step = max(1, CHUNK_ROWS_ELEMENTS // max(ncols, 1))
+    ncols = max(shape[-1] if shape else 1, 1)
     worst: float | None = 0.0
     first = ""
-    for r in range(0, nrows, step):
-        stop = min(r + step, nrows)
-        ref = np.asarray(reference_rows(r, stop), dtype=np.float32).reshape(stop - r, ncols)
-        a = np.ascontiguousarray(ours_all[r:stop])
-        idx, mad = _first_diff(a.reshape(-1), np.ascontiguousarray(ref).reshape(-1), signed_zero_equal=signed_zero_equal)
-        if idx >= 0:
-            if mad is None or worst is None:
-                worst = None if mad is None else (worst if worst is not None else mad)
-            else:
-                worst = max(worst, mad)
-            if not first:
-                flat = r * ncols + idx
-                row, col = divmod(flat, ncols) if ncols else (flat, 0)
-                blk = f"block {flat // block}, element {flat % block}" if block > 1 else f"element {flat}"
-                first = (
-                    f"{blk} (row {row}, column {col}): ours {float(a.reshape(-1)[idx])!r} "
-                    f"vs reference {float(ref.reshape(-1)[idx])!r}"
-                )
+    flat = 0
+    for _, values in iter_dequantize(ours, max_elements=CHUNK_ROWS_ELEMENTS):
+        a = values.reshape(-1)
+        lo, hi = flat, flat + a.size
+        flat = hi
+        if not a.size:
+            continue
+        r0, r1 = lo // ncols, -(-hi // ncols)
+        ref = np.asarray(reference_rows(r0, r1), dtype=np.float32).reshape(-1)[lo - r0 * ncols : hi - r0 * ncols]
+        idx, mad = _first_diff(a, np.ascontiguousarray(ref), signed_zero_equal=signed_zero_equal)
+        if idx < 0:
+            continue
+        worst = None if (mad is None or worst is None) else max(worst, mad)
+        if not first:
+            at = lo + idx
+            row, col = divmod(at, ncols)
+            blk = f"block {at // block}, element {at % block}" if block > 1 else f"element {at}"
+            first = f"{blk} (row {row}, column {col}): ours {float(a[idx])!r} vs reference {float(ref[idx])!r}"
     return (not first), worst, first
 
 
