@@ -60,7 +60,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-import ml_dtypes
 import numpy as np
 
 from .core.elements import ElementType, buffer_size, element_type
@@ -83,7 +82,7 @@ from .core.model import (
     Tensor,
     as_u8,
 )
-from .errors import FormatError, InconsistentError, TruncatedError, UnsupportedError
+from .errors import FormatError, InconsistentError, TruncatedError, UnsupportedError, UsageError
 
 __all__ = ["dequantize", "iter_dequantize", "NF4_LUT", "DEFAULT_MAX_ELEMENTS"]
 
@@ -281,7 +280,6 @@ class _Dense:
         self.block = 1
         self.scale: _ParamPlane | None = None
         self.zero: _ParamPlane | None = None
-        self.int_zero = False  # zero points are integers that may need int64 subtraction
         if q is not None:
             self._prepare_scheme(q)
         # ---- storage geometry and addressing
@@ -409,7 +407,6 @@ class _Dense:
         else:
             zraw = zraw.reshape(shape3)
         self.zero = _ParamPlane(zraw, lambda z: z.astype(np.int64))
-        self.int_zero = True
 
     # scale converters (called per piece on a small slice; they validate under strict)
 
@@ -943,7 +940,7 @@ class _Composite:
 
 def _make(t: Tensor, strict: bool, depth: int = 0) -> "_Dense | _Composite":
     if not isinstance(t, Tensor):
-        raise TypeError(f"expected a hurray_interop Tensor, got {type(t).__name__}")
+        raise UsageError(f"expected a hurray_interop Tensor, got {type(t).__name__}")
     if isinstance(t.descriptor.layout, CompositeHead):
         return _Composite(t, strict, depth)
     return _Dense(t, strict)
@@ -972,9 +969,9 @@ def iter_dequantize(
     parallelizes the evaluation of each chunk (see :func:`dequantize`).
     """
     if max_elements < 1:
-        raise ValueError("max_elements must be positive")
-    dec = _make(tensor, strict)
-    yield from _iter(dec, max_elements, threads)
+        raise UsageError(f"max_elements must be positive, not {max_elements}", tensor=tensor.name)
+    dec = _make(tensor, strict)  # validate now, not at the first next()
+    return _iter(dec, max_elements, threads)
 
 
 def _iter(dec, max_elements: int, threads: int | None):
@@ -1008,8 +1005,6 @@ def dequantize(tensor: Tensor, *, out: np.ndarray | None = None, strict: bool = 
         out = np.empty(shape, dtype=np.float32)
     elif (not isinstance(out, np.ndarray) or out.dtype != _F32 or out.shape != shape
           or not out.flags.c_contiguous or not out.flags.writeable):
-        from .errors import UsageError
-
         got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
         raise UsageError(f"out must be a writeable C-contiguous float32 array of shape {shape}, got {got}",
                          tensor=tensor.name)
@@ -1021,7 +1016,7 @@ def _workers(threads: int | None, size: int) -> int:
     if threads is None:
         threads = min(_DEFAULT_THREADS, os.cpu_count() or 1)
     if threads < 1:
-        raise ValueError("threads must be positive")
+        raise UsageError(f"threads must be positive, not {threads}")
     return max(1, min(threads, size // _PARALLEL_GRAIN))
 
 

@@ -8,7 +8,6 @@ Buffers are packed with test-local packers following element-types.md.
 
 from __future__ import annotations
 
-import itertools
 
 import ml_dtypes
 import numpy as np
@@ -583,6 +582,16 @@ def test_scale_buffer_size_must_match():
              quant=PerBlockAffine(axis=0, block_size=32, scale_buffer_index=1))
     with pytest.raises(TruncatedError, match="scale buffer 1 holds 2 bytes, 2 values need exactly 4"):
         dequantize(t)
+
+
+def test_iter_validates_eagerly():
+    t = make("lazy", "float32", (4, 4), np.zeros(16, np.float32), layout=Coo(nnz=1))
+    with pytest.raises(UnsupportedError, match="tensor 'lazy'"):
+        iter_dequantize(t)  # no next() needed
+    with pytest.raises(UsageError, match="max_elements must be positive"):
+        iter_dequantize(make("ok", "float32", (1,), np.zeros(1, np.float32)), max_elements=0)
+    with pytest.raises(UsageError, match="threads must be positive"):
+        dequantize(make("ok", "float32", (1,), np.zeros(1, np.float32)), threads=0)
 
 
 def test_dynamic_dimension_unsupported():
