@@ -283,3 +283,33 @@ def test_quantize_int_error_bound_and_saturation(name):
     # the shared exponent keeps amax below 2 * 2^emax * s: error <= s/2 unless saturated
     sat = np.abs(vals) == el.max_code
     assert np.all(err[~sat] <= s[~sat] / 2)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_zero_block_detection_on_every_axis(axis, packed):
+    # fp4 [64, 64]: block (row r, block 1) along axis 1, or (block 1, column c) along axis 0
+    codes = np.full((64, 64), 3, np.uint8)
+    if axis == 1:
+        codes[5, 32:] = 8  # -0 codes
+        zero_block = 5 * 2 + 1
+    else:
+        codes[32:, 7] = 0
+        zero_block = 7 * 2 + 1  # b = outer * (S/K) + i // K with outer = column 7
+    scales = np.full((2, 64) if axis == 0 else (64, 2), 127, np.uint8)
+    if axis == 1:
+        scales[5, 1] = 0
+    else:
+        scales[1, 7] = 0
+    arr = (codes[:, 0::2] | (codes[:, 1::2] << 4)) if packed else codes
+    imp = mx.from_codes(arr, scales, element="fp4", axis=axis, packed=packed)
+    assert list(imp.substituted_blocks) == [zero_block]
+    # a non-zero code in that block turns the substitution into a refusal
+    codes2 = codes.copy()
+    if axis == 1:
+        codes2[5, 40] = 1
+    else:
+        codes2[40, 7] = 1
+    arr2 = (codes2[:, 0::2] | (codes2[:, 1::2] << 4)) if packed else codes2
+    with pytest.raises(ConversionRefused, match=f"block {zero_block}"):
+        mx.from_codes(arr2, scales, element="fp4", axis=axis, packed=packed)

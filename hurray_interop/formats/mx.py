@@ -604,6 +604,13 @@ def from_codes(
     src_scales = _scales_to_hurray_order(sc, axis)
 
     def block_codes(idx: np.ndarray) -> np.ndarray:
+        if axis == len(shape) - 1:
+            # blocks are contiguous runs of the stream: touch only the suspicious ones
+            if is_packed:
+                bpb = block_size * el.bits // 8
+                sel = data.reshape(-1, bpb)[idx].reshape(-1)
+                return unpack(sel, el.hurray, idx.size * block_size).reshape(-1, block_size)
+            return raw.reshape(-1, block_size)[idx]
         return _block_codes(unpacked(), shape, block_size, axis)[idx]
 
     chk = check_block(src_scales, el, block_codes, int8=int8)
