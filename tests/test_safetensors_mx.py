@@ -428,3 +428,74 @@ def test_verify_and_inspect_report_refused_tensors(tmp_path):
     info = inspect_file(src)
     assert info["format"] == "safetensors" and info["convention"] == "gpt-oss"
     assert [(t["name"], t["status"]) for t in info["tensors"]] == [("m", "refused")]
+
+
+# ---------------------------------------------------------------------------
+# across formats: GGUF MXFP4 -> Hurray -> gpt-oss safetensors (codes and scales, no decoding)
+
+
+def test_gguf_mxfp4_reaches_gpt_oss_layout_exactly(fixtures_dir, tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import quants as gq
+
+    from hurray_interop.conversions.gguf import gguf_to_hurray
+
+    src = fixtures_dir / "tiny-llama.gguf"
+    gguf_to_hurray(src, tmp_path / "m.hrry")
+    rep = hurray_to_safetensors(tmp_path / "m.hrry", tmp_path / "m.safetensors", convention="gpt-oss", fallback="float32")
+    out = load_file(str(tmp_path / "m.safetensors"))
+    seen = 0
+    for t in GGUFReader(str(src)).tensors:
+        if t.tensor_type != GGMLQuantizationType.MXFP4:
+            continue
+        seen += 1
+        blk, sc = out[t.name + "_blocks"], out[t.name + "_scales"]
+        raw = np.asarray(t.data, np.uint8).reshape(-1, 17)
+        assert np.array_equal(sc.reshape(-1), raw[:, 0])  # e8m0 bytes moved, 0x00 restored
+        # gpt-oss decoder on our output == gguf-py decoder on the source (+-0 equal: ggml loses -0)
+        vals = np.empty(blk.shape[:-1] + (32,), np.float32)
+        vals[..., 0::2] = FP4_LUT[blk & 0x0F]
+        vals[..., 1::2] = FP4_LUT[blk >> 4]
+        mine = np.ldexp(vals, sc.astype(np.int32)[..., None] - 127).reshape(-1)
+        ref = gq.dequantize(np.asarray(t.data), GGMLQuantizationType.MXFP4).reshape(-1)
+        assert np.array_equal(mine, ref)
+        # the split-half GGUF nibbles became interleaved ones: codes j and j+16 of block 0
+        qs = raw[0, 1:]
+        codes = np.concatenate([qs & 0x0F, qs >> 4])
+        assert np.array_equal(blk.reshape(-1, 16)[0], codes[0::2] | (codes[1::2] << 4))
+    assert seen >= 2 and any(t.status == "exact" and "MXFP4" in t.mapping for t in rep.tensors)
+
+
+def test_gpt_oss_to_gguf_and_back_keeps_codes_and_scales(fixtures_dir, tmp_path):
+    pytest.importorskip("gguf")
+    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import quants as gq
+
+    from hurray_interop.conversions.gguf import gguf_to_hurray, hurray_to_gguf
+
+    src = fixtures_dir / GPT
+    safetensors_to_hurray(src, tmp_path / "a.hrry")
+    hurray_to_gguf(tmp_path / "a.hrry", tmp_path / "m.gguf")
+    ref = load_file(str(src))
+    n = 0
+    for t in GGUFReader(str(tmp_path / "m.gguf")).tensors:
+        if t.tensor_type != GGMLQuantizationType.MXFP4:
+            continue
+        n += 1
+        blk, sc = ref[t.name + "_blocks"], ref[t.name + "_scales"]
+        raw = np.asarray(t.data, np.uint8).reshape(-1, 17)
+        assert np.array_equal(raw[:, 0], sc.reshape(-1))  # 0x00 of all-zero blocks restored
+        vals = np.empty(blk.shape[:-1] + (32,), np.float32)
+        vals[..., 0::2] = FP4_LUT[blk & 0x0F]
+        vals[..., 1::2] = FP4_LUT[blk >> 4]
+        want = np.ldexp(vals, sc.astype(np.int32)[..., None] - 127).reshape(-1)
+        got = gq.dequantize(np.asarray(t.data), GGMLQuantizationType.MXFP4).reshape(-1)
+        assert np.array_equal(got, want)  # == treats ggml's +0 for code 8 as equal to -0
+    assert n == 4
+    gguf_to_hurray(tmp_path / "m.gguf", tmp_path / "b.hrry")
+    hurray_to_safetensors(tmp_path / "b.hrry", tmp_path / "back.safetensors", convention="gpt-oss")
+    back = load_file(str(tmp_path / "back.safetensors"))
+    for k, v in ref.items():
+        if k.endswith(("_blocks", "_scales")):
+            assert back[k].tobytes() == v.tobytes() and back[k].shape == v.shape, k
