@@ -43,6 +43,16 @@ NF4) decode through a 256-entry byte → two-float32 table, 2-bit codes through 
 byte → four-float32 table, 4-bit integer codes by widening each byte to a uint16
 whose two bytes are its codes (faster than any gather numpy offers).
 
+Validation is strict by default (``strict=False`` relaxes only the *value*
+rules): per-block scales finite and non-zero, NF4 absmax finite and ≥ 0, MXFP
+scale bytes never 0x00/0xFF, zero points within the storage range where the
+scheme demands it; buffer sizes, indices and every addressed byte are always
+checked before any data is touched.
+
+Hand-written on numpy (+ ml_dtypes value maps): no library evaluates Hurray
+descriptors, and the per-format decoders that exist (gguf-py, torchao) cover one
+layout each — they serve as the independent oracles in the tests instead.
+
 Anything that cannot be evaluated raises the project's errors naming the
 tensor: :class:`~hurray_interop.errors.UnsupportedError` for sparse, tiled,
 Morton, block-paged, Hilbert, private layouts, group composites, complex and
@@ -1014,10 +1024,17 @@ def dequantize(tensor: Tensor, *, out: np.ndarray | None = None, strict: bool = 
 
 def _workers(threads: int | None, size: int) -> int:
     if threads is None:
-        threads = min(_DEFAULT_THREADS, os.cpu_count() or 1)
+        threads = min(_DEFAULT_THREADS, _cpus())
     if threads < 1:
         raise UsageError(f"threads must be positive, not {threads}")
     return max(1, min(threads, size // _PARALLEL_GRAIN))
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _fill_all(dec, flat: np.ndarray, workers: int, d: int = 0, prefix=(), lo: int = 0, hi: int | None = None) -> None:
