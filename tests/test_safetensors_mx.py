@@ -499,3 +499,66 @@ def test_gpt_oss_to_gguf_and_back_keeps_codes_and_scales(fixtures_dir, tmp_path)
     for k, v in ref.items():
         if k.endswith(("_blocks", "_scales")):
             assert back[k].tobytes() == v.tobytes() and back[k].shape == v.shape, k
+
+
+# ---------------------------------------------------------------------------
+# the reference implementation reads what we write; broken input never escapes the error tree
+
+
+def test_pyhurray_reads_the_converted_checkpoint(fixtures_dir, tmp_path):
+    hurray = pytest.importorskip("hurray")
+    src = fixtures_dir / CT
+    safetensors_to_hurray(src, tmp_path / "m.hrry")
+    ref = load_file(str(src))
+    files = hurray.load(str(tmp_path / "m.hrry"))
+    t = files["model.layers.0.self_attn.q_proj.weight"]
+    assert str(t.dtype) == "float6_e2m3" and tuple(t.shape) == (8, 64)
+    q = t.quantization
+    assert (q.axis, q.block_size, q.scale_buffer_index) == (1, 32, 1)
+    assert np.asarray(t.buffer(0)).tobytes() == ref["model.layers.0.self_attn.q_proj.weight_packed"].tobytes()
+    assert np.asarray(t.buffer(1)).tobytes() == ref["model.layers.0.self_attn.q_proj.weight_scale"].tobytes()
+    kv = hurray.load_kv(str(tmp_path / "m.hrry"))
+    assert kv[KV_CONVENTION] == "compressed-tensors" and json.loads(kv[KV_METADATA]) == {"format": "pt"}
+    assert kv[scale_record_key("model.layers.0.mlp.down_proj.weight")][:4] == b"\x01\x00\x00\x00"
+
+
+def test_random_corruption_raises_only_project_errors(fixtures_dir, tmp_path):
+    hypothesis = pytest.importorskip("hypothesis")
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as stn
+
+    from hurray_interop.errors import HurrayInteropError
+
+    good = (fixtures_dir / CT).read_bytes()
+    hlen = struct.unpack("<Q", good[:8])[0]
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(pos=stn.integers(0, 8 + hlen + 64), val=stn.integers(0, 255), cut=stn.integers(0, len(good)))
+    def check(pos, val, cut):
+        raw = bytearray(good)
+        raw[pos] = val
+        p = tmp_path / "f.safetensors"
+        p.write_bytes(bytes(raw[: max(cut, pos + 1)]))
+        try:
+            safetensors_to_hurray(p, tmp_path / "o.hrry", force=True)
+        except HurrayInteropError:
+            pass
+
+    check()
+    del hypothesis
+
+
+def test_malformed_layout_record_is_a_format_error(fixtures_dir, tmp_path):
+    from hurray_interop.core.hrry import HrryWriter
+
+    safetensors_to_hurray(fixtures_dir / GPT, tmp_path / "m.hrry")
+    with HrryFile(tmp_path / "m.hrry") as hf, HrryWriter(tmp_path / "bad.hrry") as w:
+        for n in hf.names:
+            t = hf.tensor(n)
+            w.write(n, t.descriptor, t.data)
+        kv = {k: v for k, v in hf.kv.items()}
+        kv[KV_LAYOUT] = '{"version": 1, "tensors": [{"name": "x"}]}'
+        w.finish(kv)
+    with pytest.raises(FormatError, match="malformed safetensors layout record"):
+        hurray_to_safetensors(tmp_path / "bad.hrry", tmp_path / "o.safetensors")
+    assert not (tmp_path / "o.safetensors").exists()

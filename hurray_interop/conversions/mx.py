@@ -313,7 +313,7 @@ def hurray_to_safetensors(
         def mx_parts(hname: str, conv: str) -> Any:
             t = hf.tensor(hname)
             try:
-                el, shape, k, axis = mx._check_mxfp(t)
+                el, shape, k, axis = mx.mxfp_geometry(t)
                 if axis != len(shape) - 1:
                     raise UnsupportedError(f"{conv} stores blocks along the last axis, this tensor along axis {axis}", tensor=hname)
                 dshape, sshape = pair_shapes(shape, el.hurray.name, k, conv, tensor=hname)

@@ -79,6 +79,7 @@ __all__ = [
     "to_torch",
     "to_torchao",
     "mxfp_tensor",
+    "mxfp_geometry",
     "check_block",
     "source_values",
     "compare_values",
@@ -636,7 +637,9 @@ def from_torch(codes: Any, scales: Any, **kw: Any) -> MXImport:
 # export
 
 
-def _check_mxfp(tensor: Tensor) -> tuple[MXElement, tuple[int, ...], int, int]:
+def mxfp_geometry(tensor: Tensor) -> tuple[MXElement, tuple[int, ...], int, int]:
+    """Check that ``tensor`` is an exportable MXFP tensor; return (element, shape,
+    block_size, axis)."""
     d = tensor.descriptor
     q = d.quantization
     if not isinstance(q, MXFP):
@@ -691,7 +694,7 @@ def to_numpy(tensor: Tensor, *, record: bytes | None = None, int8: str = "ocp", 
     ``packed=True``: Hurray-packed uint8 bytes along the last axis) and OCP scale bytes
     (``float8_e8m0fnu``, natural blocked shape).  ``record``: the tensor's
     scale-substitution record, if the file has one -- restores the source bytes."""
-    el, shape, k, axis = _check_mxfp(tensor)
+    el, shape, k, axis = mxfp_geometry(tensor)
     n = int(np.prod(shape))
     data = np.asarray(tensor.data[0]).view(np.uint8)
     if data.size != buffer_size(el.hurray, n):
@@ -719,7 +722,7 @@ def to_torch(tensor: Tensor, *, record: bytes | None = None, int8: str = "ocp") 
     the sign-extended values (torch's int4 is a shell dtype)."""
     import torch
 
-    el, shape, k, axis = _check_mxfp(tensor)
+    el, shape, k, axis = mxfp_geometry(tensor)
     if el.torch_packed:
         if shape[-1] % 2:
             raise UnsupportedError(f"float4_e2m1fn_x2 needs an even last dimension, not {shape[-1]}", tensor=tensor.name)
@@ -785,7 +788,7 @@ def to_torchao(tensor: Tensor, *, record: bytes | None = None, orig_dtype: Any =
     import torch
     from torchao.prototype.mx_formats.mx_tensor import MXTensor
 
-    el, shape, k, axis = _check_mxfp(tensor)
+    el, shape, k, axis = mxfp_geometry(tensor)
     if not el.torchao:
         raise UnsupportedError(f"torchao has no MX element type for {el.name}", tensor=tensor.name)
     if axis != len(shape) - 1:
@@ -884,5 +887,5 @@ def quantize(x: Any, element: Any, *, block_size: int = 32, axis: int = -1, name
 
 def ocp_scale_bytes(tensor: Tensor, *, record: bytes | None = None, int8: str = "ocp") -> np.ndarray:
     """The tensor's scales as OCP bytes in Hurray block order (1-D), records restored."""
-    el, *_ = _check_mxfp(tensor)
+    el, *_ = mxfp_geometry(tensor)
     return _export_scales(tensor, el, record, int8)
