@@ -562,3 +562,11 @@ def test_malformed_layout_record_is_a_format_error(fixtures_dir, tmp_path):
     with pytest.raises(FormatError, match="malformed safetensors layout record"):
         hurray_to_safetensors(tmp_path / "bad.hrry", tmp_path / "o.safetensors")
     assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_huge_shape_does_not_wrap_around(tmp_path):
+    # 2^62 * 2^2 F32 elements would wrap to 0 bytes in int64 arithmetic
+    h = b'{"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}}'
+    p = _write_st(tmp_path / "h.safetensors", [], raw_header=h)
+    with pytest.raises(InconsistentError, match="hold 0 bytes"):
+        SafetensorsFile(p)

@@ -30,13 +30,21 @@ KV keys written to the .hrry file (all values are strings or bytes):
 
 Plain tensors whose safetensors dtype has no Hurray element type (BOOL, F8_E8M0, F6_*)
 travel as 1-D uint8 tensors of their bytes; the layout record restores dtype and shape.
+
+A .hrry file without these records (e.g. converted from GGUF) exports too: MXFP tensors
+as gpt-oss pairs (or the convention asked for), plain tensors under their own names;
+anything without a safetensors form is refused unless a fallback dtype is chosen.
+
+Hooks for the CLI: :func:`verify_safetensors_roundtrip`, :func:`verify_safetensors_pair`
+(file bytes, per-tensor bytes, and the shared dequantizer against ml_dtypes decoding of
+the source codes via :func:`hurray_interop.formats.mx.source_values`) and
+:func:`inspect_safetensors` (a dry-run plan).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -68,6 +76,9 @@ __all__ = [
     "safetensors_to_hurray",
     "hurray_to_safetensors",
     "compare_checkpoint_values",
+    "verify_safetensors_roundtrip",
+    "verify_safetensors_pair",
+    "inspect_safetensors",
 ]
 
 KV_PREFIX = "hurray_interop.safetensors."

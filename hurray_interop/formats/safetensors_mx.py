@@ -28,6 +28,7 @@ naming the tensor.  A ``*_scales`` tensor without ``*_blocks`` is an ordinary pl
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -80,7 +81,7 @@ def dtype_bits(dtype: str, *, tensor: str | None = None) -> int:
 
 
 def dtype_nbytes(dtype: str, shape: Sequence[int], *, tensor: str | None = None) -> int:
-    bits = dtype_bits(dtype, tensor=tensor) * int(np.prod(shape, dtype=np.int64)) if shape else dtype_bits(dtype, tensor=tensor)
+    bits = dtype_bits(dtype, tensor=tensor) * math.prod(int(d) for d in shape)  # exact: no int64 wrap-around
     if bits % 8:
         raise InconsistentError(f"{dtype} tensor of shape {list(shape)} is not a whole number of bytes", tensor=tensor)
     return bits // 8
