@@ -353,8 +353,9 @@ class _Dense:
                           field="quantization.scale_type_tag")
             self.block = 1
             sraw = self._param_buffer(q.scale_buffer_index, "scale", np.dtype("<f4"), S)
+            self._validate_scales(sraw, "nonzero")
             self.scale = _ParamPlane(np.lib.stride_tricks.as_strided(sraw, (P, Q, S), (0, 0, sraw.strides[0])),
-                                     self._checked_scales)
+                                     _to_f32)
             if not q.symmetric:
                 self._zero_plane(q, S, (P, Q, S), broadcast=True)
                 if self.strict:
@@ -375,7 +376,8 @@ class _Dense:
             self._check_block(K, 2, None, S)
             nb = -(-S // K)
             sraw = self._param_buffer(q.scale_buffer_index, "scale", q.scale_type.dtype.newbyteorder("<"), P * Q * nb)
-            self.scale = _ParamPlane(sraw.reshape(P, Q, nb), self._checked_scales)
+            self._validate_scales(sraw, "nonzero")
+            self.scale = _ParamPlane(sraw.reshape(P, Q, nb), _to_f32)
             if not q.symmetric:
                 self._zero_plane(q, P * Q * nb, (P, Q, nb), broadcast=False)
         elif isinstance(q, NF4):
@@ -384,7 +386,8 @@ class _Dense:
             self._check_block(K, 8, None, S)
             nb = -(-S // K)
             sraw = self._param_buffer(q.scale_buffer_index, "scale", np.dtype("<f4"), P * Q * nb)
-            self.scale = _ParamPlane(sraw.reshape(P, Q, nb), self._checked_absmax)
+            self._validate_scales(sraw, "absmax")
+            self.scale = _ParamPlane(sraw.reshape(P, Q, nb), _to_f32)
             self.values_key = "nf4"
         elif isinstance(q, MXFP):
             if et.name not in _MXFP_STORAGE:
@@ -395,6 +398,7 @@ class _Dense:
                           field="quantization.block_size")
             nb = S // K
             sraw = self._param_buffer(q.scale_buffer_index, "scale", np.dtype(np.uint8), P * Q * nb)
+            self._validate_scales(sraw, "e8m0")
             self.scale = _ParamPlane(sraw.reshape(P, Q, nb), self._e8m0_scales)
         else:  # pragma: no cover - the model has no other scheme
             self._unsupported(f"quantization scheme {type(q).__name__} is not supported", field="quantization")
@@ -418,23 +422,29 @@ class _Dense:
             zraw = zraw.reshape(shape3)
         self.zero = _ParamPlane(zraw, lambda z: z.astype(np.int64))
 
-    # scale converters (called per piece on a small slice; they validate under strict)
+    # scale validation (once, over the whole buffer, before any value is produced) and
+    # conversion (per piece, on a small slice)
 
-    def _checked_scales(self, raw: np.ndarray) -> np.ndarray:
-        s = raw.astype(np.float32)
-        if self.strict and s.size and not (np.isfinite(s).all() and s.all()):
-            self._bad("a scale is zero, infinite or NaN (scales must be finite and non-zero)", field="scale")
-        return s
+    def _validate_scales(self, flat: np.ndarray, rule: str) -> None:
+        if not self.strict:
+            return
+        step = 1 << 20
+        for start in range(0, flat.size, step):
+            c = flat[start : start + step]
+            if rule == "e8m0":
+                bad = (c == 0) | (c == 0xFF)
+                what = "an MXFP scale byte is 0x00 or 0xFF (reserved)"
+            else:
+                f = _to_f32(c)
+                bad = ~np.isfinite(f) | ((f == 0) if rule == "nonzero" else (f < 0))
+                what = ("scale is zero, infinite or NaN (scales must be finite and non-zero)" if rule == "nonzero"
+                        else "NF4 absmax is negative, infinite or NaN")
+            if bad.any():
+                b = start + int(np.argmax(bad))
+                self._bad(f"block {b}: {what}", field="scale")
 
-    def _checked_absmax(self, raw: np.ndarray) -> np.ndarray:
-        s = raw.astype(np.float32)
-        if self.strict and s.size and not (np.isfinite(s).all() and (s >= 0).all()):
-            self._bad("an NF4 absmax is negative, infinite or NaN", field="scale")
-        return s
-
-    def _e8m0_scales(self, raw: np.ndarray) -> np.ndarray:
-        if self.strict and raw.size and (raw.min() == 0 or raw.max() == 0xFF):
-            self._bad("an MXFP scale byte is 0x00 or 0xFF (reserved)", field="scale")
+    @staticmethod
+    def _e8m0_scales(raw: np.ndarray) -> np.ndarray:
         return np.take(_code_values("float8_e8m0"), raw, mode="clip")
 
     # -- layout ----------------------------------------------------------------
@@ -730,6 +740,24 @@ class _Dense:
 
 
 _LITTLE = np.little_endian
+
+
+@functools.cache
+def _f16_table() -> np.ndarray:
+    """float32 value of every float16 bit pattern (numpy's own cast, tabulated: a gather is
+    ~3x faster than numpy's float16 → float32 conversion loop)."""
+    t = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    t.flags.writeable = False
+    return t
+
+
+def _to_f32(raw: np.ndarray) -> np.ndarray:
+    """Widen float16 / bfloat16 / float32 scales to float32, losslessly."""
+    if raw.dtype.itemsize == 2 and raw.dtype.kind == "f":  # float16
+        return np.take(_f16_table(), raw.view(np.uint16), mode="clip")
+    if raw.dtype.itemsize == 2:  # bfloat16: the high half of a float32
+        return (raw.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return raw.astype(np.float32, copy=False)
 
 
 def _spread(b8: np.ndarray, bits: int) -> np.ndarray:
