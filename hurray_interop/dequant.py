@@ -360,7 +360,7 @@ class _Dense:
                 self._zero_plane(q, S, (P, Q, S), broadcast=True)
                 if self.strict:
                     lo, hi = _int_range(et)
-                    z = self.zero.raw[0, 0]  # type: ignore[union-attr]
+                    z = self.bufs[q.zero_point_buffer_index].view("<i4")
                     if z.size and (int(z.min()) < lo or int(z.max()) > hi):
                         self._bad(f"a zero point is outside the {et.name} range [{lo}, {hi}]",
                                   field="quantization.zero_point")

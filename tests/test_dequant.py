@@ -594,6 +594,16 @@ def test_iter_validates_eagerly():
         dequantize(make("ok", "float32", (1,), np.zeros(1, np.float32)), threads=0)
 
 
+def test_empty_outer_dimension_per_channel():
+    t = make("e", "uint8", (0, 3), np.zeros(0, np.uint8), (np.ones(3, np.float32), np.zeros(3, np.int32)),
+             quant=PerChannelAffine(axis=1, scale_buffer_index=1, zero_point_buffer_index=2))
+    assert dequantize(t).shape == (0, 3)
+    bad = make("z", "uint8", (2, 3), np.zeros(6, np.uint8), (np.ones(3, np.float32), np.array([0, 256, 0], np.int32)),
+               quant=PerChannelAffine(axis=1, scale_buffer_index=1, zero_point_buffer_index=2))
+    with pytest.raises(FormatError, match="zero point is outside the uint8 range"):
+        dequantize(bad)
+
+
 def test_dynamic_dimension_unsupported():
     t = make("dyn", "float32", (None, 4), np.zeros(16, np.float32))
     with pytest.raises(UnsupportedError, match="tensor 'dyn'.*dynamic"):
