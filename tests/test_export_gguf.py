@@ -16,6 +16,7 @@ file bytes; hurray_interop's own code is only the thing under test.
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
@@ -25,6 +26,8 @@ import pytest
 
 import gguf
 from gguf import GGUFValueType as GV
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gguf_factory import (
     ALL_TYPES,
@@ -57,6 +60,7 @@ from hurray_interop.core.model import (
 )
 from hurray_interop.dequant import dequantize
 from hurray_interop.errors import ConversionRefused
+from hurray_interop.formats import gguf as G
 from hurray_interop.tables import load_table
 
 # ---------------------------------------------------------------------------
@@ -501,3 +505,129 @@ def test_fallback_exports_dequantized_values(tmp_path: Path, capsys: pytest.Capt
                 want = ours.astype(np.float16).astype(np.float32) if fallback == "float16" else ours
             assert_bitwise(stored.reshape(ours.shape), want, what=name)
     assert got["ok"].tensor_type.name == "F32" and got["ok"].data.tolist() == [3.0, 4.0]
+
+
+# ---------------------------------------------------------------------------
+# more layouts and properties
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    types=st.lists(st.sampled_from(ALL_TYPES), min_size=0, max_size=6),
+    ranks=st.lists(st.integers(1, 4), min_size=6, max_size=6),
+    alignment=st.sampled_from([1, 2, 8, 32, 64, 512]),
+    version=st.sampled_from([2, 3]),
+    pad_end=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_property_random_files_roundtrip(tmp_path: Path, types: list[str], ranks: list[int], alignment: int,
+                                         version: int, pad_end: bool, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    defs = []
+    for i, t in enumerate(types):
+        lead = tuple(int(x) for x in rng.integers(1, 4, ranks[i] - 1))
+        defs.append(TensorDef(f"t{i}", t, lead + (32 * int(rng.integers(1, 4)),), zero_blocks=bool(rng.integers(0, 2))))
+    sub = tmp_path / f"p{seed}-{alignment}-{version}-{len(types)}-{int(pad_end)}"
+    sub.mkdir(exist_ok=True)
+    src = write_gguf_stream(sub / "p.gguf", defs, kv=every_kv_values()[: int(rng.integers(1, 12))],
+                            alignment=alignment, version=version, pad_end=pad_end, seed=seed)
+    for f in ("p.hrry", "p.back.gguf"):
+        (sub / f).unlink(missing_ok=True)
+    assert_same_bytes(roundtrip_bytes(src, sub), src.read_bytes())
+
+
+def test_tensor_infos_out_of_data_order_and_gaps(tmp_path: Path) -> None:
+    """Recorded offsets are honoured: infos listed in reverse data order, with a gap."""
+    rng = np.random.default_rng(4)
+    x = quants_of("Q8_0", rng, (2, 32))
+    y = rng.standard_normal(5).astype(np.float32)
+    specs = [G.TensorSpec("y", int(gguf.GGMLQuantizationType.F32), (5,), 0),
+             G.TensorSpec("x", int(gguf.GGMLQuantizationType.Q8_0), (32, 2), 128)]
+    src = tmp_path / "order.gguf"
+    with G.GGUFWriterStream(src, kv=[("general.architecture", G.GGUFValue.of(G.ValueType.STRING, "t"))],
+                            tensors=specs) as w:
+        data = {"x": x, "y": y}
+        for spec in w.tensors_in_file_order:
+            w.write_tensor_data(data[spec.name].view(np.uint8).reshape(-1))
+    r = gguf.GGUFReader(str(src))
+    assert [t.name for t in r.tensors] == ["y", "x"] and r.tensors[1].data_offset - r.tensors[0].data_offset == 128
+    del r
+    assert_same_bytes(roundtrip_bytes(src, tmp_path), src.read_bytes())
+
+
+def quants_of(t: str, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return gguf.quants.quantize((rng.standard_normal(shape) * 0.1).astype(np.float32), gguf.GGMLQuantizationType[t])
+
+
+def test_mxfp4_negative_zero_codes_survive(tmp_path: Path) -> None:
+    """MXFP4 code 8 (−0 in OCP, +0 in ggml) round-trips byte for byte and compares equal."""
+    blocks = np.zeros((3, 17), np.uint8)
+    blocks[:, 0] = [127, 120, 130]
+    blocks[:, 1:] = [[0x88] * 16, [0x80, 0x08] * 8, [0x18, 0x8F] * 8]
+    src = tmp_path / "mx.gguf"
+    w = gguf.GGUFWriter(str(src), "t")
+    w.add_tensor("m", blocks.reshape(1, -1), raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    assert_same_bytes(roundtrip_bytes(src, tmp_path), src.read_bytes())
+    with HrryFile(tmp_path / "mx.hrry") as hf:
+        ours = dequantize(hf.tensor("m"))
+    theirs = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.MXFP4).reshape(ours.shape)
+    assert np.signbit(ours).sum() > 0 and np.array_equal(ours, theirs)
+    assert_bitwise(ours, theirs, signed_zero_equal=True, what="m")
+
+
+def test_recorded_q5_0_with_codes_out_of_range_is_refused(fixtures_dir: Path, tmp_path: Path) -> None:
+    mid, out = tmp_path / "m.hrry", tmp_path / "o.gguf"
+    gguf_to_hurray(fixtures_dir / "tiny-llama.gguf", mid)
+    name = "blk.0.attn_output.weight"  # Q5_0 → int8 codes in [−16, 15]
+    with HrryFile(mid) as hf:
+        at = hf.entry(name).data_offset
+        assert int(np.asarray(hf.tensor(name).data[0]).view(np.int8).max()) <= 15
+    raw = bytearray(mid.read_bytes())
+    raw[at + 40] = 0x40  # code 64
+    mid.write_bytes(bytes(raw))
+    with pytest.raises(ConversionRefused) as ei:
+        hurray_to_gguf(mid, out)
+    assert [(n, r) for n, _, r in ei.value.reasons] == [(name, "int8 codes outside Q5_0's range")]
+    assert not out.exists()
+
+
+def test_rank_5_tensor_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "r5.hrry"
+    with HrryWriter(src) as w:
+        w.write("r5", Descriptor(element_type("float32"), (1, 1, 1, 1, 2), (cpu(8),)), [np.float32([1, 2]).tobytes()])
+        w.finish()
+    with pytest.raises(ConversionRefused) as ei:
+        hurray_to_gguf(src, tmp_path / "r5.gguf")
+    assert "rank > 4" in ei.value.reasons[0][2]
+
+
+def test_cli_convert_back_and_dry_run(fixtures_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = fixtures_dir / "tiny-llama.gguf"
+    mid, out = tmp_path / "m.hrry", tmp_path / "o.gguf"
+    assert main(["convert", str(src), str(mid), "--quiet"]) == 0
+    assert main(["convert", str(mid), str(out), "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "would convert" in plan and not out.exists()
+    assert "blk.0.attn_v.weight" in plan and "Q4_1" in plan
+    assert main(["convert", str(mid), str(out), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert [t["mapping"] for t in rep["tensors"]][:5] == ["Q8_0", "F32", "Q8_0", "Q4_0", "Q4_1"]
+    assert out.read_bytes() == src.read_bytes()
+    # an existing destination is not overwritten without --force
+    before = out.read_bytes()
+    assert main(["convert", str(mid), str(out), "--quiet"]) == 2
+    assert out.read_bytes() == before
+    assert main(["convert", str(mid), str(out), "--quiet", "--force"]) == 0
+
+
+def test_export_progress_reaches_total(fixtures_dir: Path, tmp_path: Path) -> None:
+    mid = tmp_path / "m.hrry"
+    gguf_to_hurray(fixtures_dir / "tiny-llama.gguf", mid)
+    calls: list[tuple[int, int]] = []
+    report = hurray_to_gguf(mid, tmp_path / "o.gguf", progress=lambda d, t: calls.append((d, t)))
+    total = sum(t.bytes_out for t in report.tensors)
+    assert calls and calls[-1] == (total, total)
+    assert all(b[0] >= a[0] for a, b in zip(calls, calls[1:]))
+    r = gguf.GGUFReader(str(tmp_path / "o.gguf"))
+    assert total == sum(int(t.n_bytes) for t in r.tensors)
