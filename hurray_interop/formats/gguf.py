@@ -687,7 +687,12 @@ class GGUFFile:
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> "GGUFFile":
         """Memory-map ``path`` read-only and parse it."""
-        with open(path, "rb") as fh:
+        try:
+            fh = open(path, "rb")
+        except OSError as e:  # missing, a directory, unreadable: one located line, like the other readers
+            reason = "permission denied" if isinstance(e, PermissionError) else (e.strerror or str(e))
+            raise UsageError(f"cannot open: {reason}", path=path) from None
+        with fh:
             size = os.fstat(fh.fileno()).st_size
             if size == 0:
                 return cls(b"", path=path)

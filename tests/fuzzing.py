@@ -1,0 +1,357 @@
+"""Seeded mutation fuzzing shared by the hostile-input tests (a helper, not a test module).
+
+* :func:`mutate` / :func:`mutants` -- deterministic mutants of a valid file: bit
+  flips, random bytes, "interesting" u16/u32/u64 values (0, 1, 2**31, 2**32-1,
+  2**40, 2**63, 2**64-1 ...) written over fields, truncations, deletions,
+  insertions and duplicated chunks.  Positions are drawn from ``regions`` (the
+  structural parts of a file: headers, descriptors, indexes) so that mutants
+  exercise the parser rather than opaque tensor bytes.
+* :func:`fuzz_count` -- the number of mutants per campaign: the default suite
+  keeps it small; ``HURRAY_INTEROP_FUZZ=20000`` raises it for a long run.
+* :func:`run_campaign` -- runs a parse-only campaign **in a child process**
+  under ``RLIMIT_AS`` (its address space after imports plus a fixed budget)
+  with a per-mutant ``SIGALRM`` timeout, so a claimed size that gets allocated
+  surfaces as ``MemoryError`` and a hang as a timeout, instead of taking the
+  test machine down.  It returns the child's JSON summary: mutants run, how many
+  raised a project error, and every escape (non-project exception, hang, error
+  without a file path or, for GGUF and .hrry, without a byte offset).
+* ``python3 tests/fuzzing.py FORMAT FILE N SEED`` runs one campaign by hand.
+
+Only the project's exceptions (:class:`hurray_interop.errors.HurrayInteropError`)
+may escape a parser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+FUZZ_ENV = "HURRAY_INTEROP_FUZZ"
+
+INTERESTING_U64 = (0, 1, 7, 8, 0x7F, 0x80, 0xFF, 4096, 2**31 - 1, 2**32 - 1, 2**32, 2**40, 2**62, 2**63 - 1, 2**63, 2**64 - 1)
+INTERESTING_U32 = (0, 1, 2, 8, 9, 12, 13, 0x7F, 0xFF, 4096, 0xFFFF, 2**31 - 1, 2**31, 2**32 - 1)
+INTERESTING_U16 = (0, 1, 0x7F, 0xFF, 0x100, 0x7FFF, 0xFFFF)
+
+Region = tuple[int, int]
+
+
+def fuzz_count(default: int) -> int:
+    """Mutants per campaign: ``default``, or ``$HURRAY_INTEROP_FUZZ`` when set (long run)."""
+    v = os.environ.get(FUZZ_ENV, "").strip()
+    if not v:
+        return default
+    n = int(v)
+    if n <= 0:
+        raise ValueError(f"{FUZZ_ENV} must be a positive integer, got {v!r}")
+    return n
+
+
+def _pos(rng: random.Random, size: int, regions: Sequence[Region] | None, width: int = 1) -> int:
+    if size <= width:
+        return 0
+    if regions:
+        a, b = rng.choice(regions)
+        a, b = max(0, min(a, size - width)), max(0, min(b, size - width))
+        if b > a:
+            return rng.randrange(a, b)
+        return a
+    return rng.randrange(0, size - width)
+
+
+def mutate(data: bytes, rng: random.Random, regions: Sequence[Region] | None = None) -> bytes:
+    """One deterministic mutant of ``data`` (never identical to it unless it is empty)."""
+    b = bytearray(data)
+    n = len(b)
+    if n == 0:
+        return bytes([rng.randrange(256)])
+    kind = rng.randrange(10)
+    if kind == 0:  # 1-4 bit flips
+        for _ in range(rng.randint(1, 4)):
+            i = _pos(rng, n, regions)
+            b[i] ^= 1 << rng.randrange(8)
+    elif kind == 1:  # random byte
+        i = _pos(rng, n, regions)
+        b[i] = (b[i] + rng.randrange(1, 256)) & 0xFF
+    elif kind in (2, 3):  # interesting u64 (aligned half the time)
+        i = _pos(rng, n, regions, 8)
+        if kind == 2:
+            i &= ~7
+        b[i : i + 8] = struct.pack("<Q", rng.choice(INTERESTING_U64))
+    elif kind == 4:  # interesting u32
+        i = _pos(rng, n, regions, 4)
+        b[i : i + 4] = struct.pack("<I", rng.choice(INTERESTING_U32))
+    elif kind == 5:  # interesting u16
+        i = _pos(rng, n, regions, 2)
+        b[i : i + 2] = struct.pack("<H", rng.choice(INTERESTING_U16))
+    elif kind == 6:  # truncation anywhere
+        del b[rng.randrange(0, n) :]
+    elif kind == 7:  # delete a few bytes
+        i = _pos(rng, n, regions)
+        del b[i : i + rng.randint(1, 16)]
+    elif kind == 8:  # insert a few random bytes
+        i = _pos(rng, n, regions)
+        b[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
+    else:  # copy a chunk over another place (duplicate names, repeated records)
+        i = _pos(rng, n, regions)
+        j = _pos(rng, n, regions)
+        k = rng.randint(4, 64)
+        chunk = bytes(b[i : i + k])
+        b[j : j + len(chunk)] = chunk
+    out = bytes(b)
+    if out == data:  # e.g. a copy onto itself: flip one bit instead
+        i = _pos(rng, n, regions)
+        b[i] ^= 1
+        out = bytes(b)
+    return out
+
+
+def mutants(
+    data: bytes,
+    n: int,
+    seed: int,
+    regions: Sequence[Region] | None = None,
+    fixup: Callable[[bytes, random.Random], bytes] | None = None,
+) -> Iterator[tuple[int, bytes]]:
+    """``n`` numbered mutants of ``data`` from ``random.Random(seed)``; ``fixup`` may
+    post-process some (e.g. recompute a checksum so that the mutant gets past it)."""
+    rng = random.Random(seed)
+    for k in range(n):
+        m = mutate(data, rng, regions)
+        if rng.random() < 0.15:  # stack a second mutation now and then
+            m = mutate(m, rng, regions)
+        if fixup is not None:
+            m = fixup(m, rng)
+        yield k, m
+
+
+# --------------------------------------------------------------------------
+# format-specific parse-only drivers (run inside the child)
+
+
+def hrry_fix_crc(m: bytes, rng: random.Random) -> bytes:
+    """Recompute the index CRC-32C of a mutated .hrry 60 % of the time (when the
+    trailer still locates an index inside the file), so mutants reach the index parser."""
+    if rng.random() >= 0.6 or len(m) < 40:
+        return m
+    ioff, ilen = struct.unpack_from("<QQ", m, len(m) - 40)
+    if ioff + ilen > len(m) - 40:
+        return m
+    import crc32c
+
+    b = bytearray(m)
+    struct.pack_into("<I", b, len(b) - 12, crc32c.crc32c(bytes(b[ioff : ioff + ilen])))
+    return bytes(b)
+
+
+def hrry_regions(path: "str | os.PathLike[str]") -> list[Region]:
+    """Structural byte ranges of a valid .hrry: header, descriptors, KV, index, trailer."""
+    from hurray_interop.core.hrry import HrryFile
+
+    with HrryFile(path) as f:
+        t = f.trailer
+        regions = [(0, 64), (t.index_offset, f.size)]
+        if t.kv_offset:
+            regions.append((t.kv_offset, t.kv_offset + t.kv_length))
+        for e in f.entries:
+            regions.append((e.descriptor_offset, e.descriptor_offset + e.descriptor_length))
+    return regions
+
+
+def gguf_regions(data: bytes) -> list[Region]:
+    from hurray_interop.formats.gguf import GGUFFile
+
+    g = GGUFFile.from_bytes(data)
+    return [(0, g.data_offset), (g.data_offset, min(len(data), g.data_offset + 256)), (max(0, len(data) - 64), len(data))]
+
+
+def safetensors_regions(data: bytes) -> list[Region]:
+    (hl,) = struct.unpack_from("<Q", data, 0)
+    return [(0, 8 + hl), (0, 8 + hl), (0, 8 + hl), (8 + hl, min(len(data), 8 + hl + 64))]
+
+
+def _parse_gguf(m: bytes, path: Path) -> None:
+    from hurray_interop.formats.gguf import GGUFFile
+
+    g = GGUFFile.from_bytes(m, path=os.fspath(path))
+    for v in g.kv.values():
+        v.to_python("replace")
+    for t in g.tensors:
+        t.array()
+
+
+def _parse_hrry(m: bytes, path: Path) -> None:
+    from hurray_interop.core.hrry import HrryFile
+
+    path.write_bytes(m)
+    with HrryFile(path) as f:
+        f.validate()
+        for name in f.names:
+            f.tensor(name)
+
+
+def _parse_safetensors(m: bytes, path: Path) -> None:
+    from hurray_interop.formats.safetensors_mx import SafetensorsFile, detect_pairs
+
+    path.write_bytes(m)
+    with SafetensorsFile(path) as f:
+        for name in f.names:
+            f.array(name)
+        detect_pairs(f)
+
+
+_DRIVERS = {"gguf": (_parse_gguf, ".gguf"), "hrry": (_parse_hrry, ".hrry"), "safetensors": (_parse_safetensors, ".safetensors")}
+
+
+class _Hang(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: object) -> None:
+    raise _Hang()
+
+
+def _vm_size() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize")  # pragma: no cover
+
+
+def _campaign(fmt: str, src: Path, n: int, seed: int, budget: int, per_mutant_timeout: int) -> dict:
+    from hurray_interop.errors import FormatError, HurrayInteropError
+
+    parse, ext = _DRIVERS[fmt]
+    data = src.read_bytes()
+    regions = {"gguf": lambda: gguf_regions(data), "hrry": lambda: hrry_regions(src), "safetensors": lambda: safetensors_regions(data)}[fmt]()
+    fixup = hrry_fix_crc if fmt == "hrry" else None
+    parse(data, Path(tempfile.mkdtemp()) / f"valid{ext}")  # the original must parse
+    # imports and warm-up are done: from here on the address space may grow by `budget` only
+    limit = _vm_size() + budget
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    signal.signal(signal.SIGALRM, _alarm)
+    work = Path(tempfile.mkdtemp()) / f"mutant{ext}"
+    errors = accepted = 0
+    escapes: list[dict] = []
+    for k, m in mutants(data, n, seed, regions, fixup):
+        signal.alarm(per_mutant_timeout)
+        try:
+            parse(m, work)
+            accepted += 1
+        except HurrayInteropError as e:
+            errors += 1
+            problem = None
+            if e.path is None:
+                problem = "error without a file path"
+            elif fmt in ("gguf", "hrry") and isinstance(e, FormatError) and e.offset is None:
+                problem = "format error without a byte offset"
+            if problem:
+                escapes.append({"mutant": k, "problem": problem, "error": f"{type(e).__name__}: {e}"[:300]})
+        except _Hang:
+            escapes.append({"mutant": k, "problem": f"no answer within {per_mutant_timeout} s"})
+        except BaseException as e:  # MemoryError, IndexError, struct.error, numpy errors ...
+            tb = traceback.extract_tb(e.__traceback__)[-1]
+            escapes.append(
+                {
+                    "mutant": k,
+                    "problem": "non-project exception",
+                    "error": f"{type(e).__name__}: {e}"[:300],
+                    "where": f"{Path(tb.filename).name}:{tb.lineno}",
+                }
+            )
+        finally:
+            signal.alarm(0)
+    return {"format": fmt, "mutants": n, "seed": seed, "errors": errors, "accepted": accepted, "escapes": escapes[:50],
+            "escape_count": len(escapes), "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+
+
+def run_campaign(
+    fmt: str,
+    src: "str | os.PathLike[str]",
+    n: int,
+    seed: int,
+    *,
+    budget: int = 768 << 20,
+    per_mutant_timeout: int = 10,
+    timeout: float | None = None,
+) -> dict:
+    """Run a parse-only campaign of ``n`` mutants of ``src`` in a bounded child process."""
+    repo = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, os.fspath(Path(__file__).resolve()), fmt, os.fspath(src), str(n), str(seed), str(budget), str(per_mutant_timeout)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.fspath(repo), os.environ.get("PYTHONPATH", "")]),
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout or 60 + n * 0.05, env=env)
+    if proc.returncode != 0:
+        raise AssertionError(f"fuzz child failed (status {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_bounded(code: str, *, budget: int = 256 << 20, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    """Run ``code`` in a child Python whose address space may grow by ``budget`` bytes
+    after ``import hurray_interop``'s readers (a claimed size that gets allocated
+    raises MemoryError there) and which is killed after ``timeout`` seconds."""
+    repo = Path(__file__).resolve().parents[1]
+    prologue = (
+        "import resource, hurray_interop.formats.gguf, hurray_interop.core.hrry, "
+        "hurray_interop.formats.safetensors_mx, hurray_interop.errors\n"
+        f"exec(compile(open({os.fspath(Path(__file__).resolve())!r}).read(), 'fuzzing', 'exec'), _f := {{'__name__': 'fuzzing'}})\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, (_f['_vm_size']() + {budget}, resource.RLIM_INFINITY))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.fspath(repo), os.environ.get("PYTHONPATH", "")]),
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-c", prologue + code], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+# --------------------------------------------------------------------------
+# end-to-end: the command line on hostile input
+
+
+def run_cli(argv: Sequence[str]) -> tuple[int, str, str]:
+    """``hurray_interop.cli.main(argv)`` in-process; returns (status, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from hurray_interop import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli.main(list(argv))
+    return status, out.getvalue(), err.getvalue()
+
+
+def assert_cli_contract(status: int, err: str, *, output: Path | None = None, before: set[str] | None = None) -> None:
+    """What every failing command owes its user: exit 1 or 2, one line per problem on
+    stderr naming it, never a traceback or an internal error; and for a conversion
+    (``output``/``before`` = the output directory's listing before the run): no output
+    file and no temporary file left behind."""
+    assert status in (0, 1, 2), (status, err)
+    assert "Traceback" not in err and "internal error" not in err, err
+    if status == 2:
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("hurray-interop: error: "), err
+    if status == 1:
+        assert err.startswith("hurray-interop: "), err
+    if status != 0 and output is not None:
+        assert not output.exists(), f"exit {status} but {output} was written: {err}"
+    if before is not None and output is not None:
+        after = set(os.listdir(output.parent))
+        if status == 0:
+            after.discard(output.name)
+        assert after == before, f"left behind: {sorted(after - before)}"
+
+
+if __name__ == "__main__":
+    fmt, src, n, seed = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    budget = int(sys.argv[5]) if len(sys.argv) > 5 else 768 << 20
+    per = int(sys.argv[6]) if len(sys.argv) > 6 else 10
+    print(json.dumps(_campaign(fmt, src, n, seed, budget, per)))
