@@ -631,3 +631,54 @@ def test_export_progress_reaches_total(fixtures_dir: Path, tmp_path: Path) -> No
     assert all(b[0] >= a[0] for a, b in zip(calls, calls[1:]))
     r = gguf.GGUFReader(str(tmp_path / "o.gguf"))
     assert total == sum(int(t.n_bytes) for t in r.tensors)
+
+
+def test_kv_of_native_hurray_file_empty_and_wide_values(tmp_path: Path) -> None:
+    from hurray_interop.core.kv import KVValue
+
+    src, out = tmp_path / "n.hrry", tmp_path / "n.gguf"
+    with HrryWriter(src) as w:
+        w.write("x", Descriptor(element_type("float32"), (1,), (cpu(4),)), [np.float32([1]).tobytes()])
+        w.finish({
+            "u": KVValue.uint64(2**64 - 1), "imin": -(2**63), "empty_s": "", "empty_b": b"",
+            "e_u64": KVValue.array("uint64", []), "e_str": KVValue.array("string", []),
+            "e_bytes": KVValue.array("bytes", []), "bytes_list": [b"ab", b""],
+        })
+    hurray_to_gguf(src, out)
+    r = gguf.GGUFReader(str(out))
+    f = r.fields
+    assert f["u"].types == [GV.UINT64] and f["u"].contents() == 2**64 - 1
+    assert f["imin"].types == [GV.INT64] and f["imin"].contents() == -(2**63)
+    assert f["empty_s"].types == [GV.STRING] and bytes(f["empty_s"].parts[-1]) == b""
+    # empty arrays keep their element type: parts = key length, key, ARRAY, element type, count 0
+    elem = {k: [int(p[0]) for p in f[k].parts[2:]] for k in ("empty_b", "e_u64", "e_str", "e_bytes")}
+    assert elem == {"empty_b": [GV.ARRAY, GV.UINT8, 0], "e_u64": [GV.ARRAY, GV.UINT64, 0],
+                    "e_str": [GV.ARRAY, GV.STRING, 0], "e_bytes": [GV.ARRAY, GV.ARRAY, 0]}
+    assert f["bytes_list"].types[:3] == [GV.ARRAY, GV.ARRAY, GV.UINT8]
+    del r
+
+
+def test_native_hurray_file_with_general_alignment_exports(tmp_path: Path) -> None:
+    """A .hrry not from GGUF whose KV holds ``general.alignment`` (a plain int, as pyhurray
+    and every Python writer store it): the exporter honours it, and GGUF requires it UINT32."""
+    src, out = tmp_path / "a.hrry", tmp_path / "a.gguf"
+    with HrryWriter(src) as w:
+        w.write("x", Descriptor(element_type("float32"), (3,), (cpu(12),)), [np.float32([1, 2, 3]).tobytes()])
+        w.write("y", Descriptor(element_type("int8"), (5,), (cpu(5),)), [np.int8([1, 2, 3, 4, 5]).tobytes()])
+        w.finish({"general.alignment": 64})
+    hurray_to_gguf(src, out)
+    r = gguf.GGUFReader(str(out))
+    assert r.fields["general.alignment"].types == [GV.UINT32]
+    assert r.alignment == 64 and all(t.data_offset % 64 == 0 for t in r.tensors)
+    assert [t.data.tolist() for t in r.tensors] == [[1.0, 2.0, 3.0], [1, 2, 3, 4, 5]]
+
+
+def test_exported_native_file_is_a_standard_gguf(tmp_path: Path) -> None:
+    """What the exporter writes from a native .hrry round-trips through Hurray byte for byte."""
+    from hurray_interop.verify import verify_roundtrip
+
+    src, out = tmp_path / "src.hrry", tmp_path / "out.gguf"
+    build_exportable(src, seed=7)
+    hurray_to_gguf(src, out)
+    res = verify_roundtrip(out)
+    assert res.ok and res.file_bytes_equal, res.summary_line()
