@@ -309,3 +309,59 @@ def test_entry_point_subprocess_failure_exit_1(model: Path, model_hrry: Path, tm
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert fail.returncode == 1, fail.stdout + fail.stderr
     assert fail.stdout.startswith("FAILED") and Q8 in fail.stdout
+
+
+def test_nonzero_padding_is_a_difference(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file outside the standard layout (non-zero padding) does not round-trip byte for byte:
+    verify must say so (exit 1) and point at the padding."""
+    r = gguf.GGUFReader(str(model))
+    spans = sorted((int(t.data_offset), int(t.data_offset) + int(t.n_bytes)) for t in r.tensors)
+    del r
+    gap = next(end for (_, end), (nxt, _) in zip(spans, spans[1:]) if nxt > end)
+    bad = flipped(model, tmp_path / "pad.gguf", gap, 0xAA)
+    rc, out, err = run(["verify", str(bad)], capsys)
+    assert rc == 1, out + err
+    assert f"padding (offset {gap})" in out
+    assert out.splitlines()[-1].startswith("FAILED") and "files differ" in out.splitlines()[-1]
+
+
+def test_hurray_pair(model_hrry: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    copy = tmp_path / "same.hrry"
+    shutil.copy(model_hrry, copy)
+    rc, out, _ = run(["verify", "--pair", str(model_hrry), str(copy), "--quiet"], capsys)
+    assert rc == 0 and out.startswith("OK "), out
+    scales_at = hrry_buffer_offsets(model_hrry, Q8)[1]
+    bad = flipped(model_hrry, tmp_path / "bad.hrry", scales_at + 2 * 3 + 1, 0x04)  # an exponent bit of block 3's d
+    res = verify_pair(model_hrry, bad)
+    assert not res.ok
+    (t,) = [t for t in res.tensors if not t.ok]
+    assert t.name == Q8 and t.bytes_equal is False and t.values_equal is False
+    assert t.where.startswith(f"element {3 * 32}") or f"block 3" in t.where, t.where
+
+
+def test_native_hurray_file_against_its_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A .hrry not from GGUF and the GGUF exported from it: every value checked with gguf-py."""
+    from test_export_gguf import build_exportable
+
+    from hurray_interop.conversions.gguf import hurray_to_gguf
+
+    src, out = tmp_path / "n.hrry", tmp_path / "n.gguf"
+    expect = build_exportable(src, seed=11)
+    hurray_to_gguf(src, out)
+    rc, text, _ = run(["verify", str(out), str(src)], capsys)
+    assert rc == 0, text
+    for name, gtype in expect.items():
+        cells = row_of(text, name).split()
+        assert cells[1] == gtype and "yes yes 0" in " ".join(cells), cells
+
+
+def test_several_files_json(model: Path, fixtures_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    kq = fixtures_dir / "tiny-llama-kquant.gguf"
+    rc, out, _ = run(["verify", str(model), str(kq), "--json"], capsys)
+    assert rc == 1
+    a, b = json.loads(out)
+    assert (a["source"], a["ok"]) == (str(model), True)
+    assert (b["source"], b["ok"]) == (str(kq), False)
+    refused = {t["name"]: t for t in b["tensors"] if t["mapping"] == "refused"}
+    assert set(refused) == {"blk.0.ffn_down.weight", "blk.1.ffn_down.weight"}
+    assert refused["blk.0.ffn_down.weight"]["source_type"] == "Q4_K" and refused["blk.0.ffn_down.weight"]["where"]
