@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence, TextIO
 
 from . import __version__
-from .errors import ConversionRefused, HurrayInteropError, UsageError, VerificationFailed
+from .errors import ConversionRefused, HurrayInteropError, UsageError
 from .report import ConversionReport
 
 EXIT_OK = 0

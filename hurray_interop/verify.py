@@ -19,7 +19,7 @@ import mmap
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 

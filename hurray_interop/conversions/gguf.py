@@ -45,7 +45,7 @@ import ml_dtypes
 import numpy as np
 
 from ..core.atomic import AtomicOutput
-from ..core.elements import element_type
+from ..core.elements import buffer_size, element_type
 from ..core.hrry import HrryFile, HrryWriter
 from ..core.kv import KVValue
 from ..core.model import (
@@ -63,7 +63,7 @@ from ..core.model import (
     Shard,
     Tensor,
 )
-from ..core.records import SCALE_RECORD_PREFIX, encode_scale_record, restore_scales, scale_record_key
+from ..core.records import encode_scale_record, restore_scales, scale_record_key
 from ..errors import ConversionRefused, FormatError, UnsupportedError, UsageError
 from ..formats import gguf as G
 from ..report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan
@@ -288,8 +288,6 @@ def _block_desc(shape: tuple[int, ...], storage: str, nblocks: int, *, zero_poin
                 shard: bool = False, role: int | None = None) -> Descriptor:
     et = element_type(storage)
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    from ..core.elements import buffer_size
-
     bufs = [BufferHandle.cpu(buffer_size(et, n)), BufferHandle.cpu(nblocks * 2)]
     if zero_points:
         bufs.append(BufferHandle.cpu(nblocks * 4))
@@ -340,7 +338,7 @@ def _zero_codes(codes: np.ndarray, row: Any) -> np.ndarray:
     return ~np.any(codes, axis=1)
 
 
-def _scan_scales(blocks: np.ndarray, row: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+def _scan_scales(blocks: np.ndarray, row: Any) -> tuple[np.ndarray, np.ndarray]:
     """Find blocks with forbidden scales.  Returns (block indices, original scale values)
     of the all-zero blocks to substitute; raises _Refuse for the others."""
     f = row["fields"]
@@ -427,7 +425,7 @@ def _plan_block(job: _Job, row: Any, q4_1: str) -> None:
         _plan_block_min(job, row, blocks, shape, q4_1)
         return
 
-    idx, orig = _scan_scales(blocks, row, name)
+    idx, orig = _scan_scales(blocks, row)
     storage = row["storage"]
     if row["mapping"] == "mxfp":
         desc = Descriptor(
@@ -526,10 +524,8 @@ def _plan_block_min(job: _Job, row: Any, blocks: np.ndarray, shape: tuple[int, .
         def write_asym(w: HrryWriter) -> None:
             w.write(name, desc, [_code_chunks(blocks, row), _scale_chunks(blocks, row, idx), [zp.astype("<i4")]])
 
-        job.write = write_asym
+        job.write = write_asym  # (no substitutions here: _minimum_check refuses d = 0)
         job.names = (name,)
-        if idx.size:  # impossible: _minimum_check refuses d = 0
-            raise AssertionError("zero scale in the zero-point mapping")
         return
 
     table = _table()["overlay"]
