@@ -255,3 +255,46 @@ def kv_type_offset(path: Path, key: str) -> int:
     off = int(f.offset) + f.parts[0].nbytes + f.parts[1].nbytes
     del r
     return off
+
+
+def write_gguf_raw(path: Path, tensors: Sequence[tuple[str, str, tuple[int, ...], np.ndarray]], *,
+                   arch: str = "test", alignment: int | None = None) -> Path:
+    """Write hand-made tensor bytes with gguf-py: ``(name, GGML type, numpy-order shape, raw)``;
+    ``raw`` holds the GGML blocks (or plain elements) in order, any dtype."""
+    w = gguf.GGUFWriter(str(path), arch)
+    if alignment is not None:
+        w.add_custom_alignment(alignment)
+    for name, type_name, shape, raw in tensors:
+        data = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+        qt = Q[type_name]
+        if qt in (Q.F32, Q.F16) or type_name in INT_TYPES:
+            dt = {"F32": np.float32, "F16": np.float16, **INT_TYPES}[type_name]
+            w.add_tensor(name, data.view(dt).reshape(shape))
+        else:
+            block, size = gguf.GGML_QUANT_SIZES[qt]
+            w.add_tensor(name, data.reshape(*shape[:-1], shape[-1] // block * size), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+def q4_1_blocks(d: Sequence[float], m: Sequence[float], codes: np.ndarray) -> np.ndarray:
+    """Q4_1 blocks from f16 ``d``, ``m`` and 32 codes (0..15) per block: d, m, 16 bytes of
+    nibbles (element j low nibble, element j+16 high nibble of byte j) — ggml's layout."""
+    codes = np.asarray(codes, np.uint8).reshape(-1, 32)
+    out = np.zeros((codes.shape[0], 20), np.uint8)
+    out[:, 0:2] = np.asarray(d, np.float16).reshape(-1, 1).view(np.uint8)
+    out[:, 2:4] = np.asarray(m, np.float16).reshape(-1, 1).view(np.uint8)
+    out[:, 4:] = codes[:, :16] | (codes[:, 16:] << 4)
+    return out
+
+
+def q8_0_blocks(d: Sequence[float], codes: np.ndarray) -> np.ndarray:
+    """Q8_0 blocks from f16 ``d`` and 32 int8 codes per block."""
+    codes = np.asarray(codes, np.int8).reshape(-1, 32)
+    out = np.zeros((codes.shape[0], 34), np.uint8)
+    out[:, 0:2] = np.asarray(d, np.float16).reshape(-1, 1).view(np.uint8)
+    out[:, 2:] = codes.view(np.uint8)
+    return out

@@ -36,7 +36,10 @@ from gguf_factory import (
     all_types_defs,
     every_kv_gguf_py,
     every_kv_values,
+    q4_1_blocks,
+    q8_0_blocks,
     write_gguf_py,
+    write_gguf_raw,
     write_gguf_stream,
 )
 from hurray_interop.cli import main
@@ -682,3 +685,30 @@ def test_exported_native_file_is_a_standard_gguf(tmp_path: Path) -> None:
     hurray_to_gguf(src, out)
     res = verify_roundtrip(out)
     assert res.ok and res.file_bytes_equal, res.summary_line()
+
+
+def test_q4_1_with_integer_minima_roundtrips_through_zero_points(tmp_path: Path) -> None:
+    """Q4_1 whose minima are integer multiples of d maps to plain uint4 + int32 zero points
+    (contract § 2 (a)) and comes back byte for byte; gguf-py decodes the blocks as built."""
+    rng = np.random.default_rng(12)
+    d = rng.integers(1, 16, 6) * 2.0**-10
+    z = rng.integers(1, 16, 6)
+    codes = rng.integers(0, 16, (6, 32))
+    blocks = q4_1_blocks(d, -z * d, codes)
+    ref = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q4_1)
+    assert np.array_equal(ref, (d[:, None] * (codes - z[:, None])).astype(np.float32))
+    src = write_gguf_raw(tmp_path / "zp.gguf", [("zp", "Q4_1", (3, 64), blocks),
+                                                ("neg0", "Q8_0", (96,), q8_0_blocks([-0.0, 0.0, 0.5],
+                                                 np.r_[np.zeros((2, 32)), rng.integers(-128, 128, (1, 32))]))])
+    mid = tmp_path / "zp.hrry"
+    report = gguf_to_hurray(src, mid)
+    assert "zero-point" in report.tensors[0].mapping
+    assert report.tensors[1].substituted_blocks == 2  # −0 and +0 scales on all-zero blocks
+    with HrryFile(mid) as hf:
+        t = hf.tensor("zp")
+        assert t.descriptor.quantization.zero_point_buffer_index == 2
+        assert np.asarray(t.data[2]).view("<i4").tolist() == z.tolist()
+        assert_bitwise(dequantize(t), ref.reshape(3, 64), what="zp")
+    back = tmp_path / "back.gguf"
+    hurray_to_gguf(mid, back)
+    assert_same_bytes(back.read_bytes(), src.read_bytes())
