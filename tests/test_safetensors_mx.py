@@ -59,6 +59,7 @@ def load_file(path: str) -> dict[str, np.ndarray]:
 
 GPT = "gpt-oss-tiny.safetensors"
 CT = "ct-mxfp4-tiny.safetensors"
+MX8 = "mxfp8-tiny.safetensors"
 FP4_LUT = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 
 
@@ -86,7 +87,7 @@ def _leftovers(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir() if p.name.startswith("."))
 
 
-@pytest.mark.parametrize("fixture,convention,n_mx", [(GPT, "gpt-oss", 4), (CT, "compressed-tensors", 3)])
+@pytest.mark.parametrize("fixture,convention,n_mx", [(GPT, "gpt-oss", 4), (CT, "compressed-tensors", 3), (MX8, "mxfp8", 2)])
 def test_fixture_round_trip_is_byte_identical(fixtures_dir, tmp_path, fixture, convention, n_mx):
     src = fixtures_dir / fixture
     rep = safetensors_to_hurray(src, tmp_path / "m.hrry")
@@ -388,7 +389,7 @@ def test_dry_run_writes_nothing(fixtures_dir, tmp_path):
 # verify / inspect hooks
 
 
-@pytest.mark.parametrize("fixture", [GPT, CT])
+@pytest.mark.parametrize("fixture", [GPT, CT, MX8])
 def test_verify_round_trip_of_fixtures(fixtures_dir, fixture):
     from hurray_interop.verify import verify_roundtrip
 
@@ -570,3 +571,22 @@ def test_huge_shape_does_not_wrap_around(tmp_path):
     p = _write_st(tmp_path / "h.safetensors", [], raw_header=h)
     with pytest.raises(InconsistentError, match="hold 0 bytes"):
         SafetensorsFile(p)
+
+
+def test_mxfp8_pairs_and_per_channel_fp8_left_plain(fixtures_dir, tmp_path):
+    from hurray_interop.dequant import dequantize
+
+    src = fixtures_dir / MX8
+    safetensors_to_hurray(src, tmp_path / "m.hrry")
+    with HrryFile(tmp_path / "m.hrry") as hf, safetensors.safe_open(str(src), "pt") as so:
+        for name, dt in (("model.layers.0.mlp.down_proj.weight", "float8_e4m3"), ("model.layers.1.mlp.down_proj.weight", "float8_e5m2")):
+            t = hf.tensor(name)
+            assert t.descriptor.element_type.name == dt and t.descriptor.quantization.axis == 1
+            w, sc = so.get_tensor(name), so.get_tensor(name + "_scale")
+            assert bytes(t.data[0]) == w.view(torch.uint8).numpy().tobytes()
+            want = w.float() * sc.view(torch.float8_e8m0fnu).float().repeat_interleave(32, dim=1)
+            assert np.array_equal(dequantize(t), want.numpy())  # torch decodes 0x00 as 2^-127: codes are 0
+        q = hf.tensor("model.layers.0.self_attn.q_proj.weight")
+        assert q.descriptor.quantization is None and q.descriptor.element_type.name == "float8_e4m3"
+        assert "model.layers.0.self_attn.q_proj.weight_scale" in hf.names
+        assert "model.layers.0.mlp.down_proj.weight_scale" not in hf.names

@@ -61,6 +61,7 @@ from ..formats.safetensors_mx import (
     SafetensorsFile,
     detect_pairs,
     hurray_type_for,
+    pair_data_dtype,
     pair_names,
     pair_shapes,
     safetensors_dtype_for,
@@ -339,7 +340,7 @@ def hurray_to_safetensors(
                 bytes_in=t.nbytes, bytes_out=t.nbytes,
                 substituted_blocks=0 if rec is None else int(decode_scale_record(rec, key=scale_record_key(hname))[0].size),
             ))
-            return ("pair", (dname, "U8", dshape, t.data[0]), (sname, "U8", sshape, scales))
+            return ("pair", (dname, pair_data_dtype(el.hurray.name, conv), dshape, t.data[0]), (sname, "U8", sshape, scales))
 
         def plain_part(hname: str, dtype: str | None, shape: tuple[int, ...] | None) -> Any:
             t = hf.tensor(hname)
@@ -397,7 +398,7 @@ def hurray_to_safetensors(
                                 f"recorded {role} tensor {d['name']!r} {d['shape']} does not match the stored MX tensor",
                                 path=src, tensor=hname,
                             )
-                        if d["dtype"] not in ("U8", "F8_E8M0") or (role == "data" and d["dtype"] != "U8"):
+                        if (role == "data" and d["dtype"] != part[1]) or (role == "scale" and d["dtype"] not in ("U8", "F8_E8M0")):
                             raise FormatError(f"recorded dtype {d['dtype']!r} is not an MX byte dtype", path=src, tensor=hname)
                         part = (part[0], d["dtype"], part[2], part[3])
                     out.append(part)

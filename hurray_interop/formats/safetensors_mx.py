@@ -13,6 +13,10 @@ MX checkpoint conventions (``mappings/mx_types.toml`` ``[conventions.*]``, mx-no
 * ``gpt-oss``: ``<base>_blocks`` U8 ``[..., G, 16]`` + ``<base>_scales`` U8 ``[..., G]`` ->
   one Hurray MXFP tensor ``<base>``, float4_e2m1, logical shape ``[..., G*32]``, block 32,
   axis = last; data = the blocks bytes, scales = the scales bytes (both unchanged).
+* ``mxfp8`` (compressed-tensors ``mxfp8-quantized``, NVIDIA ModelOpt MXFP8):
+  ``<m>.weight`` F8_E4M3/F8_E5M2 ``[..., 32G]`` + ``<m>.weight_scale`` U8/F8_E8M0
+  ``[..., G]`` -> Hurray ``<m>.weight`` (float8, block 32, last axis).  A ``.weight``
+  without such a scale (plain, or per-tensor/per-channel FP8 with float scales) stays plain.
 * ``compressed-tensors``: ``<m>.weight_packed`` U8 ``[..., 16G]`` (MXFP4) or ``[..., 24G]``
   (MXFP6 E2M3) + ``<m>.weight_scale`` U8/F8_E8M0 ``[..., G]`` -> Hurray ``<m>.weight``,
   ``[..., 32G]``, block 32, axis = last.  A ``<m>.weight_global_scale`` or a non-E8M0
@@ -62,6 +66,7 @@ __all__ = [
     "detect_pairs",
     "pair_names",
     "pair_shapes",
+    "pair_data_dtype",
     "build_header",
     "write_safetensors",
 ]
@@ -310,19 +315,36 @@ def pair_names(hurray_name: str, convention: str) -> tuple[str, str]:
     return base + str(c["data_suffix"]), base + str(c["scale_suffix"])
 
 
+def _per_block(c: Mapping[str, Any]) -> dict[str, tuple[int, str]]:
+    """element -> (data bytes per 32-element block, data dtype) for a convention."""
+    out = {str(v): (int(k), str(c["data_dtype"])) for k, v in c["elements"].items()}
+    for dt, el in c.get("data_elements", {}).items():
+        out[str(el)] = (int(c["block_size"]) * element_type(str(el)).bits // 8, str(dt))
+    return out
+
+
 def pair_shapes(shape: Sequence[int], element: str, block_size: int, convention: str, *, tensor: str = "") -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(data shape, scale shape) of an MXFP tensor written in ``convention``."""
     c = _convention(convention)
     if block_size != int(c["block_size"]):
         raise UnsupportedError(f"{convention} stores block size {c['block_size']}, not {block_size}", tensor=tensor)
-    per_block = {v: int(k) for k, v in c["elements"].items()}
+    per_block = _per_block(c)
     if element not in per_block:
         raise UnsupportedError(f"{convention} has no {element} tensors", tensor=tensor)
     g = shape[-1] // block_size
     prefix = tuple(shape[:-1])
     if c["blocks_dim"]:
-        return prefix + (g, per_block[element]), prefix + (g,)
-    return prefix + (g * per_block[element],), prefix + (g,)
+        return prefix + (g, per_block[element][0]), prefix + (g,)
+    return prefix + (g * per_block[element][0],), prefix + (g,)
+
+
+def pair_data_dtype(element: str, convention: str) -> str:
+    """safetensors dtype of the data tensor of an ``element`` pair in ``convention``."""
+    c = _convention(convention)
+    per_block = _per_block(c)
+    if element not in per_block:
+        raise UnsupportedError(f"{convention} has no {element} tensors")
+    return per_block[element][1]
 
 
 def _convention(name: str) -> Mapping[str, Any]:
@@ -340,26 +362,32 @@ def detect_pairs(st: SafetensorsFile) -> tuple[list[MXPair], set[str]]:
     names = set(st.names)
     for conv, c in CONVENTIONS.items():
         dsuf, ssuf, hsuf = str(c["data_suffix"]), str(c["scale_suffix"]), str(c["hurray_suffix"])
-        strict = bool(c["blocks_dim"])  # gpt-oss names are unambiguous: any mismatch is an error
+        strict = bool(c["strict"])  # a data tensor without a valid partner is an error
+        blocks_dim = bool(c["blocks_dim"])  # gpt-oss: every mismatch is an error
+        data_elements = dict(c.get("data_elements", {}))
         for e in st.entries:
             if not e.name.endswith(dsuf) or e.name in used:
                 continue
             base = e.name[: -len(dsuf)]
             sname = base + ssuf
             if sname not in names:
+                if not strict:
+                    continue
                 raise FormatError(f"MX data tensor has no scale tensor {sname!r}", path=st.path, tensor=e.name)
             s = st.entry(sname)
-            if not strict:
-                # compressed-tensors: only U8 data with E8M0 scales and no global scale is MX
-                if e.dtype != c["data_dtype"] or s.dtype not in c["scale_dtypes"] or base + ".weight_global_scale" in names:
+            data_ok = e.dtype in data_elements if data_elements else e.dtype == c["data_dtype"]
+            if not blocks_dim:
+                # compressed-tensors / ModelOpt: only E8M0 scales without a global scale are MX
+                # (int4 pack-quantized, NVFP4 and per-channel FP8 share the names)
+                if not data_ok or s.dtype not in c["scale_dtypes"] or base + ".weight_global_scale" in names:
                     continue
             else:
-                if e.dtype != c["data_dtype"]:
+                if not data_ok:
                     raise FormatError(f"MX blocks must be {c['data_dtype']}, not {e.dtype}", path=st.path, tensor=e.name)
                 if s.dtype not in c["scale_dtypes"]:
                     raise FormatError(f"MX scales must be {'/'.join(c['scale_dtypes'])}, not {s.dtype}", path=st.path, tensor=sname)
             k = int(c["block_size"])
-            if strict:
+            if blocks_dim:
                 if len(e.shape) < 2 or str(e.shape[-1]) not in c["elements"] or s.shape != e.shape[:-1]:
                     raise InconsistentError(
                         f"blocks shape {list(e.shape)} and scales shape {list(s.shape)} do not form "
@@ -372,13 +400,20 @@ def detect_pairs(st: SafetensorsFile) -> tuple[list[MXPair], set[str]]:
             else:
                 ok = len(e.shape) >= 1 and len(s.shape) == len(e.shape) and s.shape[:-1] == e.shape[:-1] and s.shape[-1] > 0
                 per = e.shape[-1] // s.shape[-1] if ok else 0
-                if not ok or e.shape[-1] % s.shape[-1] or str(per) not in c["elements"]:
+                if data_elements:
+                    el = str(data_elements[e.dtype])
+                    good = ok and e.shape[-1] == k * s.shape[-1]
+                else:
+                    el = str(c["elements"].get(str(per), ""))
+                    good = ok and not e.shape[-1] % s.shape[-1] and bool(el)
+                if not good:
+                    if not strict:
+                        continue
                     raise InconsistentError(
                         f"packed shape {list(e.shape)} and scale shape {list(s.shape)} do not form "
                         f"[..., 16G] (MXFP4) or [..., 24G] (MXFP6) / [..., G]",
                         path=st.path, tensor=e.name,
                     )
-                el = str(c["elements"][str(per)])
                 g = s.shape[-1]
                 shape = e.shape[:-1] + (g * k,)
             if g == 0 or any(d == 0 for d in shape):
