@@ -329,13 +329,28 @@ def run_cli(argv: Sequence[str]) -> tuple[int, str, str]:
     return status, out.getvalue(), err.getvalue()
 
 
+#: internal errors already pinned by a failing ``test_bug_*`` test in tests/test_cli_safety.py;
+#: the end-to-end fuzz loops skip exactly these signatures so that they keep finding new ones
+KNOWN_BUGS = {
+    "internal error: BufferError: cannot close exported pointers exist": "test_bug_verify_nonzero_gguf_padding_is_an_internal_error",
+    "internal error: TypeError: int() argument must be a string, a bytes-like object or a real number, not 'NoneType'":
+        "test_bug_dynamic_dimension_export_is_an_internal_error",
+}
+
+
+def known_bug(err: str) -> str | None:
+    """The failing test that pins this internal error, if it is a known one."""
+    return next((test for sig, test in KNOWN_BUGS.items() if sig in err), None)
+
+
 def assert_cli_contract(status: int, err: str, *, output: Path | None = None, before: set[str] | None = None) -> None:
     """What every failing command owes its user: exit 1 or 2, one line per problem on
     stderr naming it, never a traceback or an internal error; and for a conversion
     (``output``/``before`` = the output directory's listing before the run): no output
     file and no temporary file left behind."""
     assert status in (0, 1, 2), (status, err)
-    assert "Traceback" not in err and "internal error" not in err, err
+    assert "Traceback" not in err, err
+    assert "internal error" not in err or known_bug(err), err
     if status == 2:
         lines = err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("hurray-interop: error: "), err

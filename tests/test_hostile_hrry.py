@@ -1,0 +1,220 @@
+"""Hostile .hrry files: claimed sizes cost nothing, errors are located, only project errors escape.
+
+tests/test_hrry.py, test_descriptor.py and test_kv.py check every MUST-reject rule
+with its class and message; this file adds:
+
+1. claimed lengths and counts (an index of 2**63 entries, a KV section of 1 TiB,
+   a 4 GiB KV string, a descriptor of rank 2**32-1, a tensor of 2**40 elements
+   ...) patched into a file written by **pyhurray** (the reference writer, so the
+   base file is not our own output) at offsets found by hand-parsing the
+   trailer, read in a child process with 64 MiB of address-space headroom,
+   each with its expected class, field, offset and a tracemalloc peak far below
+   the claimed size;
+2. thousands of seeded mutants (index CRC recomputed for most, so they reach the
+   index and descriptor parsers) of a KV-heavy and a composite-carrying file,
+   parsed *and fully validated* in a bounded child;
+3. mutants converted end to end (to .gguf and .safetensors) through the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fuzzing import assert_cli_contract, fuzz_count, hrry_fix_crc, hrry_regions, mutants, run_bounded, run_campaign, run_cli
+
+hurray = pytest.importorskip("hurray")
+
+
+@pytest.fixture(scope="module")
+def ref_file(tmp_path_factory) -> Path:
+    """Written by pyhurray: two dense tensors and a KV section (string, int, float list)."""
+    p = tmp_path_factory.mktemp("ref") / "ref.hrry"
+    a = hurray.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+    b = hurray.from_numpy(np.arange(8, dtype=np.int16))
+    hurray.save(os.fspath(p), {"a": a, "b": b}, kv={"name": "reference", "n": 3, "xs": [1.5, 2.5]})
+    return p
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, fixtures_dir) -> dict[str, Path]:
+    """Our own .hrry files from the GGUF fixtures: KV-heavy, and one with Q4_1 overlay composites."""
+    from hurray_interop.convert import convert
+
+    d = tmp_path_factory.mktemp("conv")
+    out = {}
+    for stem in ("kv-types", "tiny-llama"):
+        out[stem] = d / f"{stem}.hrry"
+        convert(fixtures_dir / f"{stem}.gguf", out[stem])
+    return out
+
+
+def trailer(raw: bytes) -> dict:
+    ioff, ilen, kvoff, kvlen, crc = struct.unpack_from("<QQQII", raw, len(raw) - 40)
+    (n,) = struct.unpack_from("<Q", raw, ioff)
+    p, entries = ioff + 8, []
+    for _ in range(n):
+        (ln,) = struct.unpack_from("<H", raw, p)
+        doff, dlen, daoff, dalen, _fl = struct.unpack_from("<QIQQI", raw, p + 2 + ln)
+        entries.append(dict(name=raw[p + 2 : p + 2 + ln].decode(), tail=p + 2 + ln, doff=doff, dlen=dlen, daoff=daoff, dalen=dalen))
+        p += 2 + ln + 32
+    return dict(t0=len(raw) - 40, ioff=ioff, ilen=ilen, kvoff=kvoff, kvlen=kvlen, entries=entries)
+
+
+def _crc(raw: bytearray) -> None:
+    import crc32c
+
+    ioff, ilen = struct.unpack_from("<QQ", raw, len(raw) - 40)
+    struct.pack_into("<I", raw, len(raw) - 12, crc32c.crc32c(bytes(raw[ioff : ioff + ilen])))
+
+
+def _kv_first_value(raw: bytes, L: dict) -> int:
+    """Offset of the first KV entry's value payload (after u32 count, u16 key length, key, u8 tag)."""
+    (klen,) = struct.unpack_from("<H", raw, L["kvoff"] + 4)
+    return L["kvoff"] + 4 + 2 + klen + 1
+
+
+# (id, patch(raw, L) -> None, access ("open" | "kv" | "tensor"), class, message regex, field regex, offset(L, raw))
+CASES = [
+    ("index of 2**63 entries", lambda r, L: struct.pack_into("<Q", r, L["ioff"], 2**63), "open", "TruncatedError",
+     "index_entry_count 9223372036854775808 cannot fit", "index_entry_count", lambda L, r: L["ioff"]),
+    ("index_length 2**63", lambda r, L: struct.pack_into("<Q", r, L["t0"] + 8, 2**63), "open", "TruncatedError",
+     "runs into the trailer", "index_length", lambda L, r: L["t0"] + 8),
+    ("index_offset 2**64-8", lambda r, L: struct.pack_into("<Q", r, L["t0"], 2**64 - 8), "open", "TruncatedError",
+     "runs into the trailer", "index_length", lambda L, r: L["t0"] + 8),
+    ("KV of 1 TiB", lambda r, L: struct.pack_into("<Q", r, L["t0"] + 16, 2**40), "open", "FormatError",
+     "KV offset 1099511627776 is not 8-aligned|outside the body", "kv_offset", lambda L, r: L["t0"] + 16),
+    ("kv_length 2**32-1", lambda r, L: struct.pack_into("<I", r, L["t0"] + 24, 2**32 - 1), "open", "TruncatedError",
+     "outside the body", "kv_offset", lambda L, r: L["t0"] + 16),
+    ("kv_count 2**32-1", lambda r, L: struct.pack_into("<I", r, L["kvoff"], 2**32 - 1), "kv", "TruncatedError",
+     "kv_count 4294967295 cannot fit", "kv_count", lambda L, r: L["kvoff"]),
+    ("4 GiB KV string", lambda r, L: struct.pack_into("<I", r, _kv_first_value(r, L), 2**32 - 1), "kv", "TruncatedError",
+     "needs 4294967295 bytes", r"KV 'name'", lambda L, r: _kv_first_value(r, L) + 4),
+    ("descriptor_length 2**32-8", lambda r, L: struct.pack_into("<I", r, L["entries"][0]["tail"] + 8, 2**32 - 8), "open", "TruncatedError",
+     "extends past the tensor data", "descriptor_offset", lambda L, r: L["entries"][0]["tail"]),
+    ("data_length 2**62", lambda r, L: struct.pack_into("<Q", r, L["entries"][0]["tail"] + 20, 2**62), "open", "TruncatedError",
+     "extends past the tensor data", "data_offset", lambda L, r: L["entries"][0]["tail"] + 12),
+    ("data_offset 2**63", lambda r, L: struct.pack_into("<Q", r, L["entries"][0]["tail"] + 12, 2**63), "open", "TruncatedError",
+     "extends past the tensor data", "data_offset", lambda L, r: L["entries"][0]["tail"] + 12),
+    ("rank 2**32-1", lambda r, L: struct.pack_into("<I", r, L["entries"][0]["doff"] + 16, 2**32 - 1), "tensor", "FormatError",
+     "rank", "rank", lambda L, r: L["entries"][0]["doff"] + 16),
+    ("2**40-element shape", lambda r, L: struct.pack_into("<Q", r, L["entries"][0]["doff"] + 20, 2**40), "tensor", "FormatError",
+     "needs|byte_size", None, lambda L, r: None),
+    ("2**64-2 dimension", lambda r, L: struct.pack_into("<Q", r, L["entries"][0]["doff"] + 28, 2**64 - 2), "tensor", "FormatError",
+     "needs|byte_size", None, lambda L, r: None),
+]
+
+
+def test_claimed_sizes_cost_nothing_and_errors_are_located(ref_file, tmp_path):
+    base = ref_file.read_bytes()
+    L = trailer(base)
+    assert [e["name"] for e in L["entries"]] == ["a", "b"] and L["kvoff"]
+    files = []
+    for k, (cid, patch, access, *_rest) in enumerate(CASES):
+        raw = bytearray(base)
+        patch(raw, L)
+        if cid != "index_length 2**63" and cid != "index_offset 2**64-8":
+            _crc(raw)
+        p = tmp_path / f"hostile{k}.hrry"
+        p.write_bytes(raw)
+        files.append((os.fspath(p), access))
+    code = f"""
+import json, time, tracemalloc
+from hurray_interop.core.hrry import HrryFile
+from hurray_interop.errors import HurrayInteropError
+out = []
+for p, access in {files!r}:
+    tracemalloc.start(); t0 = time.perf_counter()
+    try:
+        with HrryFile(p) as f:
+            if access == "kv": f.kv
+            if access == "tensor": f.tensor("a")
+        r = {{"ok": True}}
+    except HurrayInteropError as e:
+        r = {{"mro": [c.__name__ for c in type(e).__mro__], "msg": str(e), "path": e.path, "field": e.field,
+             "offset": e.offset, "tensor": e.tensor}}
+    r["peak"] = tracemalloc.get_traced_memory()[1]; r["seconds"] = time.perf_counter() - t0
+    tracemalloc.stop(); out.append(r)
+print(json.dumps(out))
+"""
+    proc = run_bounded(code, budget=64 << 20, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout.splitlines()[-1])
+    for (cid, _patch, access, cls, pattern, field, offset), (p, _), r in zip(CASES, files, results):
+        assert not r.get("ok"), f"{cid}: accepted"
+        assert cls in r["mro"], (cid, r)
+        assert re.search(pattern, r["msg"]), (cid, r["msg"])
+        assert r["path"] == p and r["msg"].startswith(p + ": "), (cid, r)
+        assert r["offset"] is not None and 0 <= r["offset"] < len(base), (cid, r)
+        if field is not None:
+            assert re.match(field, r["field"]), (cid, r)
+        want = offset(L, base)
+        if want is not None:
+            assert r["offset"] == want, (cid, r)
+        if access == "tensor":
+            assert r["tensor"] == "a", (cid, r)
+        assert r["peak"] < 256 << 10, (cid, r["peak"])
+        assert r["seconds"] < 1.0, (cid, r["seconds"])
+
+
+def test_reference_file_itself_is_accepted(ref_file):
+    """The base of the hostile cases is valid: what fails above fails because of the patch."""
+    from hurray_interop.core.hrry import HrryFile
+
+    with HrryFile(ref_file) as f:
+        f.validate()
+        assert np.frombuffer(f.tensor("a").data[0], np.float32).tolist() == list(range(6))
+        assert set(f.kv) == {"name", "n", "xs"}
+
+
+# -- fuzzing ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which,n,seed", [("ref", 1500, 11), ("kv-types", 1500, 12), ("tiny-llama", 600, 13)])
+def test_mutants_raise_only_located_project_errors(ref_file, converted, which, n, seed):
+    src = ref_file if which == "ref" else converted[which]
+    n = fuzz_count(n)
+    r = run_campaign("hrry", src, n, seed)
+    assert r["escape_count"] == 0, json.dumps(r["escapes"][:10], indent=1)
+    assert r["errors"] + r["accepted"] == n and r["errors"] > n // 2
+    assert r["maxrss_kb"] < 400 << 10
+
+
+def test_cli_on_mutants_end_to_end(converted, tmp_path, monkeypatch):
+    """Mutated .hrry files converted to GGUF and to safetensors (with --fallback, so that
+    most mutants reach the writers): exit 0/1/2, one line, no traceback, no output or
+    temporary file after a failure, the input untouched; a written GGUF reads back."""
+    from hurray_interop.formats.gguf import read_gguf
+
+    monkeypatch.setattr(os, "fsync", lambda fd: None)  # speed only
+    src_file = converted["kv-types"]
+    raw = src_file.read_bytes()
+    regions = hrry_regions(src_file)
+    n = max(120, fuzz_count(120) // 20)
+    src = tmp_path / "in" / "m.hrry"
+    src.parent.mkdir()
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    seen = {0: 0, 1: 0, 2: 0}
+    for k, m in mutants(raw, n, 404, regions, hrry_fix_crc):
+        src.write_bytes(m)
+        for ext in (".gguf", ".safetensors"):
+            out = outdir / f"m{ext}"
+            before = set(os.listdir(outdir))
+            status, _, err = run_cli(["convert", os.fspath(src), os.fspath(out), "-q", "--fallback", "float32"])
+            assert_cli_contract(status, err, output=out, before=before)
+            seen[status] += 1
+            if status == 0:
+                if ext == ".gguf":
+                    with read_gguf(out):
+                        pass
+                out.unlink()
+        assert src.read_bytes() == m
+    assert seen[2] > n // 2 and seen[0] > 0, seen
