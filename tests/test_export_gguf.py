@@ -62,7 +62,7 @@ from hurray_interop.core.model import (
     Shard,
 )
 from hurray_interop.dequant import dequantize
-from hurray_interop.errors import ConversionRefused
+from hurray_interop.errors import ConversionRefused, FormatError, HurrayInteropError
 from hurray_interop.formats import gguf as G
 from hurray_interop.tables import load_table
 
@@ -712,3 +712,143 @@ def test_q4_1_with_integer_minima_roundtrips_through_zero_points(tmp_path: Path)
     back = tmp_path / "back.gguf"
     hurray_to_gguf(mid, back)
     assert_same_bytes(back.read_bytes(), src.read_bytes())
+
+
+# ---------------------------------------------------------------------------
+# tampered conversion records: a typed error that names the file, nothing written
+
+
+def rewrite_hrry(src: Path, dst: Path, edit, drop: tuple[str, ...] = ()) -> Path:  # noqa: ANN001
+    """Copy a .hrry with its KV passed through ``edit(dict) -> dict`` (and tensors dropped)."""
+    with HrryFile(src) as hf:
+        kv = edit(dict(hf.kv))
+        with HrryWriter(dst) as w:
+            for n in hf.top_level_names():
+                if n not in drop:
+                    w.write_tensor(hf.tensor(n))
+            w.finish(kv)
+    return dst
+
+
+def _set(key: str, value):  # noqa: ANN001, ANN202
+    def edit(kv):  # noqa: ANN001, ANN202
+        kv[key] = value
+        return kv
+
+    return edit
+
+
+def _types(fn):  # noqa: ANN001, ANN202
+    def edit(kv):  # noqa: ANN001, ANN202
+        kv["hurray_interop.gguf.kv_types"] = KVValue.array("string", fn(list(kv["hurray_interop.gguf.kv_types"].value)))
+        return kv
+
+    return edit
+
+
+def _tensors(fn):  # noqa: ANN001, ANN202
+    def edit(kv):  # noqa: ANN001, ANN202
+        kv["hurray_interop.gguf.tensors"] = KVValue.string(json.dumps(fn(json.loads(kv["hurray_interop.gguf.tensors"].value))))
+        return kv
+
+    return edit
+
+
+def _first_uint32_key_to(value):  # noqa: ANN001, ANN202
+    def edit(kv):  # noqa: ANN001, ANN202
+        types = list(kv["hurray_interop.gguf.kv_types"].value)
+        key = [k for k in kv if not k.startswith("hurray_interop.")][types.index("UINT32")]
+        kv[key] = value
+        return kv
+
+    return edit
+
+
+from hurray_interop.core.kv import KVValue  # noqa: E402
+
+TAMPERINGS = {
+    "types_count": (_types(lambda t: t[:-1]), "kv_types"),
+    "types_unknown": (_types(lambda t: t[:3] + ["UINT99"] + t[4:]), "UINT99"),
+    "types_string_as_uint32": (_types(lambda t: ["UINT32"] + t[1:]), "general.architecture"),
+    "value_out_of_range": (_first_uint32_key_to(KVValue.uint64(2**40)), "llama.context_length"),
+    "tensors_json": (_set("hurray_interop.gguf.tensors", KVValue.string('[["x"')), "hurray_interop.gguf"),
+    "tensors_not_a_list": (_set("hurray_interop.gguf.tensors", KVValue.string('{"a": 1}')), "hurray_interop.gguf.tensors"),
+    "version": (_set("hurray_interop.gguf.version", KVValue.uint64(7)), "hurray_interop.gguf.version"),
+    "alignment": (_set("hurray_interop.gguf.alignment", KVValue.uint64(48)), "hurray_interop.gguf.alignment"),
+    "tail": (_set("hurray_interop.gguf.tail_bytes", KVValue.uint64(10**6)), "hurray_interop.gguf.tail_bytes"),
+    "offsets_overlap": (_tensors(lambda t: [t[0], [*t[1][:3], t[0][3]], *t[2:]]), "blk.0.attn_norm.weight"),
+    "ne_mismatch": (_tensors(lambda t: [[t[0][0], t[0][1], [1, 2, 3, 4, 5], t[0][3]], *t[1:]]), "token_embd.weight"),
+    "ggml_type": (_tensors(lambda t: [[t[0][0], "NOPE", *t[0][2:]], *t[1:]]), "NOPE"),
+    "duplicate": (_tensors(lambda t: t + [t[0]]), "token_embd.weight"),
+    "substitution_record": (_set("hurray_interop.scale_substitutions.token_embd.weight", KVValue.bytes(b"\1\2")),
+                            "token_embd.weight"),
+}
+
+
+@pytest.fixture(scope="module")
+def imported_model(fixtures_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("imp") / "m.hrry"
+    gguf_to_hurray(fixtures_dir / "tiny-llama.gguf", out)
+    return out
+
+
+def test_tampered_records_are_format_errors(imported_model: Path, tmp_path: Path) -> None:
+    """Records in the .hrry are input: each broken one must be a FormatError naming the file
+    and the key or tensor (not a writer UsageError without a location), and no GGUF is written.
+    All cases run; the failure lists every case that misbehaves."""
+    with HrryFile(imported_model) as hf:
+        assert "hurray_interop.scale_substitutions.token_embd.weight" in hf.kv  # the record we tamper with exists
+    wrong = []
+    for case, (edit, what) in sorted(TAMPERINGS.items()):
+        bad = rewrite_hrry(imported_model, tmp_path / f"{case}.hrry", edit)
+        out = tmp_path / f"{case}.gguf"
+        try:
+            hurray_to_gguf(bad, out)
+        except FormatError as e:
+            if str(bad) not in str(e) or what not in str(e):
+                wrong.append(f"{case}: FormatError without the file or {what!r}: {e}")
+        except HurrayInteropError as e:
+            wrong.append(f"{case}: {type(e).__name__}: {e}")
+        else:
+            wrong.append(f"{case}: accepted")
+        assert not out.exists(), case
+    assert not wrong, "\n".join(wrong)
+
+
+def test_recorded_tensor_missing_from_the_file(imported_model: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    bad = rewrite_hrry(imported_model, tmp_path / "bad.hrry", lambda kv: kv, drop=("extra.i8",))
+    with pytest.raises(FormatError, match=r"tensor 'extra\.i8' is recorded but missing"):
+        hurray_to_gguf(bad, tmp_path / "o.gguf")
+    assert main(["convert", str(bad), str(tmp_path / "o.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and not (tmp_path / "o.gguf").exists()
+
+
+def test_stale_records_never_give_a_wrong_shape(imported_model: Path, tmp_path: Path) -> None:
+    """A tensor reshaped after import (e.g. by another tool that kept the KV) while the
+    records still hold the old ``ne``: the export must not silently write the old shape."""
+    import dataclasses
+
+    name = "token_embd.weight"  # (300, 64) Q8_0
+    src = tmp_path / "reshaped.hrry"
+    with HrryFile(imported_model) as hf:
+        kv = dict(hf.kv)
+        with HrryWriter(src) as w:
+            for n in hf.top_level_names():
+                t = hf.tensor(n)
+                if n == name:
+                    assert t.descriptor.shape == (300, 64)
+                    t = dataclasses.replace(t, descriptor=dataclasses.replace(t.descriptor, shape=(600, 32)))
+                w.write_tensor(t)
+            w.finish(kv)
+    out = tmp_path / "o.gguf"
+    try:
+        hurray_to_gguf(src, out)
+    except FormatError as e:
+        assert name in str(e)
+        assert not out.exists()
+        return
+    r = gguf.GGUFReader(str(out))
+    t = next(t for t in r.tensors if t.name == name)
+    assert t.shape.tolist() == [32, 600], f"exported with the stale recorded shape {t.shape.tolist()}"
