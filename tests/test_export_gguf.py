@@ -514,7 +514,8 @@ def test_fallback_exports_dequantized_values(tmp_path: Path, capsys: pytest.Capt
 # more layouts and properties
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     types=st.lists(st.sampled_from(ALL_TYPES), min_size=0, max_size=6),
     ranks=st.lists(st.integers(1, 4), min_size=6, max_size=6),
