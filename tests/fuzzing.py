@@ -179,6 +179,52 @@ def safetensors_regions(data: bytes) -> list[Region]:
     return [(0, 8 + hl), (0, 8 + hl), (0, 8 + hl), (8 + hl, min(len(data), 8 + hl + 64))]
 
 
+_HOSTILE_JSON_VALUES = (
+    -1, 0, 1, 2**31, 2**32, 2**40, 2**53 + 1, 2**63 - 1, 2**63, 2**64, 10**30, 1.5, float("inf"), True, None, "1", [], {}, [[1]],
+)
+
+
+def safetensors_json_mutant(data: bytes, rng: random.Random) -> bytes:
+    """A structure-aware mutant: the JSON header re-serialized with one entry's dtype,
+    shape or data_offsets replaced by a hostile value, an entry duplicated or
+    renamed, a lying header length, or deep nesting; the data section is kept."""
+    (hl,) = struct.unpack_from("<Q", data, 0)
+    header = json.loads(data[8 : 8 + hl])
+    names = [k for k in header if k != "__metadata__"]
+    name = rng.choice(names)
+    entry = dict(header[name])
+    kind = rng.randrange(9)
+    if kind == 0:
+        entry["shape"] = [rng.choice(_HOSTILE_JSON_VALUES) for _ in range(rng.randint(0, 3))] or rng.choice(_HOSTILE_JSON_VALUES)
+    elif kind == 1:
+        entry["data_offsets"] = [rng.choice(_HOSTILE_JSON_VALUES), rng.choice(_HOSTILE_JSON_VALUES)]
+    elif kind == 2:
+        entry["dtype"] = rng.choice(["F4", "F6_E2M3", "F8_E8M0", "U8", "BOOL", "F64", "C64", "", "f32", 7, None])
+    elif kind == 3:  # the entry points into a neighbour's bytes (overlap) or shifts by a few bytes (gap)
+        b, e = entry["data_offsets"]
+        d = rng.choice([-64, -1, 1, 8, 4096])
+        entry["data_offsets"] = [b + d, e + d]
+    elif kind == 4:
+        entry[rng.choice(["extra", "dtype ", "Shape"])] = 1
+    elif kind == 5:
+        header["__metadata__"] = rng.choice([{"k": 1}, ["x"], "s", {"k": "v" * 10}, {"k": [[[]]]}])
+    elif kind == 6:  # rename onto a neighbour: the JSON keeps one of the two
+        header[rng.choice(names)] = entry
+    elif kind == 7:  # lying header length
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        return struct.pack("<Q", rng.choice([len(raw) - 1, len(raw) + 8, 2**63, 100_000_001, 0])) + raw + data[8 + hl :]
+    else:  # deep nesting inside the metadata
+        depth = rng.choice([100, 5000, 200_000])
+        raw = json.dumps(header).encode()[:-1] + b', "__deep__": ' + b"[" * depth + b"]" * depth + b"}"
+        raw += b" " * (-len(raw) % 8)
+        return struct.pack("<Q", len(raw)) + raw + data[8 + hl :]
+    header[name] = entry
+    raw = json.dumps(header, allow_nan=True).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + data[8 + hl :]
+
+
 def _parse_gguf(m: bytes, path: Path) -> None:
     from hurray_interop.formats.gguf import GGUFFile
 
@@ -235,6 +281,11 @@ def _campaign(fmt: str, src: Path, n: int, seed: int, budget: int, per_mutant_ti
     data = src.read_bytes()
     regions = {"gguf": lambda: gguf_regions(data), "hrry": lambda: hrry_regions(src), "safetensors": lambda: safetensors_regions(data)}[fmt]()
     fixup = hrry_fix_crc if fmt == "hrry" else None
+    if fmt == "safetensors":  # 40 % structure-aware JSON mutants of the original, 60 % byte mutants
+
+        def fixup(m: bytes, rng: random.Random) -> bytes:
+            return safetensors_json_mutant(data, rng) if rng.random() < 0.4 else m
+
     parse(data, Path(tempfile.mkdtemp()) / f"valid{ext}")  # the original must parse
     # imports and warm-up are done: from here on the address space may grow by `budget` only
     limit = _vm_size() + budget
