@@ -18,13 +18,13 @@ must be a multiple of 32 for the block types).  :data:`BLOCK_TYPES` and
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
-
-import numpy as np
+from typing import Any
 
 import gguf
+import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
 from gguf import quants

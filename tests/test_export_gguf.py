@@ -16,19 +16,16 @@ file bytes; hurray_interop's own code is only the thing under test.
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 from pathlib import Path
 
+import gguf
 import ml_dtypes
 import numpy as np
 import pytest
-
-import gguf
 from gguf import GGUFValueType as GV
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from gguf_factory import (
     ALL_TYPES,
     BLOCK_TYPES,
@@ -42,10 +39,14 @@ from gguf_factory import (
     write_gguf_raw,
     write_gguf_stream,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from hurray_interop.cli import main
 from hurray_interop.conversions.gguf import gguf_to_hurray, hurray_to_gguf
 from hurray_interop.core.elements import buffer_size, element_type
 from hurray_interop.core.hrry import HrryFile, HrryWriter
+from hurray_interop.core.kv import KVValue
 from hurray_interop.core.model import (
     MXFP,
     NF4,
@@ -333,7 +334,7 @@ def build_exportable(path: Path, seed: int = 1) -> dict[str, str]:
     return expect
 
 
-def assert_same_tensor(a, b, what: str) -> None:  # noqa: ANN001
+def assert_same_tensor(a, b, what: str) -> None:
     assert a.descriptor == b.descriptor, what
     assert len(a.data) == len(b.data), what
     for i, (x, y) in enumerate(zip(a.data, b.data)):
@@ -632,14 +633,12 @@ def test_export_progress_reaches_total(fixtures_dir: Path, tmp_path: Path) -> No
     report = hurray_to_gguf(mid, tmp_path / "o.gguf", progress=lambda d, t: calls.append((d, t)))
     total = sum(t.bytes_out for t in report.tensors)
     assert calls and calls[-1] == (total, total)
-    assert all(b[0] >= a[0] for a, b in zip(calls, calls[1:]))
+    assert all(b[0] >= a[0] for a, b in itertools.pairwise(calls))
     r = gguf.GGUFReader(str(tmp_path / "o.gguf"))
     assert total == sum(int(t.n_bytes) for t in r.tensors)
 
 
 def test_kv_of_native_hurray_file_empty_and_wide_values(tmp_path: Path) -> None:
-    from hurray_interop.core.kv import KVValue
-
     src, out = tmp_path / "n.hrry", tmp_path / "n.gguf"
     with HrryWriter(src) as w:
         w.write("x", Descriptor(element_type("float32"), (1,), (cpu(4),)), [np.float32([1]).tobytes()])
@@ -719,7 +718,7 @@ def test_q4_1_with_integer_minima_roundtrips_through_zero_points(tmp_path: Path)
 # tampered conversion records: a typed error that names the file, nothing written
 
 
-def rewrite_hrry(src: Path, dst: Path, edit, drop: tuple[str, ...] = ()) -> Path:  # noqa: ANN001
+def rewrite_hrry(src: Path, dst: Path, edit, drop: tuple[str, ...] = ()) -> Path:
     """Copy a .hrry with its KV passed through ``edit(dict) -> dict`` (and tensors dropped)."""
     with HrryFile(src) as hf:
         kv = edit(dict(hf.kv))
@@ -731,32 +730,32 @@ def rewrite_hrry(src: Path, dst: Path, edit, drop: tuple[str, ...] = ()) -> Path
     return dst
 
 
-def _set(key: str, value):  # noqa: ANN001, ANN202
-    def edit(kv):  # noqa: ANN001, ANN202
+def _set(key: str, value):
+    def edit(kv):
         kv[key] = value
         return kv
 
     return edit
 
 
-def _types(fn):  # noqa: ANN001, ANN202
-    def edit(kv):  # noqa: ANN001, ANN202
+def _types(fn):
+    def edit(kv):
         kv["hurray_interop.gguf.kv_types"] = KVValue.array("string", fn(list(kv["hurray_interop.gguf.kv_types"].value)))
         return kv
 
     return edit
 
 
-def _tensors(fn):  # noqa: ANN001, ANN202
-    def edit(kv):  # noqa: ANN001, ANN202
+def _tensors(fn):
+    def edit(kv):
         kv["hurray_interop.gguf.tensors"] = KVValue.string(json.dumps(fn(json.loads(kv["hurray_interop.gguf.tensors"].value))))
         return kv
 
     return edit
 
 
-def _first_uint32_key_to(value):  # noqa: ANN001, ANN202
-    def edit(kv):  # noqa: ANN001, ANN202
+def _first_uint32_key_to(value):
+    def edit(kv):
         types = list(kv["hurray_interop.gguf.kv_types"].value)
         key = [k for k in kv if not k.startswith("hurray_interop.")][types.index("UINT32")]
         kv[key] = value
@@ -765,7 +764,6 @@ def _first_uint32_key_to(value):  # noqa: ANN001, ANN202
     return edit
 
 
-from hurray_interop.core.kv import KVValue  # noqa: E402
 
 TAMPERINGS = {
     "types_count": (_types(lambda t: t[:-1]), "kv_types"),
