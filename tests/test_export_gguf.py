@@ -425,6 +425,17 @@ def test_pyhurray_saved_file_exports(tmp_path: Path) -> None:
     assert_bitwise(vals, expect, what="q")
     assert got["p"].data.tolist() == [1.5, -2.0]
     assert r.fields["general.name"].contents() == "pyhurray"
+    del r
+    # and back into Hurray: pyhurray reads the same buffers and descriptors it wrote
+    back = tmp_path / "back.hrry"
+    gguf_to_hurray(out, back)
+    a, b = hurray.load(str(src)), hurray.load(str(back))
+    for name in ("q", "p"):
+        x, y = a[name], b[name]
+        assert x.descriptor.encode() == y.descriptor.encode(), name
+        assert [np.asarray(x.buffer(i)).tobytes() for i in range(x.buffer_count)] == [
+            np.asarray(y.buffer(i)).tobytes() for i in range(y.buffer_count)
+        ], name
 
 
 # ---------------------------------------------------------------------------

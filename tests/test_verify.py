@@ -192,10 +192,12 @@ def test_scale_bit_changed_in_hrry_of_a_pair(model: Path, model_hrry: Path, tmp_
     assert res["summary"].startswith("FAILED")
 
 
-def test_byte_changed_in_one_gguf_of_a_gguf_pair(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    block, byte = 4, 10
+@pytest.mark.parametrize("byte,mask", [(10, 0x10), (0, 0x01)], ids=["code", "scale-bit"])
+def test_byte_changed_in_one_gguf_of_a_gguf_pair(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 byte: int, mask: int) -> None:
+    block = 4
     goff, _ = gguf_tensor(model, Q4)
-    bad = flipped(model, tmp_path / "bad.gguf", goff + block * 18 + byte, 0x10)
+    bad = flipped(model, tmp_path / "bad.gguf", goff + block * 18 + byte, mask)
     rc, out, err = run(["verify", "--pair", str(model), str(bad)], capsys)
     assert rc == 1, out + err
     assert f"block {block}, byte {byte}" in row_of(out, Q4)
