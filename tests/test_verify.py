@@ -188,6 +188,12 @@ def test_scale_bit_changed_in_hrry_of_a_pair(model: Path, model_hrry: Path, tmp_
     t = bad_rows[0]
     assert t["bytes_equal"] is False and t["values_equal"] is False and t["max_abs_diff"] > 0
     assert t["where"] == f"block {block}, byte 0"
+    # the max abs diff is what gguf-py sees when the same bit flips in the GGUF block
+    g = np.array(gdata, copy=True).reshape(-1, 34)
+    before = gguf.quants.dequantize(g, gguf.GGMLQuantizationType.Q8_0)
+    g[block, 0] ^= 0x01
+    after = gguf.quants.dequantize(g, gguf.GGMLQuantizationType.Q8_0)
+    assert t["max_abs_diff"] == float(np.max(np.abs(after.astype(np.float64) - before.astype(np.float64))))
     assert any(f"tensor '{Q8}' block {block}, byte 0" in p for p in res["problems"])
     assert res["summary"].startswith("FAILED")
 
@@ -365,3 +371,9 @@ def test_several_files_json(model: Path, fixtures_dir: Path, capsys: pytest.Capt
     refused = {t["name"]: t for t in b["tensors"] if t["mapping"] == "refused"}
     assert set(refused) == {"blk.0.ffn_down.weight", "blk.1.ffn_down.weight"}
     assert refused["blk.0.ffn_down.weight"]["source_type"] == "Q4_K" and refused["blk.0.ffn_down.weight"]["where"]
+
+
+def test_hrry_alone_has_no_round_trip(model_hrry: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(["verify", str(model_hrry)], capsys)
+    assert rc == 2
+    assert "no source to round-trip" in out + err and "Traceback" not in out + err
