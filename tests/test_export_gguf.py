@@ -862,3 +862,40 @@ def test_stale_records_never_give_a_wrong_shape(imported_model: Path, tmp_path: 
     r = gguf.GGUFReader(str(out))
     t = next(t for t in r.tensors if t.name == name)
     assert t.shape.tolist() == [32, 600], f"exported with the stale recorded shape {t.shape.tolist()}"
+
+
+def test_zero_blocks_across_the_chunk_boundary(tmp_path: Path) -> None:
+    """Converters work in chunks of 2**18 blocks: substituted zero-block scales on both sides
+    of a chunk boundary (Q8_0 and MXFP4) must land on the right blocks, both ways."""
+    from hurray_interop.conversions import gguf as conv
+
+    rng = np.random.default_rng(21)
+    nb = conv.CHUNK_BLOCKS + 64
+    zero = [0, conv.CHUNK_BLOCKS - 1, conv.CHUNK_BLOCKS, conv.CHUNK_BLOCKS + 5, nb - 1]
+    d = rng.uniform(0.01, 1, nb).astype(np.float16)
+    codes = rng.integers(-128, 128, (nb, 32))
+    d[zero] = [0.0, -0.0, 0.0, -0.0, 0.0]
+    codes[zero] = 0
+    q8 = q8_0_blocks(d, codes)
+    mx = np.zeros((nb, 17), np.uint8)
+    mx[:, 0] = rng.integers(1, 240, nb)
+    mx[:, 1:] = rng.integers(0, 256, (nb, 16))
+    mx[zero, 0] = 0
+    mx[zero, 1:] = rng.choice([0x00, 0x08, 0x80, 0x88], (len(zero), 16))  # ±0 codes only
+    src = write_gguf_raw(tmp_path / "big.gguf", [("q8", "Q8_0", (nb // 64, 2048), q8),
+                                                 ("mx", "MXFP4", (nb // 64, 2048), mx)])
+    mid = tmp_path / "big.hrry"
+    report = gguf_to_hurray(src, mid)
+    assert [t.substituted_blocks for t in report.tensors] == [len(zero), len(zero)]
+    with HrryFile(mid) as hf:
+        s = np.asarray(hf.tensor("q8").data[1]).view("<f2")
+        assert (s != 0).all()  # a legal Hurray file: no zero scale anywhere
+        e = np.asarray(hf.tensor("mx").data[1])
+        assert (e != 0).all()
+    back = tmp_path / "back.gguf"
+    hurray_to_gguf(mid, back)
+    assert_same_bytes(back.read_bytes(), src.read_bytes())
+    from hurray_interop.verify import verify_roundtrip
+
+    res = verify_roundtrip(src)
+    assert res.ok and [(t.bytes_equal, t.values_equal) for t in res.tensors] == [(True, True)] * 2, res.summary_line()
