@@ -377,3 +377,13 @@ def test_hrry_alone_has_no_round_trip(model_hrry: Path, capsys: pytest.CaptureFi
     rc, out, err = run(["verify", str(model_hrry)], capsys)
     assert rc == 2
     assert "no source to round-trip" in out + err and "Traceback" not in out + err
+
+
+def test_llama_cpp_samples_verify_one_line_each(gguf_samples_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    files = sorted(str(p) for p in gguf_samples_dir.glob("*.gguf"))
+    rc, out, _ = run(["verify", *files], capsys)
+    assert rc == 0, out
+    lines = out.splitlines()
+    assert [line.split()[1].rstrip(":") for line in lines[:-1]] == files
+    assert all(line.startswith("OK ") and "files byte-identical" in line for line in lines[:-1])
+    assert lines[-1] == f"{len(files)} of {len(files)} files verified exact"
