@@ -767,7 +767,10 @@ def gguf_to_hurray(
             dry_run=dry_run,
         )
         kv_items, kv_types = _kv_to_hurray(gf)
-        jobs = [_plan(info, fallback=fallback, q4_1=q4_1) for info in gf.tensors]
+        jobs = []
+        for info in gf.tensors:
+            jobs.append(_plan(info, fallback=fallback, q4_1=q4_1))
+            gf.release_pages()  # bounded resident memory: see GGUFFile.release_pages
         report.tensors = [j.plan for j in jobs]
         names = [n for j in jobs for n in j.names]
         if len(set(names)) != len(names):
@@ -814,6 +817,7 @@ def gguf_to_hurray(
             for j in jobs:
                 assert j.write is not None
                 j.write(w)
+                gf.release_pages()
                 records.extend(j.records)
                 done += j.info.nbytes
                 if progress:
@@ -1178,6 +1182,7 @@ def hurray_to_gguf(
                     e = by_name[spec.name]
                     assert e.chunks is not None
                     w.write_tensor_data(e.chunks(), name=e.name)
+                    hf.release_pages()  # bounded resident memory: see HrryFile.release_pages
                     done += e.plan.bytes_out
                     if progress:
                         progress(done, total)

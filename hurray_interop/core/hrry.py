@@ -480,6 +480,20 @@ class HrryFile:
             except BufferError:  # tensors still reference it; freed with them
                 pass
 
+    def release_pages(self) -> None:
+        """Unmap the pages read so far from this process (``MADV_DONTNEED``); the
+        mapping is read-only, so a later access faults them in again from the page
+        cache.  Streaming readers call it after each tensor to keep their resident
+        memory bounded."""
+        mm = self.__dict__.get("_mm")
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        if mm is None or advice is None or self._closed:
+            return
+        try:
+            mm.madvise(advice)
+        except (OSError, ValueError):  # only a memory optimisation
+            pass
+
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self.entries)} tensors"
         return f"<HrryFile {self._p!r} ({state})>"

@@ -714,6 +714,15 @@ class GGUFFile:
         if mm is not None:
             _close_mmap(mm)
 
+    def release_pages(self) -> None:
+        """Unmap the pages read so far from this process (``MADV_DONTNEED``).
+
+        The file is read-only mapped, so nothing is lost: a later access faults
+        the page in again from the page cache.  Streaming converters call this
+        after each tensor so that their resident memory stays bounded instead of
+        growing to the size of the file.  A no-op for in-memory images."""
+        _release(self._mmap)
+
     def __enter__(self) -> "GGUFFile":
         return self
 
@@ -946,6 +955,16 @@ class GGUFFile:
             g = np.frombuffer(buf, dtype=np.uint8, count=end - start, offset=start)
             if g.any():
                 nonzero[start] = g
+
+
+def _release(mm: mmap.mmap | None) -> None:
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if mm is None or advice is None:
+        return
+    try:
+        mm.madvise(advice)
+    except (OSError, ValueError):  # closed, or the platform refuses: only a memory optimisation
+        pass
 
 
 def _close_mmap(mm: mmap.mmap) -> None:
