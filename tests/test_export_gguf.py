@@ -899,3 +899,16 @@ def test_zero_blocks_across_the_chunk_boundary(tmp_path: Path) -> None:
 
     res = verify_roundtrip(src)
     assert res.ok and [(t.bytes_equal, t.values_equal) for t in res.tensors] == [(True, True)] * 2, res.summary_line()
+
+
+def test_zero_size_tensors_of_every_type(tmp_path: Path) -> None:
+    specs = [G.TensorSpec(f"z.{t}", int(gguf.GGMLQuantizationType[t]), (64 if t in BLOCK_TYPES else 3, 0)) for t in ALL_TYPES]
+    specs.insert(4, G.TensorSpec("w", int(gguf.GGMLQuantizationType.F32), (2,)))
+    src = tmp_path / "zero.gguf"
+    with G.GGUFWriterStream(src, tensors=specs) as w:
+        for s in w.tensors_in_file_order:
+            w.write_tensor_data(np.float32([1, 2]).tobytes() if s.name == "w" else b"")
+    r = gguf.GGUFReader(str(src))
+    assert [int(t.n_bytes) for t in r.tensors].count(0) == len(ALL_TYPES)
+    del r
+    assert_same_bytes(roundtrip_bytes(src, tmp_path), src.read_bytes())
