@@ -912,3 +912,22 @@ def test_zero_size_tensors_of_every_type(tmp_path: Path) -> None:
     assert [int(t.n_bytes) for t in r.tensors].count(0) == len(ALL_TYPES)
     del r
     assert_same_bytes(roundtrip_bytes(src, tmp_path), src.read_bytes())
+
+
+def test_shards_are_treated_alike_with_a_true_reason(tmp_path: Path) -> None:
+    """A tensor carrying a shard section (a piece of a larger parent tensor): plain and
+    quantized shards get the same decision, and a refusal names the shard (not the layout)."""
+    src = tmp_path / "shard.hrry"
+    with HrryWriter(src) as w:
+        w.write("plain", Descriptor(element_type("float32"), (2,), (cpu(8),), shard=Shard((4,), (2,))),
+                [np.float32([1, 2]).tobytes()])
+        q = pb((1, 32), "int8")
+        w.write("quant", Descriptor(q.element_type, q.shape, q.buffers, quantization=q.quantization,
+                                    shard=Shard((2, 32), (1, 0))), [bytes(range(32)), np.float16([0.5]).tobytes()])
+        w.finish()
+    report = hurray_to_gguf(src, tmp_path / "o.gguf", dry_run=True)
+    plans = {t.name: t for t in report.tensors}
+    assert plans["plain"].status == plans["quant"].status, {n: (p.status, p.reason) for n, p in plans.items()}
+    for p in plans.values():
+        if p.status == "refused":
+            assert "shard" in p.reason.lower(), p.reason
