@@ -387,3 +387,29 @@ def test_llama_cpp_samples_verify_one_line_each(gguf_samples_dir: Path, capsys: 
     assert [line.split()[1].rstrip(":") for line in lines[:-1]] == files
     assert all(line.startswith("OK ") and "files byte-identical" in line for line in lines[:-1])
     assert lines[-1] == f"{len(files)} of {len(files)} files verified exact"
+
+
+def test_kv_value_type_changed_in_the_hrry_of_a_pair(model: Path, model_hrry: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The recorded GGUF type of ``llama.context_length`` rewritten UINT32 → INT32 in the .hrry."""
+    from test_export_gguf import rewrite_hrry
+
+    from hurray_interop.core.kv import KVValue
+
+    key = "llama.context_length"
+
+    def edit(kv):  # noqa: ANN001, ANN202
+        keys = [k for k in kv if not k.startswith("hurray_interop.")]
+        types = list(kv["hurray_interop.gguf.kv_types"].value)
+        i = keys.index(key)
+        assert types[i] == "UINT32"
+        types[i] = "INT32"
+        kv["hurray_interop.gguf.kv_types"] = KVValue.array("string", types)
+        return kv
+
+    bad = rewrite_hrry(model_hrry, tmp_path / "int32.hrry", edit)
+    rc, out, err = run(["verify", str(model), str(bad)], capsys)
+    assert rc == 1, out + err
+    assert f"metadata key '{key}'" in out.splitlines()[-1]
+    assert f"metadata key '{key}': type UINT32 vs INT32" in out
+    assert all("NO" not in row_of(out, n) for n in ("token_embd.weight", Q8, Q4))  # tensors are still exact
