@@ -46,6 +46,7 @@ from ..core.atomic import AtomicOutput
 from ..core.elements import ElementType, element_type
 from ..errors import (
     FormatError,
+    HurrayInteropError,
     InconsistentError,
     TruncatedError,
     UnsupportedError,
@@ -214,6 +215,15 @@ def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _entry_offset(text: str, name: str) -> int:
+    """Absolute file offset of the tensor's key in the header (8 if it cannot be found)."""
+    for key in (json.dumps(name, ensure_ascii=False), json.dumps(name)):
+        pos = text.find(key)
+        if pos >= 0:
+            return 8 + len(text[:pos].encode("utf-8"))
+    return 8
+
+
 def _parse_header(raw: bytes, data_size: int, path: Path) -> tuple[dict[str, str] | None, list[STEntry]]:
     try:
         text = raw.decode("utf-8")
@@ -228,40 +238,53 @@ def _parse_header(raw: bytes, data_size: int, path: Path) -> tuple[dict[str, str
     except (json.JSONDecodeError, RecursionError) as e:
         pos = getattr(e, "pos", 0)
         raise FormatError(f"header is not valid JSON: {getattr(e, 'msg', e)}", path=path, field="header", offset=8 + pos) from None
+    except ValueError as e:  # e.g. an integer literal beyond Python's digit limit
+        raise FormatError(f"header is not valid JSON: {e}", path=path, field="header", offset=8) from None
     if not isinstance(obj, dict):
         raise FormatError("header is not a JSON object", path=path, field="header", offset=8)
     metadata = None
     entries: list[STEntry] = []
     for name, info in obj.items():
+
+        def at(n: str = name) -> int:  # located only when raising: the scan costs O(header)
+            return _entry_offset(text, n)
+
         if name == "__metadata__":
             if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
-                raise FormatError("__metadata__ must map strings to strings", path=path, field="__metadata__")
+                raise FormatError("__metadata__ must map strings to strings", path=path, field="__metadata__", offset=at())
             metadata = dict(info)
             continue
         if not isinstance(info, dict) or set(info) - {"dtype", "shape", "data_offsets"} or len(info) != 3:
-            raise FormatError("entry must have exactly dtype, shape and data_offsets", path=path, tensor=name, field="header")
+            raise FormatError("entry must have exactly dtype, shape and data_offsets", path=path, tensor=name, field="header", offset=at())
         dtype, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
         if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise UnsupportedError(f"dtype {dtype!r} is not supported", path=path, tensor=name)
+            raise UnsupportedError(f"dtype {dtype!r} is not supported", path=path, tensor=name, field="dtype", offset=at())
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-            raise FormatError(f"shape {shape!r} is not a list of non-negative integers", path=path, tensor=name, field="shape")
+            raise FormatError(f"shape {shape!r} is not a list of non-negative integers", path=path, tensor=name, field="shape", offset=at())
         if (
             not isinstance(offs, list)
             or len(offs) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
             or not 0 <= offs[0] <= offs[1]
         ):
-            raise FormatError(f"data_offsets {offs!r} are not [begin, end] with 0 <= begin <= end", path=path, tensor=name, field="data_offsets")
-        need = dtype_nbytes(dtype, shape, tensor=name)
+            raise FormatError(
+                f"data_offsets {offs!r} are not [begin, end] with 0 <= begin <= end",
+                path=path, tensor=name, field="data_offsets", offset=at(),
+            )
+        try:
+            need = dtype_nbytes(dtype, shape, tensor=name)
+        except HurrayInteropError as e:
+            e.offset = at() if e.offset is None else e.offset
+            raise e.located(path=path)
         if offs[1] - offs[0] != need:
             raise InconsistentError(
                 f"data_offsets {offs} hold {offs[1] - offs[0]} bytes, {dtype} {shape} needs {need}",
-                path=path, tensor=name, field="data_offsets",
+                path=path, tensor=name, field="data_offsets", offset=at(),
             )
         if offs[1] > data_size:
             raise TruncatedError(
                 f"data_offsets {offs} run past the {data_size}-byte data section",
-                path=path, tensor=name, field="data_offsets", offset=8 + len(raw) + offs[0],
+                path=path, tensor=name, field="data_offsets", offset=at(),
             )
         entries.append(STEntry(name, dtype, tuple(shape), offs[0], offs[1]))
     # the data section must be covered exactly once (as the safetensors package requires)
@@ -269,7 +292,9 @@ def _parse_header(raw: bytes, data_size: int, path: Path) -> tuple[dict[str, str
     for e in sorted(entries, key=lambda e: (e.begin, e.end)):
         if e.begin != pos:
             what = "overlaps the previous tensor" if e.begin < pos else f"leaves a gap of {e.begin - pos} bytes"
-            raise InconsistentError(f"data_offsets [{e.begin}, {e.end}] {what}", path=path, tensor=e.name, field="data_offsets")
+            raise InconsistentError(
+                f"data_offsets [{e.begin}, {e.end}] {what}", path=path, tensor=e.name, field="data_offsets", offset=_entry_offset(text, e.name)
+            )
         pos = e.end
     if pos != data_size:
         raise InconsistentError(
@@ -373,7 +398,7 @@ def detect_pairs(st: SafetensorsFile) -> tuple[list[MXPair], set[str]]:
             if sname not in names:
                 if not strict:
                     continue
-                raise FormatError(f"MX data tensor has no scale tensor {sname!r}", path=st.path, tensor=e.name)
+                raise FormatError(f"MX data tensor has no scale tensor {sname!r}", path=st.path, tensor=e.name, offset=st.data_offset + e.begin)
             s = st.entry(sname)
             data_ok = e.dtype in data_elements if data_elements else e.dtype == c["data_dtype"]
             if not blocks_dim:
@@ -383,16 +408,16 @@ def detect_pairs(st: SafetensorsFile) -> tuple[list[MXPair], set[str]]:
                     continue
             else:
                 if not data_ok:
-                    raise FormatError(f"MX blocks must be {c['data_dtype']}, not {e.dtype}", path=st.path, tensor=e.name)
+                    raise FormatError(f"MX blocks must be {c['data_dtype']}, not {e.dtype}", path=st.path, tensor=e.name, offset=st.data_offset + e.begin)
                 if s.dtype not in c["scale_dtypes"]:
-                    raise FormatError(f"MX scales must be {'/'.join(c['scale_dtypes'])}, not {s.dtype}", path=st.path, tensor=sname)
+                    raise FormatError(f"MX scales must be {'/'.join(c['scale_dtypes'])}, not {s.dtype}", path=st.path, tensor=sname, offset=st.data_offset + s.begin)
             k = int(c["block_size"])
             if blocks_dim:
                 if len(e.shape) < 2 or str(e.shape[-1]) not in c["elements"] or s.shape != e.shape[:-1]:
                     raise InconsistentError(
                         f"blocks shape {list(e.shape)} and scales shape {list(s.shape)} do not form "
                         f"[..., G, 16] / [..., G]",
-                        path=st.path, tensor=e.name,
+                        path=st.path, tensor=e.name, offset=st.data_offset + e.begin,
                     )
                 el = str(c["elements"][str(e.shape[-1])])
                 g = e.shape[-2]
@@ -412,12 +437,12 @@ def detect_pairs(st: SafetensorsFile) -> tuple[list[MXPair], set[str]]:
                     raise InconsistentError(
                         f"packed shape {list(e.shape)} and scale shape {list(s.shape)} do not form "
                         f"[..., 16G] (MXFP4) or [..., 24G] (MXFP6) / [..., G]",
-                        path=st.path, tensor=e.name,
+                        path=st.path, tensor=e.name, offset=st.data_offset + e.begin,
                     )
                 g = s.shape[-1]
                 shape = e.shape[:-1] + (g * k,)
             if g == 0 or any(d == 0 for d in shape):
-                raise UnsupportedError("empty MX tensor (Hurray MXFP needs whole, non-empty blocks)", path=st.path, tensor=e.name)
+                raise UnsupportedError("empty MX tensor (Hurray MXFP needs whole, non-empty blocks)", path=st.path, tensor=e.name, offset=st.data_offset + e.begin)
             pairs.append(MXPair(base + hsuf, conv, e, s, el, shape, k))
             used.update((e.name, sname))
     hnames = [p.hurray_name for p in pairs]
