@@ -931,3 +931,24 @@ def test_shards_are_treated_alike_with_a_true_reason(tmp_path: Path) -> None:
     for p in plans.values():
         if p.status == "refused":
             assert "shard" in p.reason.lower(), p.reason
+
+
+def test_kquant_fallback_file_exports_gguf_py_values(fixtures_dir: Path, tmp_path: Path) -> None:
+    """K-quants imported with --fallback float32 export as F32 holding exactly gguf-py's
+    dequantized values; every other tensor keeps its bytes; the file is laid out anew."""
+    src = fixtures_dir / "tiny-llama-kquant.gguf"
+    mid, out = tmp_path / "kq.hrry", tmp_path / "kq.gguf"
+    gguf_to_hurray(src, mid, fallback="float32")
+    report = hurray_to_gguf(mid, out)
+    changed = {t.name: t.reason for t in report.tensors if t.status != "exact"}
+    assert changed == {"blk.0.ffn_down.weight": "imported from Q4_K, exported as F32",
+                       "blk.1.ffn_down.weight": "imported from Q6_K, exported as F32"}
+    a, b = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(out))
+    assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+    assert list(a.fields) == list(b.fields)
+    for x, y in zip(a.tensors, b.tensors):
+        if x.name in changed:
+            assert y.tensor_type == gguf.GGMLQuantizationType.F32
+            assert_bitwise(np.asarray(y.data), gguf.quants.dequantize(np.asarray(x.data), x.tensor_type), what=x.name)
+        else:
+            assert y.tensor_type == x.tensor_type and np.asarray(x.data).tobytes() == np.asarray(y.data).tobytes(), x.name
