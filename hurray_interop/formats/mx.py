@@ -467,10 +467,8 @@ def compare_values(ours: np.ndarray, reference: np.ndarray) -> ValueComparison:
     bad = np.flatnonzero(~same)
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    diff = np.where(same, 0.0, diff)
-    mx = float(np.nanmax(diff)) if diff.size else 0.0
-    if bad.size and not np.isfinite(mx):
-        mx = float("inf")
+    diff = np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))  # NaN vs a number: unbounded
+    mx = float(np.max(diff)) if diff.size else 0.0
     return ValueComparison(bad.size == 0, int(bad.size), int(bad[0]) if bad.size else None, mx)
 
 
