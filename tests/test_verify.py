@@ -413,3 +413,26 @@ def test_kv_value_type_changed_in_the_hrry_of_a_pair(model: Path, model_hrry: Pa
     assert f"metadata key '{key}'" in out.splitlines()[-1]
     assert f"metadata key '{key}': type UINT32 vs INT32" in out
     assert all("NO" not in row_of(out, n) for n in ("token_embd.weight", Q8, Q4))  # tensors are still exact
+
+
+def test_difference_beyond_the_first_chunk_is_located(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 9 MB Q8_0 tensor (more than one 2**18-block chunk, more than one 4 Mi-element value
+    chunk): one code changed in its last chunk is reported at the right block and byte."""
+    from gguf_factory import q8_0_blocks, write_gguf_raw
+
+    rng = np.random.default_rng(3)
+    nb = (1 << 18) + 4096
+    blocks = q8_0_blocks(rng.uniform(0.01, 1, nb), rng.integers(-127, 127, (nb, 32)))
+    src = write_gguf_raw(tmp_path / "big.gguf", [("w", "Q8_0", (nb // 32, 1024), blocks)])
+    mid = tmp_path / "big.hrry"
+    gguf_to_hurray(src, mid)
+    block, elem = nb - 7, 30
+    codes_at = hrry_buffer_offsets(mid, "w")[0]
+    assert mid.read_bytes()[codes_at + block * 32 + elem] == blocks[block, 2 + elem]
+    bad = flipped(mid, tmp_path / "bad.hrry", codes_at + block * 32 + elem, 0x02)
+    rc, out, err = run(["verify", str(src), str(bad), "--json"], capsys)
+    assert rc == 1, out + err
+    (res,) = json.loads(out)
+    (t,) = res["tensors"]
+    assert t["where"] == f"block {block}, byte {2 + elem}"
+    assert t["values_equal"] is False and t["max_abs_diff"] == pytest.approx(2 * float(np.float16(blocks[block, :2].view(np.float16)[0])), rel=0)
