@@ -218,3 +218,115 @@ def test_cli_on_mutants_end_to_end(converted, tmp_path, monkeypatch):
                 out.unlink()
         assert src.read_bytes() == m
     assert seen[2] > n // 2 and seen[0] > 0, seen
+
+
+# -- conversion records: attacker-controlled KV that the exporters trust ------------------------
+#
+# A .hrry written by gguf_to_hurray carries ``hurray_interop.gguf.*`` records (tensor order,
+# types, offsets, padding, metadata value types) that hurray_to_gguf replays to reproduce the
+# GGUF byte for byte.  In a file from a stranger they are input like any other: a corrupt record
+# must be a FormatError naming the file and the record key, never an internal error, and must
+# not make the exporter write output proportional to a claimed size.
+
+
+def _with_records(src: Path, dst: Path, **changes) -> Path:
+    from hurray_interop.core.hrry import load, save
+
+    tensors, kv = load(src)
+    kv = dict(kv)
+    kv.update(changes)
+    save(dst, tensors, kv, force=True)
+    return dst
+
+
+def _kv_types_with(src: Path, key: str, new_type: str):
+    from hurray_interop.core.hrry import HrryFile
+    from hurray_interop.core.kv import KVValue
+
+    with HrryFile(src) as f:
+        kv = f.kv
+    keys = [k for k in kv if not k.startswith("hurray_interop.")]
+    types = list(kv["hurray_interop.gguf.kv_types"].value)
+    types[keys.index(key)] = new_type
+    return KVValue("array", types, "string")
+
+
+RECORD_CASES = {
+    "tensors-null": ("hurray_interop.gguf.tensors", lambda src: ("string", "null")),
+    "tensors-empty-row": ("hurray_interop.gguf.tensors", lambda src: ("string", "[[]]")),
+    "tensors-offset-not-int": ("hurray_interop.gguf.tensors", lambda src: ("string", '[["t.tensor", "F32", [8, 3], "F32"]]')),
+    "tensors-type-not-str": ("hurray_interop.gguf.tensors", lambda src: ("string", '[["t.tensor", [[1]], [8, 3], 0]]')),
+    "tensors-deep-json": ("hurray_interop.gguf.tensors", lambda src: ("string", "[" * 100_000 + "]" * 100_000)),
+    "kv-type-string-for-int": ("hurray_interop.gguf.kv_types", lambda src: _kv_types_with(src, "t.u8", "STRING")),
+    "kv-type-string-for-raw": ("hurray_interop.gguf.kv_types", lambda src: _kv_types_with(src, "t.nested_i32", "STRING")),
+}
+
+
+@pytest.mark.parametrize("case", list(RECORD_CASES), ids=list(RECORD_CASES))
+def test_bug_corrupt_gguf_records_are_internal_errors(converted, tmp_path, case):
+    """Corrupt ``hurray_interop.gguf.*`` records reach ``int()``, ``json.loads`` (RecursionError),
+    tuple indexing and ``.encode`` unguarded in conversions/gguf.py (``_records`` catches only
+    KeyError/ValueError/TypeError/AttributeError at load time and validates nothing inside the
+    rows; ``_gguf_value_from_record`` trusts the recorded type) -> "internal error: TypeError /
+    IndexError / ValueError / RecursionError / AttributeError".  Expected: exit 2, one line
+    naming the .hrry and the record key."""
+    from hurray_interop.core.kv import KVValue
+
+    key, make = RECORD_CASES[case]
+    v = make(converted["kv-types"])
+    src = _with_records(converted["kv-types"], tmp_path / "rec.hrry", **{key: v if isinstance(v, KVValue) else KVValue(*v)})
+    dst = tmp_path / "out" / "o.gguf"
+    dst.parent.mkdir()
+    status, _, err = run_cli(["convert", os.fspath(src), os.fspath(dst), "-q"])
+    assert "internal error" not in err, err
+    assert_cli_contract(status, err, output=dst, before=set())
+    assert status == 2 and os.fspath(src) in err and "hurray_interop.gguf" in err, err
+
+
+def test_bug_recorded_gguf_offset_makes_the_exporter_write_a_terabyte(converted, tmp_path):
+    """A recorded tensor offset of 2**40 (hurray_interop.gguf.tensors) is replayed as 1 TiB of
+    zero padding by hurray_to_gguf -> GGUFWriterStream._pad_to: output proportional to a
+    claimed size, from a 6 kB input.  Run with RLIMIT_FSIZE = 64 MiB so that the attempt
+    shows as "File too large" instead of filling the disk.  Expected: a FormatError naming
+    the record (an offset past the data the file holds, or a gap larger than the alignment)."""
+    from hurray_interop.core.hrry import HrryFile
+    from hurray_interop.core.kv import KVValue
+
+    with HrryFile(converted["kv-types"]) as f:
+        rows = json.loads(f.kv["hurray_interop.gguf.tensors"].value)
+    assert rows[0][0] == "t.tensor" and rows[0][3] == 0
+    rows[0][3] = 2**40
+    src = _with_records(converted["kv-types"], tmp_path / "far.hrry", **{"hurray_interop.gguf.tensors": KVValue("string", json.dumps(rows))})
+    dst = tmp_path / "far.gguf"
+    code = f"""
+import resource, signal, sys, io, contextlib
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+from hurray_interop.cli import main
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    rc = main(["convert", {os.fspath(src)!r}, {os.fspath(dst)!r}, "-q"])
+print(rc, err.getvalue().strip())
+"""
+    proc = run_bounded(code, budget=512 << 20, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    status, _, message = proc.stdout.strip().partition(" ")
+    assert not dst.exists()
+    assert "File too large" not in message, message
+    assert status == "2" and "hurray_interop.gguf.tensors" in message, message
+
+
+@pytest.mark.parametrize("first", [2**64 - 2**62, 2**64 - 1], ids=["index-error", "silently-block-63"])
+def test_bug_scale_record_block_index_above_2_63(first):
+    """core/records.py decode_scale_record checks ascending order on ``blocks.astype(int64)``
+    (line 62) and restore_scales bounds only the *last* index: blocks [2**64 - 2**62, 5] pass
+    both checks and ``blocks.astype(np.intp)`` indexes with a negative number -> IndexError
+    (seen as "internal error: IndexError" when exporting a .hrry with a corrupt
+    ``hurray_interop.scale_substitutions.*`` record); blocks [2**64 - 1, 5] silently restore
+    the scale of block 63 (index -1).  Expected: FormatError for both."""
+    from hurray_interop.core.records import restore_scales
+    from hurray_interop.errors import FormatError
+
+    record = struct.pack("<IQ", 1, 2) + struct.pack("<QQ", first, 5) + bytes([7, 9])
+    with pytest.raises(FormatError):
+        restore_scales(np.zeros(64, np.uint8), record, key="hurray_interop.scale_substitutions.w")
