@@ -590,3 +590,12 @@ def test_mxfp8_pairs_and_per_channel_fp8_left_plain(fixtures_dir, tmp_path):
         assert q.descriptor.quantization is None and q.descriptor.element_type.name == "float8_e4m3"
         assert "model.layers.0.self_attn.q_proj.weight_scale" in hf.names
         assert "model.layers.0.mlp.down_proj.weight_scale" not in hf.names
+
+
+def test_compressed_tensors_convention_covers_mxfp8_naming(fixtures_dir, tmp_path):
+    src = fixtures_dir / MX8
+    safetensors_to_hurray(src, tmp_path / "m.hrry")
+    hurray_to_safetensors(tmp_path / "m.hrry", tmp_path / "ct.safetensors", convention="compressed-tensors")
+    assert (tmp_path / "ct.safetensors").read_bytes() == src.read_bytes()
+    with pytest.raises(ConversionRefused, match="no exact safetensors form"):
+        hurray_to_safetensors(tmp_path / "m.hrry", tmp_path / "g.safetensors", convention="gpt-oss")

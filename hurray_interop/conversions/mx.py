@@ -61,6 +61,7 @@ from ..formats.safetensors_mx import (
     SafetensorsFile,
     detect_pairs,
     hurray_type_for,
+    convention_for,
     pair_data_dtype,
     pair_names,
     pair_shapes,
@@ -326,6 +327,7 @@ def hurray_to_safetensors(
             t = hf.tensor(hname)
             try:
                 el, shape, k, axis = mx.mxfp_geometry(t)
+                conv = convention_for(el.hurray.name, conv)
                 if axis != len(shape) - 1:
                     raise UnsupportedError(f"{conv} stores blocks along the last axis, this tensor along axis {axis}", tensor=hname)
                 dshape, sshape = pair_shapes(shape, el.hurray.name, k, conv, tensor=hname)
@@ -340,7 +342,7 @@ def hurray_to_safetensors(
                 bytes_in=t.nbytes, bytes_out=t.nbytes,
                 substituted_blocks=0 if rec is None else int(decode_scale_record(rec, key=scale_record_key(hname))[0].size),
             ))
-            return ("pair", (dname, pair_data_dtype(el.hurray.name, conv), dshape, t.data[0]), (sname, "U8", sshape, scales))
+            return ("pair", (dname, pair_data_dtype(el.hurray.name, conv), dshape, t.data[0]), (sname, "U8", sshape, scales), conv)
 
         def plain_part(hname: str, dtype: str | None, shape: tuple[int, ...] | None) -> Any:
             t = hf.tensor(hname)
@@ -391,7 +393,7 @@ def hurray_to_safetensors(
                         out.append(got[1])
                 else:
                     part = got[1] if role == "data" else got[2]
-                    if conv == rec_conv:
+                    if got[3] == rec_conv:
                         # the recorded name/dtype/shape (e.g. an F8_E8M0 scale tensor), same bytes
                         if tuple(d["shape"]) != part[2] or d["name"] != part[0]:
                             raise InconsistentError(
@@ -413,7 +415,7 @@ def hurray_to_safetensors(
             if isinstance(t.descriptor.quantization, MXFP):
                 got = mx_parts(hname, convention or "gpt-oss")
                 if got is not None:
-                    out.extend(got[1:] if got[0] == "pair" else [got[1]])
+                    out.extend(got[1:3] if got[0] == "pair" else [got[1]])
             else:
                 part = plain_part(hname, None, None)
                 if part is not None:

@@ -68,6 +68,7 @@ __all__ = [
     "pair_names",
     "pair_shapes",
     "pair_data_dtype",
+    "convention_for",
     "build_header",
     "write_safetensors",
 ]
@@ -361,6 +362,18 @@ def pair_shapes(shape: Sequence[int], element: str, block_size: int, convention:
     if c["blocks_dim"]:
         return prefix + (g, per_block[element][0]), prefix + (g,)
     return prefix + (g * per_block[element][0],), prefix + (g,)
+
+
+def convention_for(element: str, convention: str) -> str:
+    """``convention`` if it stores ``element``, else a convention of the same family that
+    does (compressed-tensors MXFP8 uses the ``mxfp8`` naming), else ``convention``."""
+    c = _convention(convention)
+    if element in _per_block(c):
+        return convention
+    for name, other in CONVENTIONS.items():
+        if other.get("family") == c.get("family") and element in _per_block(other):
+            return name
+    return convention
 
 
 def pair_data_dtype(element: str, convention: str) -> str:
