@@ -398,7 +398,7 @@ def test_kv_value_type_changed_in_the_hrry_of_a_pair(model: Path, model_hrry: Pa
 
     key = "llama.context_length"
 
-    def edit(kv):  # noqa: ANN001, ANN202
+    def edit(kv):
         keys = [k for k in kv if not k.startswith("hurray_interop.")]
         types = list(kv["hurray_interop.gguf.kv_types"].value)
         i = keys.index(key)
