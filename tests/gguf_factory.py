@@ -136,7 +136,8 @@ def every_kv_gguf_py() -> list[tuple[Any, ...]]:
 def every_kv_values() -> list[tuple[str, G.GGUFValue]]:
     """Exact :class:`GGUFValue` metadata with what gguf-py cannot write: empty strings,
     empty arrays of several element types, nested arrays (of u8, strings, f32, an empty
-    one, two levels deep), a string that is not UTF-8, and every scalar type."""
+    one, two levels deep), strings that are not UTF-8, BOOL bytes other than 0/1, NaN
+    payloads (f32 and f64), and every scalar type at both integer extremes."""
     A, of = V.ARRAY, G.GGUFValue.of
     VT = G.ValueType
     out: list[tuple[str, G.GGUFValue]] = [("general.architecture", of(VT.STRING, "test"))]
@@ -170,6 +171,11 @@ def every_kv_values() -> list[tuple[str, G.GGUFValue]]:
         ("n.string", of(A, [of(A, [b"a", b""], VT.STRING), of(A, [b"b"], VT.STRING)], VT.ARRAY)),
         ("n.f32", of(A, [of(A, [0.25], VT.FLOAT32)], VT.ARRAY)),
         ("n.deep", of(A, [of(A, [of(A, [-1, 1], VT.INT64)], VT.ARRAY)], VT.ARRAY)),
+        ("s.bool.two", of(VT.BOOL, 2)),  # a BOOL byte other than 0/1
+        ("a.bool.raw", of(A, np.uint8([0, 1, 255]), VT.BOOL)),
+        ("a.f32.nan", of(A, np.frombuffer(b"\x01\x00\xc0\x7f\x00\x00\x80\xff", np.float32), VT.FLOAT32)),
+        ("s.f64.nan", of(VT.FLOAT64, np.frombuffer(b"\x01\x00\x00\x00\x00\x00\xf8\x7f", np.float64)[0])),
+        ("a.f64.nan", of(A, np.frombuffer(b"\x00\x00\x00\x00\x00\x00\xf8\xff", np.float64), VT.FLOAT64)),
         ("s.last", of(VT.UINT32, 7)),
     ]
     return out
