@@ -1,0 +1,49 @@
+"""Smoke test of the benchmark script (bench/run.py) in its small mode.
+
+It checks that the script runs end to end against cp and gguf-py and writes a
+complete document; it does not judge the figures (a 16 MB model measures
+start-up time, not throughput).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+def test_small_benchmark_writes_every_row(tmp_path: Path) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("old\n<!-- analysis -->\nkept analysis text\n<!-- /analysis -->\n")
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--size", "16MB", "--repeat", "1", "--vocab", "4096",
+         "--dequant-mb", "2", "--out-dir", str(tmp_path / "out"), "--doc", str(doc)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    text = doc.read_text()
+    for label in ("`cp` (physical limit)", "`cp` + fsync", "gguf-py GGUFReader → GGUFWriter",
+                  "ours: GGUF → Hurray", "ours: Hurray → GGUF", "gguf-py: dequantize every tensor",
+                  "ours: `verify`", "ours: `inspect` of a GGUF with a 4,096-token vocabulary",
+                  "gguf-py: `GGUFReader` of the same 4,096-token file"):
+        rows = [ln for ln in text.splitlines() if ln.startswith("|") and label in ln]
+        assert len(rows) == 1, f"no single table row for {label!r}"
+        assert re.search(r"\| \d+\.\d\d \|", rows[0]), f"row without a time: {rows[0]}"
+    for t in ("Q4_0", "Q8_0", "Q4_1", "MXFP4"):
+        row = next((ln for ln in text.splitlines() if ln.startswith(f"| {t} |")), None)
+        assert row is not None, f"no dequantizer row for {t}"
+        assert "| NO |" not in row, f"our dequantizer disagrees with gguf-py on {t}: {row}"
+    # the round trip through Hurray gave the source back byte for byte (checked with cmp)
+    assert "GGUF → Hurray → GGUF output identical to the source (cmp): **yes**" in text
+    for key in ("python", "numpy", "gguf-py", "hurray-interop", "cpu", "load average"):
+        assert f"**{key}**" in text
+    assert "kept analysis text" in text and "old" not in text.split("<!-- analysis -->")[0].splitlines()[0]
+    # the generated files are removed
+    assert not list((tmp_path / "out").glob("*.gguf")) and not list((tmp_path / "out").glob("*.hrry"))
