@@ -304,7 +304,7 @@ def _campaign(fmt: str, src: Path, n: int, seed: int, budget: int, per_mutant_ti
             problem = None
             if e.path is None:
                 problem = "error without a file path"
-            elif fmt in ("gguf", "hrry") and isinstance(e, FormatError) and e.offset is None:
+            elif isinstance(e, FormatError) and e.offset is None:
                 problem = "format error without a byte offset"
             if problem:
                 escapes.append({"mutant": k, "problem": problem, "error": f"{type(e).__name__}: {e}"[:300]})

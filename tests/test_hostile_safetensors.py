@@ -108,8 +108,8 @@ print(json.dumps(out))
 
 
 def _known_reader_bug(escape: dict) -> bool:
-    """Pinned by test_bug_sub_byte_shape_error_names_no_file (below)."""
-    return escape["problem"] == "error without a file path" and "is not a whole number of bytes" in escape.get("error", "")
+    """Pinned by test_bug_duplicate_json_key_error_has_no_offset (below)."""
+    return escape["problem"] == "format error without a byte offset" and "duplicate key" in escape.get("error", "")
 
 
 @pytest.mark.parametrize("name,seed", [("ct-mxfp4-tiny.safetensors", 21), ("gpt-oss-tiny.safetensors", 22)])
@@ -166,14 +166,12 @@ def test_cli_on_mutants_end_to_end(fixtures_dir, tmp_path, monkeypatch):
     assert seen[2] > n // 2 and seen[0] > 0, seen
 
 
-# -- pinned defects (fail until fixed in hurray_interop/formats/safetensors_mx.py) ----------------
+# -- regressions: defects found here and fixed in safetensors_mx.py (bf7ae13) ---------------------
 
 
-def test_bug_huge_integer_literal_escapes_as_valueerror(tmp_path):
-    """A 5000-digit integer in the JSON header: Python's int-from-string limit raises a bare
-    ValueError from json.loads, which _parse_header (safetensors_mx.py, the ``except
-    (json.JSONDecodeError, RecursionError)`` clause) does not catch.  Expected: FormatError
-    naming the file and the header offset."""
+def test_huge_integer_literal_is_a_format_error(tmp_path):
+    """A 5000-digit integer in the JSON header: Python's int-from-string limit raised a bare
+    ValueError from json.loads that escaped _parse_header.  Now a FormatError naming the file."""
     p = tmp_path / "bigint.safetensors"
     p.write_bytes(st('{"a":{"dtype":"U8","shape":[' + "9" * 5000 + '],"data_offsets":[0,1]}}', b"x"))
     with pytest.raises(HurrayInteropError) as ei:
@@ -183,10 +181,9 @@ def test_bug_huge_integer_literal_escapes_as_valueerror(tmp_path):
     assert status == 2 and "internal error" not in err
 
 
-def test_bug_sub_byte_shape_error_names_no_file(tmp_path):
-    """An F4 tensor with an odd element count: dtype_nbytes raises InconsistentError with
-    the tensor but without ``path`` (safetensors_mx.py dtype_nbytes, called from
-    _parse_header without re-locating the error).  Expected: the file is named."""
+def test_sub_byte_shape_error_names_the_file(tmp_path):
+    """An F4 tensor with an odd element count: dtype_nbytes raised InconsistentError with
+    the tensor but without ``path``.  Now the file is named."""
     p = tmp_path / "odd.safetensors"
     p.write_bytes(st('{"a":' + entry("F4", [3], [0, 2]) + "}", b"xy"))
     with pytest.raises(InconsistentError, match="not a whole number of bytes") as ei:
@@ -204,10 +201,10 @@ def test_bug_sub_byte_shape_error_names_no_file(tmp_path):
     ],
     ids=["data_offsets-mismatch", "bad-shape", "overlap"],
 )
-def test_bug_header_errors_carry_no_byte_offset(tmp_path, cid, header, data, offset):
+def test_header_errors_carry_a_byte_offset(tmp_path, cid, header, data, offset):
     """Issue item 1 asks for the byte offset of every malformation; entry-level header
-    errors (shape, dtype, data_offsets, overlap) have ``offset=None``.  Expected: the
-    offset of the offending entry (at least somewhere inside the header)."""
+    errors (shape, dtype, data_offsets, overlap) had ``offset=None``.  Now: the offset of
+    the offending entry (at least somewhere inside the header)."""
     p = tmp_path / "h.safetensors"
     raw = st(header, data)
     p.write_bytes(raw)
@@ -218,3 +215,29 @@ def test_bug_header_errors_carry_no_byte_offset(tmp_path, cid, header, data, off
     assert e.offset is not None and 8 <= e.offset < 8 + hl, (cid, str(e))
     if offset is not None:
         assert e.offset >= offset
+
+
+# -- pinned defects (fail until fixed in hurray_interop/formats/safetensors_mx.py) ----------------
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        '{"a":' + entry("U8", [1], [0, 1]) + ',"a":' + entry("U8", [1], [1, 2]) + "}",
+        '{"a":{"dtype":"U8","shape":[1],"shape":[1],"data_offsets":[0,1]}}',
+    ],
+    ids=["duplicate-tensor", "duplicate-field"],
+)
+def test_bug_duplicate_json_key_error_has_no_offset(tmp_path, header):
+    """A duplicate key in the JSON header (a tensor listed twice, or a field twice inside an
+    entry) raises InconsistentError("duplicate key ...", field="header") with
+    ``offset=None`` (safetensors_mx.py _no_dupes: raised inside json.loads' object_pairs_hook,
+    which does not know the position; the other header errors are now located).  Expected:
+    the byte offset of the duplicate (at least inside the header)."""
+    p = tmp_path / "dup.safetensors"
+    raw = st(header, b"xy")
+    p.write_bytes(raw)
+    with pytest.raises(InconsistentError, match="duplicate key") as ei:
+        SafetensorsFile(p)
+    (hl,) = struct.unpack_from("<Q", raw)
+    assert ei.value.offset is not None and 8 <= ei.value.offset < 8 + hl, str(ei.value)
