@@ -241,3 +241,35 @@ def test_bug_duplicate_json_key_error_has_no_offset(tmp_path, header):
         SafetensorsFile(p)
     (hl,) = struct.unpack_from("<Q", raw)
     assert ei.value.offset is not None and 8 <= ei.value.offset < 8 + hl, str(ei.value)
+
+
+# -- truncation at every boundary -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["ct-mxfp4-tiny.safetensors", "gpt-oss-tiny.safetensors"])
+def test_truncation_at_every_boundary(fixtures_dir, tmp_path, name):
+    """Cut the file at every byte of the length prefix, at the start, middle and end of every
+    header entry, and at every tensor's first, middle and last data byte: a TruncatedError
+    naming the file, with an offset inside the file (boundaries from a hand parse)."""
+    from hurray_interop.errors import TruncatedError
+
+    raw = (fixtures_dir / name).read_bytes()
+    (hl,) = struct.unpack_from("<Q", raw)
+    header = raw[8 : 8 + hl].decode()
+    entries = json.loads(header)
+    cuts = set(range(0, 9)) | {8 + hl - 1, 8 + hl}
+    for k in entries:
+        at = 8 + len(header[: header.index(json.dumps(k))].encode())
+        cuts |= {at, at + 1, at + 20}
+        if k != "__metadata__":
+            b, e = entries[k]["data_offsets"]
+            cuts |= {8 + hl + b, 8 + hl + (b + e) // 2, 8 + hl + e - 1}
+    cuts = sorted(c for c in cuts if 0 <= c < len(raw))
+    assert len(cuts) > 30
+    p = tmp_path / name
+    for cut in cuts:
+        p.write_bytes(raw[:cut])
+        with pytest.raises(TruncatedError) as ei:
+            SafetensorsFile(p)
+        e = ei.value
+        assert e.path == os.fspath(p) and e.offset is not None and 0 <= e.offset <= max(cut, 8), (cut, str(e))
