@@ -398,6 +398,44 @@ def test_failed_commit_rename_keeps_the_old_output(files, outdir, monkeypatch):
     assert os.listdir(outdir) == ["o.hrry"] and dst.read_bytes() == b"precious"
 
 
+@pytest.mark.parametrize("force", [False, True], ids=["link", "replace"])
+def test_output_is_fsynced_before_it_is_moved_into_place(files, outdir, monkeypatch, force):
+    """The order of events of a conversion's last step: fsync(temporary file) ->
+    link/rename onto DST -> fsync(directory), and the temporary file is gone afterwards."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_link, real_replace = os.fsync, os.link, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def link(a, b, *args, **kw):
+        events.append(("link", f"{os.fspath(a)} -> {os.fspath(b)}"))
+        return real_link(a, b, *args, **kw)
+
+    def replace(a, b, *args, **kw):
+        events.append(("replace", f"{os.fspath(a)} -> {os.fspath(b)}"))
+        return real_replace(a, b, *args, **kw)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "link", link)
+    monkeypatch.setattr(os, "replace", replace)
+    dst = outdir / "o.hrry"
+    if force:
+        dst.write_bytes(b"old")
+    status, _, err = run_cli(["convert", os.fspath(files["gguf"]), os.fspath(dst), "-q", *(["--force"] if force else [])])
+    assert status == 0, err
+    moves = [i for i, (kind, what) in enumerate(events) if kind in ("link", "replace") and what.endswith(f" -> {dst}")]
+    assert len(moves) == 1, events
+    m = moves[0]
+    tmp = events[m][1].split(" -> ")[0]
+    assert os.path.dirname(tmp) == os.fspath(outdir) and os.path.basename(tmp).startswith(".o.hrry.")
+    assert ("fsync", tmp) in events[:m], events
+    assert ("fsync", os.fspath(outdir)) in events[m + 1 :], events
+    assert events[m][0] == ("replace" if force else "link")
+    assert os.listdir(outdir) == ["o.hrry"]
+
+
 # -- pinned defects (fail until fixed) ---------------------------------------------------------------
 
 
