@@ -260,12 +260,15 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         out.write(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
     for r in results:
+        if r.error is not None:
+            # malformed input: one line on stderr, nothing else for this file
+            sys.stderr.write(f"hurray-interop: error: {r.error}\n")
+            status = EXIT_BAD_INPUT
+            continue
         if not args.json:
             _render_verify(r, out, args.quiet or len(results) > 1)
-        if r.error is not None:
-            status = max(status, EXIT_BAD_INPUT)
-        elif not r.ok:
-            status = max(status, EXIT_FAILED) if status != EXIT_BAD_INPUT else status
+        if not r.ok and status == EXIT_OK:
+            status = EXIT_FAILED
     if len(results) > 1 and not args.json:
         good = sum(1 for r in results if r.ok)
         out.write(f"{good} of {len(results)} files verified exact\n")

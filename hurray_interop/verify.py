@@ -15,7 +15,6 @@ OCP/Hurray decode −0; for GGUF MXFP4 tensors +0 and −0 compare equal.
 
 from __future__ import annotations
 
-import mmap
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -69,7 +68,7 @@ class VerifyResult:
     def summary_line(self) -> str:
         what = self.source if self.other is None else f"{self.source} vs {self.other}"
         if self.error is not None:
-            return f"ERROR  {what}: {self.error}"
+            return f"ERROR  {self.error}" if self.error.startswith(self.source) else f"ERROR  {what}: {self.error}"
         n = len(self.tensors)
         bad = [t.name for t in self.tensors if not t.ok]
         if self.ok:
@@ -184,26 +183,24 @@ def _gguf_reference(info: "G.GGUFTensorInfo") -> Callable[[int, int], np.ndarray
 
 
 def _first_byte_diff(a_path: str, b_path: str) -> tuple[int, int, int] | None:
-    """``(offset, size_a, size_b)`` of the first differing byte, or None if identical."""
+    """``(offset, size_a, size_b)`` of the first differing byte, or None if identical.
+
+    Reads both files in chunks (bounded memory, no mapping to leak)."""
     sa, sb = os.path.getsize(a_path), os.path.getsize(b_path)
-    if sa == 0 or sb == 0:
-        return None if sa == sb else (0, sa, sb)
+    step = 16 << 20
     with open(a_path, "rb") as fa, open(b_path, "rb") as fb:
-        ma = mmap.mmap(fa.fileno(), 0, access=mmap.ACCESS_READ)
-        mb = mmap.mmap(fb.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            n = min(sa, sb)
-            step = 64 << 20
-            for off in range(0, n, step):
-                x = np.frombuffer(ma, dtype=np.uint8, count=min(step, n - off), offset=off)
-                y = np.frombuffer(mb, dtype=np.uint8, count=min(step, n - off), offset=off)
-                ne = x != y
+        off = 0
+        while True:
+            x, y = fa.read(step), fb.read(step)
+            if not x or not y:
+                break
+            if x != y:
+                n = min(len(x), len(y))
+                xa, ya = np.frombuffer(x, np.uint8, n), np.frombuffer(y, np.uint8, n)
+                ne = xa != ya
                 if ne.any():
                     return off + int(np.argmax(ne)), sa, sb
-                del x, y
-        finally:
-            ma.close()
-            mb.close()
+            off += min(len(x), len(y))
     return None if sa == sb else (min(sa, sb), sa, sb)
 
 
@@ -325,28 +322,40 @@ def _mapping_of(t: Tensor) -> str:
 
 
 def _roundtrip_gguf(path: str, result: VerifyResult) -> None:
+    with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
+        try:
+            _roundtrip_gguf_in(path, tmp, result)
+        except HurrayInteropError as exc:
+            if exc.path is not None and exc.path.startswith(tmp):
+                # name the user's file, not our temporary copy that is about to vanish
+                exc.message = f"{exc.message} (in the round-trip copy {os.path.basename(exc.path)})"
+                exc.path = None
+                exc.located(path=path)
+            raise
+
+
+def _roundtrip_gguf_in(path: str, tmp: str, result: VerifyResult) -> None:
     from .conversions.gguf import gguf_to_hurray, hurray_to_gguf
 
-    with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
-        mid = os.path.join(tmp, "roundtrip.hrry")
-        back = os.path.join(tmp, "roundtrip.gguf")
-        try:
-            gguf_to_hurray(path, mid)
-        except ConversionRefused as exc:
-            for name, typ, reason in exc.reasons:
-                result.tensors.append(TensorCheck(name, typ, "refused", values_equal=False, where=reason))
-            result.problems.append(f"{len(exc.reasons)} tensor(s) cannot be converted exactly")
-            return
-        hurray_to_gguf(mid, back)
-        diff = _first_byte_diff(path, back)
-        result.file_bytes_equal = diff is None
-        with G.read_gguf(path) as src, G.read_gguf(back) as exported, HrryFile(mid) as hf:
-            if diff is not None:
-                off, sa, sb = diff
-                where = _locate_gguf(src, off) if off < sa else f"end of file (source {sa} bytes, result {sb} bytes)"
-                result.problems.append(f"re-exported GGUF differs from the source first at {where}")
-                result.problems.extend(_kv_type_diffs(src, exported))
-            _check_gguf_against_hurray(src, hf, result, exported)
+    mid = os.path.join(tmp, "roundtrip.hrry")
+    back = os.path.join(tmp, "roundtrip.gguf")
+    try:
+        gguf_to_hurray(path, mid)
+    except ConversionRefused as exc:
+        for name, typ, reason in exc.reasons:
+            result.tensors.append(TensorCheck(name, typ, "refused", values_equal=False, where=reason))
+        result.problems.append(f"{len(exc.reasons)} tensor(s) cannot be converted exactly")
+        return
+    hurray_to_gguf(mid, back)
+    diff = _first_byte_diff(path, back)
+    result.file_bytes_equal = diff is None
+    with G.read_gguf(path) as src, G.read_gguf(back) as exported, HrryFile(mid) as hf:
+        if diff is not None:
+            off, sa, sb = diff
+            where = _locate_gguf(src, off) if off < sa else f"end of file (source {sa} bytes, result {sb} bytes)"
+            result.problems.append(f"re-exported GGUF differs from the source first at {where}")
+            result.problems.extend(_kv_type_diffs(src, exported))
+        _check_gguf_against_hurray(src, hf, result, exported)
 
 
 def _pair_gguf_hurray(gguf_path: str, hrry_path: str, result: VerifyResult) -> None:
