@@ -140,7 +140,7 @@ def _gguf_value(v: Any) -> tuple[str, Any]:
 
 
 def _inspect_gguf(path: str) -> dict[str, Any]:
-    from .conversions.gguf import plan_gguf
+    from .conversions.gguf import plan_gguf_open
     from .formats import gguf as G
 
     with G.read_gguf(path) as gf:
@@ -157,7 +157,7 @@ def _inspect_gguf(path: str) -> dict[str, Any]:
             "file_size": gf.file_size,
             "metadata": metadata,
         }
-    plan = plan_gguf(path)
+        plan = plan_gguf_open(gf)
     info["tensors"] = [
         {
             "name": p.name,

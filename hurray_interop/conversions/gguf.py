@@ -170,16 +170,21 @@ def _decode_raw_payload(vt: "G.ValueType", raw: bytes, key: str, path: str) -> "
     return G.decode_value(vt, raw, what=key, path=path)
 
 
-def _kv_to_hurray(src: "G.GGUFFile") -> tuple[list[tuple[str, KVValue]], list[str]]:
-    items: list[tuple[str, KVValue]] = []
-    types: list[str] = []
-    for key, v in src.kv.items():
+def _check_reserved_keys(src: "G.GGUFFile") -> None:
+    for key in src.kv:
         if key.startswith(KEY_PREFIX):
             raise UnsupportedError(
                 f"GGUF metadata key {key!r} uses the prefix {KEY_PREFIX!r} reserved for conversion records",
                 path=src.path,
                 offset=src.kv_offsets.get(key),
             )
+
+
+def _kv_to_hurray(src: "G.GGUFFile") -> tuple[list[tuple[str, KVValue]], list[str]]:
+    items: list[tuple[str, KVValue]] = []
+    types: list[str] = []
+    _check_reserved_keys(src)
+    for key, v in src.kv.items():
         nat = _natural(v)
         if nat is None:
             items.append((key, KVValue("bytes", _raw_payload(v))))
@@ -384,7 +389,7 @@ def _scale_chunks(blocks: np.ndarray, row: Any, subst: np.ndarray, field_name: s
     f = row["fields"]
     for sl in _chunks(blocks.shape[0]):
         if row["mapping"] == "mxfp":
-            s = np.ascontiguousarray(blocks[sl, f["e"]])
+            s = blocks[sl, f["e"]].copy()  # a copy: the memory map is read-only
         else:
             s = B.field_f16(blocks[sl], f[field_name]).copy()
         if subst.size:
@@ -759,76 +764,93 @@ def gguf_to_hurray(
         raise UsageError(f"unknown --q4-1 mode {q4_1!r} (overlay or requantize)")
     src = os.fspath(src)
     with G.read_gguf(src) as gf:
-        report = ConversionReport(
-            source=src,
-            destination=None if dst is None else os.fspath(dst),
-            source_format="gguf",
-            destination_format="hurray",
-            dry_run=dry_run,
-        )
-        kv_items, kv_types = _kv_to_hurray(gf)
-        jobs = []
-        for info in gf.tensors:
-            jobs.append(_plan(info, fallback=fallback, q4_1=q4_1))
-            gf.release_pages()  # bounded resident memory: see GGUFFile.release_pages
-        report.tensors = [j.plan for j in jobs]
-        names = [n for j in jobs for n in j.names]
-        if len(set(names)) != len(names):
-            dup = sorted({n for n in names if names.count(n) > 1})
-            raise UnsupportedError(
-                f"overlay member names collide with existing tensor names: {', '.join(dup[:5])}", path=src
-            )
-        if any(j.plan.status == LOSSY for j in jobs):
-            report.notes.append("lossy tensors were stored as chosen; see max abs error per tensor")
-        if any(j.plan.mapping.startswith("overlay") for j in jobs):
-            report.notes.append("Q4_1/Q5_1 stored as the exact minimum overlay: 7 (Q5_1: 11) bits per weight against 5 (6)")
-        if report.refused:
-            if dry_run:
-                return report
-            raise ConversionRefused(
-                f"{len(report.refused)} tensor(s) cannot be converted exactly; nothing was written "
-                "(choose --fallback float32|float16|bfloat16 to store them dequantized)",
-                path=src,
-                reasons=[(t.name, t.source_type, t.reason) for t in report.refused],
-                report=report,
-            )
-        if dry_run or dst is None:
-            return report
+        return _gguf_to_hurray_open(gf, src, dst, fallback=fallback, q4_1=q4_1, dry_run=dry_run, force=force,
+                                    progress=progress)
 
-        records: list[tuple[str, KVValue]] = [
-            (K_SOURCE, KVValue("string", "gguf")),
-            (K_VERSION, KVValue("uint64", gf.version)),
-            (K_ALIGN, KVValue("uint64", gf.alignment)),
-            (K_TAIL, KVValue("uint64", gf.tail_bytes)),
-            (K_TYPES, KVValue("array", kv_types, "string")),
-            (
-                K_TENSORS,
-                KVValue(
-                    "string",
-                    json.dumps([[t.name, t.type_name, list(t.ne), t.offset] for t in gf.tensors], separators=(",", ":")),
-                ),
+
+def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str] | None, *, fallback: str | None,
+                         q4_1: str, dry_run: bool, force: bool, progress: Progress) -> ConversionReport:
+    report = ConversionReport(
+        source=src,
+        destination=None if dst is None else os.fspath(dst),
+        source_format="gguf",
+        destination_format="hurray",
+        dry_run=dry_run,
+    )
+    _check_reserved_keys(gf)  # the metadata itself is converted only when writing (vocabularies are big)
+    jobs = []
+    for info in gf.tensors:
+        jobs.append(_plan(info, fallback=fallback, q4_1=q4_1))
+        gf.release_pages()  # bounded resident memory: see GGUFFile.release_pages
+    report.tensors = [j.plan for j in jobs]
+    names = [n for j in jobs for n in j.names]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise UnsupportedError(
+            f"overlay member names collide with existing tensor names: {', '.join(dup[:5])}", path=src
+        )
+    if any(j.plan.status == LOSSY for j in jobs):
+        report.notes.append("lossy tensors were stored as chosen; see max abs error per tensor")
+    if any(j.plan.mapping.startswith("overlay") for j in jobs):
+        report.notes.append("Q4_1/Q5_1 stored as the exact minimum overlay: 7 (Q5_1: 11) bits per weight against 5 (6)")
+    if report.refused:
+        if dry_run:
+            return report
+        raise ConversionRefused(
+            f"{len(report.refused)} tensor(s) cannot be converted exactly; nothing was written "
+            "(choose --fallback float32|float16|bfloat16 to store them dequantized)",
+            path=src,
+            reasons=[(t.name, t.source_type, t.reason) for t in report.refused],
+            report=report,
+        )
+    if dry_run or dst is None:
+        return report
+
+    kv_items, kv_types = _kv_to_hurray(gf)
+    records: list[tuple[str, KVValue]] = [
+        (K_SOURCE, KVValue("string", "gguf")),
+        (K_VERSION, KVValue("uint64", gf.version)),
+        (K_ALIGN, KVValue("uint64", gf.alignment)),
+        (K_TAIL, KVValue("uint64", gf.tail_bytes)),
+        (K_TYPES, KVValue("array", kv_types, "string")),
+        (
+            K_TENSORS,
+            KVValue(
+                "string",
+                json.dumps([[t.name, t.type_name, list(t.ne), t.offset] for t in gf.tensors], separators=(",", ":")),
             ),
-        ]
-        if gf.nonzero_padding:
-            report.notes.append("the source has non-zero padding bytes; an export will write zeros there")
-        total = _progress_total(jobs)
-        done = 0
-        with HrryWriter(dst, tensor_count_hint=len(names), force=force, inputs=(src,)) as w:
-            for j in jobs:
-                assert j.write is not None
-                j.write(w)
-                gf.release_pages()
-                records.extend(j.records)
-                done += j.info.nbytes
-                if progress:
-                    progress(done, total)
-            w.finish(dict(kv_items + records))
+        ),
+    ]
+    if gf.nonzero_padding:
+        report.notes.append("the source has non-zero padding bytes; an export will write zeros there")
+    total = _progress_total(jobs)
+    done = 0
+    with HrryWriter(dst, tensor_count_hint=len(names), force=force, inputs=(src,)) as w:
+        for j in jobs:
+            assert j.write is not None
+            j.write(w)
+            gf.release_pages()
+            records.extend(j.records)
+            done += j.info.nbytes
+            if progress:
+                progress(done, total)
+        w.finish(dict(kv_items + records))
     return report
 
 
 def plan_gguf(src: str | os.PathLike[str], *, fallback: str | None = None, q4_1: str = "overlay") -> ConversionReport:
     """The per-tensor plan of a GGUF → Hurray conversion (what ``--dry-run`` shows)."""
     return gguf_to_hurray(src, None, fallback=fallback, q4_1=q4_1, dry_run=True)
+
+
+def plan_gguf_open(gf: "G.GGUFFile", *, fallback: str | None = None, q4_1: str = "overlay") -> ConversionReport:
+    """:func:`plan_gguf` of a GGUF file already open (``inspect`` parses a file once)."""
+    if fallback not in (None, "float32", "float16", "bfloat16"):
+        raise UsageError(f"unknown fallback {fallback!r} (float32, float16 or bfloat16)")
+    if q4_1 not in ("overlay", "requantize"):
+        raise UsageError(f"unknown --q4-1 mode {q4_1!r} (overlay or requantize)")
+    src = gf.path or "<memory>"
+    return _gguf_to_hurray_open(gf, src, None, fallback=fallback, q4_1=q4_1, dry_run=True, force=False, progress=None)
 
 
 # ===========================================================================
@@ -1084,7 +1106,12 @@ def _export_kv(kv: dict[str, KVValue], meta: dict[str, Any], path: str, alignmen
                 f"{len(types)} GGUF value types recorded for {len(plain)} metadata keys", path=path, field=K_TYPES
             )
         return [(k, _gguf_value_from_record(k, v, ts, path)) for (k, v), ts in zip(plain, types)]
-    out = [(k, _gguf_value_from_plain(v)) for k, v in plain]
+    out = []
+    for k, v in plain:
+        if k == "general.alignment":  # GGUF requires this one key to be a UINT32
+            out.append((k, G.GGUFValue.of(VT.UINT32, alignment)))
+        else:
+            out.append((k, _gguf_value_from_plain(v)))
     if alignment != G.DEFAULT_ALIGNMENT and "general.alignment" not in kv:
         out.append(("general.alignment", G.GGUFValue.of(VT.UINT32, alignment)))
     return out
@@ -1212,7 +1239,7 @@ def _export_fallback(ex: _Export, t: Tensor, fallback: str, reason: str) -> None
 
     def gen() -> Iterator[np.ndarray]:
         for _, vals in iter_dequantize(t):
-            yield np.asarray(vals, dtype=np.float32).astype(out_dt).reshape(-1)
+            yield np.asarray(vals, dtype=np.float32).astype(out_dt).reshape(-1).view(np.uint8)
 
     if fallback != "float32":
         err = 0.0
