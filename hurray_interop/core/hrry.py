@@ -703,11 +703,10 @@ class HrryFile:
             total = 1
             for s in head.shape:
                 total *= s  # type: ignore[operator]
-            for i in range(len(boxes)):
-                for j in range(i + 1, len(boxes)):
-                    (_, oa, sa), (nb, ob, sb) = boxes[i], boxes[j]
-                    if all(max(a0, b0) < min(a0 + al, b0 + bl) for a0, al, b0, bl in zip(oa, sa, ob, sb)):  # type: ignore[operator]
-                        raise bad(f"partition members {boxes[i][0]!r} and {nb!r} overlap", nb)
+            pair = _first_overlap([(off, shp) for _, off, shp in boxes])  # type: ignore[misc]
+            if pair is not None:
+                i, j = pair
+                raise bad(f"partition members {boxes[i][0]!r} and {boxes[j][0]!r} overlap", boxes[j][0])
             if vol != total:
                 raise bad(f"partition members cover {vol} of {total} elements (gap)")
 
@@ -731,6 +730,38 @@ class HrryFile:
         self.kv
         for name in self.top_level_names():
             self.tensor(name)
+
+
+def _first_overlap(boxes: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[int, int] | None:
+    """``(i, j)``, ``i < j``, of two overlapping boxes ``(offset, shape)``, or None.
+
+    A sweep along the axis with the most distinct start offsets: each box is compared only
+    with the boxes whose interval on that axis it meets, so a row, column or grid partition
+    of n members costs about n log n (n**1.5 for a square grid) instead of n**2 -- a file
+    with thousands of members must not take minutes to open.  Empty boxes overlap nothing.
+    """
+    live = [(k, tuple(o), tuple(s)) for k, (o, s) in enumerate(boxes) if all(x > 0 for x in s)]
+    if len(live) < 2:
+        return None
+    rank = len(live[0][1])
+    if rank == 0:  # two non-empty scalars: the same single element
+        return live[0][0], live[1][0]
+    axis = max(range(rank), key=lambda a: len({o[a] for _, o, _ in live}))
+    live.sort(key=lambda b: (b[1][axis], b[0]))
+    active: list[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = []
+    found: tuple[int, int] | None = None
+    for k, o, s in live:
+        start = o[axis]
+        active = [a for a in active if a[0] > start]
+        for _, j, oj, sj in active:
+            if all(max(a0, b0) < min(a0 + al, b0 + bl) for a0, al, b0, bl in zip(oj, sj, o, s)):
+                pair = (min(j, k), max(j, k))
+                found = pair if found is None or pair < found else found
+                break
+        if found is not None:
+            break
+        active.append((start + s[axis], k, o, s))
+    return found
 
 
 def open_hrry(path: "str | os.PathLike[str]") -> HrryFile:
