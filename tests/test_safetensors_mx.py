@@ -599,3 +599,58 @@ def test_compressed_tensors_convention_covers_mxfp8_naming(fixtures_dir, tmp_pat
     assert (tmp_path / "ct.safetensors").read_bytes() == src.read_bytes()
     with pytest.raises(ConversionRefused, match="no exact safetensors form"):
         hurray_to_safetensors(tmp_path / "m.hrry", tmp_path / "g.safetensors", convention="gpt-oss")
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "[" * 100000 + "]" * 100000,
+        '{"version": 1, "tensors": [{"name": "a", "dtype": "U8", "shape": 3, "hurray": "a", "role": "plain"}]}',
+        '{"version": 1, "tensors": [{"name": "a", "dtype": 5, "shape": [3], "hurray": "a", "role": "plain"}]}',
+        '{"version": 1, "tensors": [{"name": "a", "dtype": "U8", "shape": [-3], "hurray": "a", "role": "plain"}]}',
+        '{"version": 1, "tensors": [{"name": "a", "dtype": "U8", "shape": [3], "hurray": "a", "role": "data", "convention": "x"}]}',
+        '{"version": 2, "tensors": []}',
+    ],
+)
+def test_hostile_layout_records_are_format_errors(fixtures_dir, tmp_path, layout):
+    from hurray_interop.core.hrry import HrryWriter
+
+    safetensors_to_hurray(fixtures_dir / GPT, tmp_path / "m.hrry")
+    with HrryFile(tmp_path / "m.hrry") as hf, HrryWriter(tmp_path / "bad.hrry") as w:
+        for n in hf.names:
+            t = hf.tensor(n)
+            w.write(n, t.descriptor, t.data)
+        kv = dict(hf.kv)
+        kv[KV_LAYOUT] = layout
+        w.finish(kv)
+    with pytest.raises(FormatError, match="malformed safetensors layout record"):
+        hurray_to_safetensors(tmp_path / "bad.hrry", tmp_path / "o.safetensors")
+
+
+def test_layout_record_with_a_lying_shape_is_refused_before_writing(fixtures_dir, tmp_path):
+    from hurray_interop.core.hrry import HrryWriter
+
+    safetensors_to_hurray(fixtures_dir / GPT, tmp_path / "m.hrry")
+    with HrryFile(tmp_path / "m.hrry") as hf, HrryWriter(tmp_path / "bad.hrry") as w:
+        for n in hf.names:
+            t = hf.tensor(n)
+            w.write(n, t.descriptor, t.data)
+        kv = dict(hf.kv)
+        lay = json.loads(_kv(hf, KV_LAYOUT))
+        (ent,) = [d for d in lay["tensors"] if d["name"] == "model.layers.0.mlp.router.bias"]
+        ent["shape"] = [3]
+        kv[KV_LAYOUT] = json.dumps(lay)
+        kv[KV_METADATA] = "[" * 100000
+        w.finish(kv)
+    with pytest.raises(FormatError, match="malformed safetensors metadata record"):
+        hurray_to_safetensors(tmp_path / "bad.hrry", tmp_path / "o.safetensors")
+    with HrryFile(tmp_path / "bad.hrry") as hf, HrryWriter(tmp_path / "bad2.hrry") as w:
+        for n in hf.names:
+            t = hf.tensor(n)
+            w.write(n, t.descriptor, t.data)
+        kv = dict(hf.kv)
+        del kv[KV_METADATA]
+        w.finish(kv)
+    with pytest.raises(InconsistentError, match=r"tensor 'model.layers.0.mlp.router.bias'.*needs 12 bytes.*holds 8"):
+        hurray_to_safetensors(tmp_path / "bad2.hrry", tmp_path / "o.safetensors")
+    assert not (tmp_path / "o.safetensors").exists() and not _leftovers(tmp_path)

@@ -60,6 +60,7 @@ from ..formats.safetensors_mx import (
     CONVENTIONS,
     SafetensorsFile,
     detect_pairs,
+    dtype_nbytes,
     hurray_type_for,
     convention_for,
     pair_data_dtype,
@@ -232,6 +233,17 @@ def _kv_value(kv: dict[str, Any], key: str, kind: type, path: Any) -> Any:
     return v
 
 
+def _layout_entry_ok(d: Any) -> bool:
+    if not isinstance(d, dict) or not {"name", "dtype", "shape", "hurray", "role"} <= set(d):
+        return False
+    if not all(isinstance(d[k], str) for k in ("name", "dtype", "hurray", "role")):
+        return False
+    if "convention" in d and not (isinstance(d["convention"], str) and d["convention"] in CONVENTIONS):
+        return False
+    shape = d["shape"]
+    return isinstance(shape, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape)
+
+
 def _load_layout(kv: dict[str, Any], path: Any) -> dict[str, Any] | None:
     raw = _kv_value(kv, KV_LAYOUT, str, path)
     if raw is None:
@@ -239,9 +251,8 @@ def _load_layout(kv: dict[str, Any], path: Any) -> dict[str, Any] | None:
     try:
         lay = json.loads(raw)
         ok = isinstance(lay, dict) and lay.get("version") == LAYOUT_VERSION and isinstance(lay.get("tensors"), list)
-        for d in lay["tensors"] if ok else ():
-            ok = ok and isinstance(d, dict) and {"name", "dtype", "shape", "hurray", "role"} <= set(d)
-    except (json.JSONDecodeError, TypeError, KeyError):
+        ok = ok and all(_layout_entry_ok(d) for d in lay["tensors"])
+    except (ValueError, RecursionError, TypeError, KeyError):  # JSONDecodeError is a ValueError
         ok = False
     if not ok:
         raise FormatError("malformed safetensors layout record", path=path, field=KV_LAYOUT)
@@ -284,7 +295,7 @@ def hurray_to_safetensors(
         if md_raw is not None:
             try:
                 metadata = json.loads(md_raw)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 metadata = None
             if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
                 raise FormatError("malformed safetensors metadata record", path=src, field=KV_METADATA)
@@ -359,6 +370,12 @@ def hurray_to_safetensors(
             if et != d.element_type:
                 raise InconsistentError(
                     f"recorded dtype {dtype} does not match the stored element type {d.element_type.name}", path=src, tensor=hname
+                )
+            if dtype_nbytes(dtype, shape or (), tensor=hname) != t.data[0].size:
+                raise InconsistentError(
+                    f"recorded {dtype} {list(shape or ())} needs {dtype_nbytes(dtype, shape or (), tensor=hname)} bytes, "
+                    f"the stored tensor holds {t.data[0].size}",
+                    path=src, tensor=hname,
                 )
             rep.tensors.append(report.TensorPlan(hname, d.element_type.name, dtype, report.EXACT,
                                                  bytes_in=t.nbytes, bytes_out=t.nbytes))

@@ -211,7 +211,7 @@ def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise InconsistentError(f"duplicate key {k!r} in the JSON header", field="header")
+            raise InconsistentError(f"duplicate key {k!r} in the JSON header", field="header", key=k)
         out[k] = v
     return out
 
@@ -235,6 +235,11 @@ def _parse_header(raw: bytes, data_size: int, path: Path) -> tuple[dict[str, str
     try:
         obj = json.loads(text, object_pairs_hook=_no_dupes)
     except InconsistentError as e:
+        key = json.dumps(str(e.details.get("key", "")), ensure_ascii=False)
+        first = text.find(key)
+        second = text.find(key, first + 1) if first >= 0 else -1
+        pos = second if second >= 0 else max(first, 0)
+        e.offset = 8 + len(text[:pos].encode("utf-8"))
         raise e.located(path=path)
     except (json.JSONDecodeError, RecursionError) as e:
         pos = getattr(e, "pos", 0)
