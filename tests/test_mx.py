@@ -326,3 +326,22 @@ def test_compare_values_bitwise_with_nan_equal():
     c[1] = 5.0
     r = mx.compare_values(a, c)
     assert r.mismatches == 1 and r.max_abs_error == float("inf")
+
+
+def test_torch_paths_without_torch_raise_unsupported(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def fake(name, *a, **kw):
+        if name.split(".")[0] in ("torch", "torchao"):
+            raise ImportError(f"no {name}")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    t = mx.quantize(np.ones((1, 32), np.float32), "fp4")
+    with pytest.raises(UnsupportedError, match=r"torch is not installed"):
+        mx.to_torch(t)
+    with pytest.raises(UnsupportedError, match=r"torch is not installed"):
+        mx.to_torchao(t)
+    assert bytes(mx.to_numpy(t).scales.view(np.uint8)) == bytes([127 - 2])  # amax 1 = 2^0, emax 2; numpy needs no torch

@@ -257,13 +257,30 @@ class MXCodes:
 # helpers
 
 
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise UnsupportedError("torch is not installed (pip install 'hurray-interop[torch]')") from None
+    return torch
+
+
+def _torchao_mx() -> Any:
+    _torch()
+    try:
+        from torchao.prototype.mx_formats import mx_tensor
+    except ImportError:
+        raise UnsupportedError("torchao is not installed (pip install 'hurray-interop[torch]')") from None
+    return mx_tensor
+
+
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "dtype") and hasattr(x, "numpy")
 
 
 def _torch_to_numpy(t: Any) -> tuple[np.ndarray, str]:
     """(numpy array of the raw bytes/values, torch dtype name)."""
-    import torch
+    torch = _torch()
 
     name = str(t.dtype).removeprefix("torch.")
     t = t.detach().cpu().contiguous()
@@ -718,7 +735,7 @@ def to_torch(tensor: Tensor, *, record: bytes | None = None, int8: str = "ocp") 
     byte along the last axis, which must be even); FP6 -> ``uint8`` one code per byte
     (torchao's convention; torch has no float6); INT8 -> ``int8``; INT4 -> ``int8`` holding
     the sign-extended values (torch's int4 is a shell dtype)."""
-    import torch
+    torch = _torch()
 
     el, shape, k, axis = mxfp_geometry(tensor)
     if el.torch_packed:
@@ -742,7 +759,7 @@ def to_torch(tensor: Tensor, *, record: bytes | None = None, int8: str = "ocp") 
 def from_torchao(mx: Any, *, name: str = "tensor", fallback: str | None = None) -> MXImport:
     """torchao ``MXTensor`` -> Hurray MXFP tensor (blocks along the last dim; a transposed
     2-D MXTensor has its blocks along dim 0; swizzled scales are unswizzled)."""
-    import torch
+    torch = _torch()
 
     el = mx_element(mx.elem_dtype)
     k = int(mx.block_size)
@@ -783,8 +800,8 @@ def from_torchao(mx: Any, *, name: str = "tensor", fallback: str | None = None) 
 def to_torchao(tensor: Tensor, *, record: bytes | None = None, orig_dtype: Any = None) -> Any:
     """Hurray MXFP tensor -> torchao ``MXTensor`` (elements torchao supports, blocks along
     the last axis; unswizzled scales)."""
-    import torch
-    from torchao.prototype.mx_formats.mx_tensor import MXTensor
+    torch = _torch()
+    MXTensor = _torchao_mx().MXTensor
 
     el, shape, k, axis = mxfp_geometry(tensor)
     if not el.torchao:
@@ -808,8 +825,7 @@ def to_torchao(tensor: Tensor, *, record: bytes | None = None, orig_dtype: Any =
 
 def _quant_core(x: Any, el: MXElement, block_size: int, axis: int, hurray: bool, name: str):
     if _is_torch(x):
-        import torch
-
+        torch = _torch()
         x = x.detach().cpu().to(torch.float32).numpy()
     a = np.asarray(x)
     if a.dtype.kind != "f" and a.dtype != np.dtype(ml_dtypes.bfloat16):
