@@ -217,3 +217,17 @@ def test_cli_on_mutants_end_to_end(fixtures_dir, tmp_path, monkeypatch):
             assert status in (0, 1, 2) and "Traceback" not in out_text + err
             assert "internal error" not in out_text + err or known_bug(err), err
     assert statuses[2] > n // 4 and statuses[0] > 0, statuses
+
+
+def test_uint64_array_with_values_above_int64_encodes_exactly():
+    """Fixed bug (found by test_gguf_format's writer property test): numpy turns the Python
+    list [0, 2**63] into float64, so GGUFValue.of(ARRAY, ..., UINT64) called the values
+    non-integers.  Now exact, and out-of-range values are still refused."""
+    from hurray_interop.formats.gguf import GGUFValue, ValueType, encode_value
+
+    v = GGUFValue.of(ValueType.ARRAY, [0, 2**63, 2**64 - 1], ValueType.UINT64)
+    assert encode_value(v) == struct.pack("<IQ3Q", 10, 3, 0, 2**63, 2**64 - 1)
+    with pytest.raises(UsageError, match="out of range for UINT64"):
+        GGUFValue.of(ValueType.ARRAY, [0, 2**64], ValueType.UINT64)
+    with pytest.raises(UsageError, match="out of range for INT64"):
+        GGUFValue.of(ValueType.ARRAY, [-1, 2**63], ValueType.INT64)

@@ -68,6 +68,7 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
+from ..core.hrry import prefetch_chunks
 from ..tables import load_table
 
 __all__ = [
@@ -436,6 +437,14 @@ def _exact_array(values: Any, et: ValueType) -> np.ndarray:
     if et == ValueType.BOOL:
         values = [int(v) for v in values]
     try:
+        if dt.kind in "iu" and isinstance(values, (list, tuple)) and values and all(isinstance(v, (int, np.integer)) for v in values):
+            # Python ints, range-checked as such: numpy turns [0, 2**63] into float64 (losing
+            # the exact value), which the checks below would then call non-integers
+            ints = [int(v) for v in values]
+            info = np.iinfo(dt)
+            if min(ints) < info.min or max(ints) > info.max:
+                raise UsageError(f"value out of range for {et.name}")
+            return np.array(ints, dtype=dt)
         src = np.asarray(values)
         if dt.kind in "iu" and src.size and src.dtype.kind not in "iub":
             raise UsageError(f"{et.name} values must be integers")
@@ -1244,7 +1253,8 @@ class GGUFWriterStream:
         if name is not None and _encode_name(name) != tname:
             raise UsageError(f"expected data for tensor {_decode_name(tname)!r}, got {name!r}")
         self._pad_to(self.data_offset + off)
-        chunks = [data] if isinstance(data, (bytes, bytearray, memoryview, np.ndarray)) else data
+        # chunks of an iterable are produced one ahead in a worker thread (see prefetch_chunks)
+        chunks = [data] if isinstance(data, (bytes, bytearray, memoryview, np.ndarray)) else prefetch_chunks(data)
         written = 0
         for c in chunks:
             if isinstance(c, np.ndarray):
