@@ -27,22 +27,64 @@ __all__ = [
 ]
 
 
-def split_to_pairs(qs: np.ndarray) -> np.ndarray:
-    """``(n, 16)`` GGML split-half nibbles → ``(n, 16)`` Hurray LSB-first pairs."""
-    v = np.ascontiguousarray(qs).view("<u2")  # (n, 8): a | b << 8
-    out = np.empty((qs.shape[0], 16), dtype=np.uint8)
-    out[:, :8] = (v & 0x000F) | ((v >> 4) & 0x00F0)
-    out[:, 8:] = ((v >> 4) & 0x000F) | ((v >> 8) & 0x00F0)
+#: blocks per internal step: small enough that the temporaries stay in the CPU cache
+_STEP = 8192
+_LO4 = np.uint64(0x000F000F000F000F)
+_HI4 = np.uint64(0x00F000F000F000F0)
+_S4 = np.uint64(4)
+_S8 = np.uint64(8)
+
+
+def split_to_pairs(qs: np.ndarray, xor: int = 0) -> np.ndarray:
+    """``(n, 16)`` GGML split-half nibbles → ``(n, 16)`` Hurray LSB-first pairs
+    (each output byte XOR ``xor``: 0x88 turns Q4_0's ``q`` into int4 ``q − 8``).
+
+    Works on 64-bit words, four ``(a, b)`` byte pairs at a time, in cache-sized
+    steps: 3× faster than the same formula on uint16 over the whole chunk."""
+    n = qs.shape[0]
+    out = np.empty((n, 16), dtype=np.uint8)
+    for i in range(0, n, _STEP):
+        k = min(_STEP, n - i)
+        x = np.ascontiguousarray(qs[i : i + k]).view("<u8")  # (k, 2): four (a | b << 8) lanes each
+        y = x >> _S4
+        lo = x & _LO4
+        lo |= y & _HI4  # lane: (a & 15) | (b & 15) << 4
+        o = out[i : i + k]
+        o[:, :8] = lo.view("<u2")  # the low byte of each lane
+        np.right_shift(x, _S8, out=lo)
+        lo &= _HI4
+        y &= _LO4
+        lo |= y  # lane: a >> 4 | (b & 0xF0)
+        o[:, 8:] = lo.view("<u2")
+        if xor:
+            o ^= xor
     return out
 
 
 def pairs_to_split(h: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`split_to_pairs`."""
-    h = np.ascontiguousarray(h)
-    a, b = h[:, :8], h[:, 8:]
-    out = np.empty((h.shape[0], 16), dtype=np.uint8)
-    out[:, 0::2] = (a & 0x0F) | (b << 4)
-    out[:, 1::2] = (a >> 4) | (b & 0xF0)
+    """Inverse of :func:`split_to_pairs` (without ``xor``): each Hurray byte is widened
+    into a uint16 lane, then four lanes per 64-bit word give GGML byte pairs."""
+    n = h.shape[0]
+    out = np.empty((n, 16), dtype=np.uint8)
+    a16 = np.empty((min(n, _STEP), 8), dtype="<u2")
+    b16 = np.empty((min(n, _STEP), 8), dtype="<u2")
+    for i in range(0, n, _STEP):
+        k = min(_STEP, n - i)
+        a, b = a16[:k], b16[:k]
+        a[...] = h[i : i + k, :8]  # widen each byte into a u16 lane
+        b[...] = h[i : i + k, 8:]
+        a64, b64 = a.view("<u8"), b.view("<u8")
+        lo = a64 & _LO4
+        t = b64 << _S4
+        t &= _HI4
+        lo |= t  # (a & 15) | (b << 4)
+        np.right_shift(a64, _S4, out=t)
+        t &= _LO4
+        b64 &= _HI4
+        t |= b64  # a >> 4 | (b & 0xF0)
+        t <<= _S8
+        lo |= t
+        out[i : i + k] = lo.view(np.uint8).reshape(k, 16)
     return out
 
 
