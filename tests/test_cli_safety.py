@@ -146,6 +146,149 @@ def test_malformed_input_exits_2_with_a_located_line(files, tmp_path, outdir, ki
     assert bad.read_bytes() == before
 
 
+# -- every malformation of issue item 1, through the command line -----------------------------
+
+
+def _s(b: bytes) -> bytes:
+    return struct.pack("<Q", len(b)) + b
+
+
+def _gguf(kvs: list[bytes], infos: list[bytes], data: bytes = b"", *, n_t: int | None = None, version: int = 3) -> bytes:
+    head = b"GGUF" + struct.pack("<IQQ", version, len(infos) if n_t is None else n_t, len(kvs))
+    meta = head + b"".join(kvs) + b"".join(infos)
+    return meta + bytes(-len(meta) % 32) + data
+
+
+def _info(name: bytes, ne: list[int], type_id: int, offset: int) -> bytes:
+    return _s(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne) + struct.pack("<IQ", type_id, offset)
+
+
+def _st(header: str | bytes, data: bytes = b"") -> bytes:
+    h = header.encode() if isinstance(header, str) else header
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def _st_entry(name: str, dtype: str, shape: list, offs: list) -> str:
+    import json
+
+    return f'"{name}":' + json.dumps({"dtype": dtype, "shape": shape, "data_offsets": offs})
+
+
+_KV_U32 = _s(b"k") + struct.pack("<II", 4, 7)
+_W = _info(b"w", [4], 0, 0)
+GGUF_MALFORMED = {
+    "bad-magic": b"GGUX" + _gguf([], [])[4:],
+    "unsupported-version": _gguf([], [], version=4),
+    "truncated-in-kv": _gguf([_KV_U32, _s(b"j") + struct.pack("<II", 4, 7)], [])[:56],  # inside the 2nd value
+    "2**63-tensors": _gguf([], [], n_t=2**63),
+    "4GiB-string": _gguf([_s(b"k")[:8].replace(b"\x01", b"\x01") + b"k" + struct.pack("<IQ", 8, 2**32)], []),
+    "2**40-element-shape": _gguf([], [_info(b"w", [2**20, 2**20], 0, 0)], bytes(32)),
+    "out-of-file-data": _gguf([], [_info(b"w", [4], 0, 64)], bytes(32)),
+    "overlap": _gguf([], [_info(b"a", [16], 0, 0), _info(b"b", [4], 0, 32)], bytes(64)),
+    "misaligned-offset": _gguf([], [_info(b"w", [4], 0, 16)], bytes(64)),
+    "duplicate-tensor": _gguf([], [_W, _info(b"w", [4], 0, 32)], bytes(64)),
+    "duplicate-key": _gguf([_KV_U32, _KV_U32], []),
+    "unknown-value-type": _gguf([_s(b"k") + struct.pack("<II", 13, 0)], []),
+    "unknown-ggml-type": _gguf([], [_info(b"w", [32], 99, 0)], bytes(64)),
+    "nested-array-bomb": _gguf([_s(b"k") + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 40 + struct.pack("<IQ", 0, 0)], []),
+}
+ST_MALFORMED = {
+    "truncated-header": _st("{" + _st_entry("a", "U8", [1], [0, 1]) + "}", b"x")[:20],
+    "2**40-element-shape": _st("{" + _st_entry("a", "F32", [2**20, 2**20], [0, 1]) + "}", b"x"),
+    "out-of-file-data": _st("{" + _st_entry("a", "U8", [8], [0, 8]) + "}", b"x"),
+    "overlap": _st("{" + _st_entry("a", "U8", [2], [0, 2]) + "," + _st_entry("b", "U8", [2], [1, 3]) + "}", b"xyz"),
+    "invalid-utf8": _st(b'{"\xff' + _st_entry("a", "U8", [1], [0, 1]).encode()[1:] + b"}", b"x"),
+    "unknown-dtype": _st("{" + _st_entry("a", "Q9", [1], [0, 1]) + "}", b"x"),
+    "nesting-bomb": _st('{"__metadata__":' + "[" * 100_000 + "]" * 100_000 + "}"),
+}
+
+
+def _hrry_malformed(base: bytes) -> dict[str, bytes]:
+    import crc32c
+
+    ioff, ilen = struct.unpack_from("<QQ", base, len(base) - 40)
+    (ln,) = struct.unpack_from("<H", base, ioff + 8)
+    tail = ioff + 10 + ln  # entry 0: u64 descriptor_offset, u32 descriptor_length, u64 data_offset, u64 data_length, u32 flags
+    (doff,) = struct.unpack_from("<Q", base, tail)
+
+    def patched(at: int, value: bytes, crc: bool = True) -> bytes:
+        b = bytearray(base)
+        b[at : at + len(value)] = value
+        if crc:
+            struct.pack_into("<I", b, len(b) - 12, crc32c.crc32c(bytes(b[ioff : ioff + ilen])))
+        return bytes(b)
+
+    return {
+        "bad-magic": patched(0, b"HRRYFILX", crc=False),
+        "unsupported-version": patched(8, b"\x02", crc=False),
+        "truncated-trailer": base[:-1],
+        "2**63-index-entries": patched(ioff, struct.pack("<Q", 2**63)),
+        "bad-crc": patched(ioff + 10, b"\xff", crc=False),
+        "invalid-utf8-name": patched(ioff + 10, b"\xff"),
+        "out-of-file-data": patched(tail + 20, struct.pack("<Q", 2**40)),
+        "misaligned-data": patched(tail + 12, struct.pack("<Q", struct.unpack_from("<Q", base, tail + 12)[0] + 8)),
+        "overlap": patched(tail, struct.pack("<Q", struct.unpack_from("<Q", base, tail + 12)[0])),  # descriptor onto the data
+        "unknown-element-type": patched(doff + 14, b"\xee"),  # type_tag 0xEE (reserved)
+    }
+
+
+@pytest.fixture(scope="module")
+def malformed_hrry(tmp_path_factory) -> dict[str, bytes]:
+    hurray = pytest.importorskip("hurray")
+    p = tmp_path_factory.mktemp("hr") / "ref.hrry"
+    hurray.save(os.fspath(p), {"a": hurray.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))}, kv={"n": 1})
+    return _hrry_malformed(p.read_bytes())
+
+
+MATRIX = [("gguf", k) for k in GGUF_MALFORMED] + [("safetensors", k) for k in ST_MALFORMED] + [
+    ("hrry", k) for k in ("bad-magic", "unsupported-version", "truncated-trailer", "2**63-index-entries", "bad-crc",
+                          "invalid-utf8-name", "out-of-file-data", "misaligned-data", "overlap", "unknown-element-type")
+]
+
+
+#: the check each case must trip (a distinctive part of its one line)
+EXPECT = {
+    ("gguf", "bad-magic"): "magic at offset 0", ("gguf", "unsupported-version"): "version at offset 4: GGUF version 4",
+    ("gguf", "truncated-in-kv"): "metadata 'j' at offset 54: needs 4 bytes",
+    ("gguf", "2**63-tensors"): "9223372036854775808 tensor infos cannot fit",
+    ("gguf", "4GiB-string"): "string length 4294967296 exceeds", ("gguf", "2**40-element-shape"): "(4398046511104 bytes) extends past",
+    ("gguf", "out-of-file-data"): "extends past the end of the file", ("gguf", "overlap"): "overlaps tensor 'a'",
+    ("gguf", "misaligned-offset"): "not a multiple of the alignment", ("gguf", "duplicate-tensor"): "duplicate tensor name",
+    ("gguf", "duplicate-key"): "duplicate metadata key 'k'", ("gguf", "unknown-value-type"): "invalid GGUF value type 13",
+    ("gguf", "unknown-ggml-type"): "unknown GGML type id 99", ("gguf", "nested-array-bomb"): "nested deeper than 8",
+    ("safetensors", "truncated-header"): "runs past the end", ("safetensors", "2**40-element-shape"): "needs 4398046511104",
+    ("safetensors", "out-of-file-data"): "run past the 1-byte data section", ("safetensors", "overlap"): "overlaps the previous tensor",
+    ("safetensors", "invalid-utf8"): "not UTF-8", ("safetensors", "unknown-dtype"): "'Q9' is not supported",
+    ("safetensors", "nesting-bomb"): "not valid JSON",
+    ("hrry", "bad-magic"): "magic at offset 0", ("hrry", "unsupported-version"): "container version 2.0",
+    ("hrry", "truncated-trailer"): "trailer magic", ("hrry", "2**63-index-entries"): "index_entry_count 9223372036854775808",
+    ("hrry", "bad-crc"): "index CRC-32C is", ("hrry", "invalid-utf8-name"): "not valid UTF-8",
+    ("hrry", "out-of-file-data"): "extends past the tensor data", ("hrry", "misaligned-data"): "not a multiple of data_buffer_alignment",
+    ("hrry", "overlap"): "overlaps data of tensor 'a'", ("hrry", "unknown-element-type"): "type_tag 0xee",
+}
+
+
+@pytest.mark.parametrize("fmt,case", MATRIX, ids=[f"{f}-{c}" for f, c in MATRIX])
+def test_every_malformation_is_one_located_line(tmp_path, malformed_hrry, fmt, case):
+    """Issue item 1 x item 2: each malformation, through ``inspect`` and ``convert``: exit 2
+    (or UnsupportedError's 2), one line naming the file and a byte offset, no output."""
+    raw = {"gguf": GGUF_MALFORMED, "safetensors": ST_MALFORMED, "hrry": malformed_hrry}[fmt][case]
+    ext = {"gguf": ".gguf", "safetensors": ".safetensors", "hrry": ".hrry"}[fmt]
+    src = tmp_path / f"bad{ext}"
+    src.write_bytes(raw)
+    out = tmp_path / "out"
+    out.mkdir()
+    dst = out / ("o.gguf" if fmt == "hrry" else "o.hrry")
+    for argv in (["inspect", os.fspath(src)], ["convert", os.fspath(src), os.fspath(dst), "--from", {"hrry": "hurray"}.get(fmt, fmt)]):
+        status, _, err = run_cli(argv)
+        assert status == 2, (argv[0], err)
+        assert_cli_contract(status, err, output=dst if argv[0] == "convert" else None, before=set())
+        assert err.startswith(f"hurray-interop: error: {src}: ") and "offset " in err, (argv[0], err)
+        assert EXPECT[fmt, case] in err, (argv[0], err)
+    assert src.read_bytes() == raw
+
+
 def test_refusal_exits_1_and_writes_nothing(files, outdir):
     dst = outdir / "k.hrry"
     status, out, err = run_cli(["convert", os.fspath(files["kquant"]), os.fspath(dst), "-q"])
