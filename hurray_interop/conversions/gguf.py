@@ -171,7 +171,18 @@ def _decode_raw_payload(vt: "G.ValueType", raw: bytes, key: str, path: str) -> "
 
 
 def _check_reserved_keys(src: "G.GGUFFile") -> None:
+    """Keys Hurray's KV section cannot hold, or that collide with our records, are refused."""
     for key in src.kv:
+        try:
+            ok = bool(key) and "\x00" not in key and len(key.encode("utf-8")) <= 0xFFFF
+        except UnicodeEncodeError:
+            ok = False
+        if not ok:
+            raise UnsupportedError(
+                f"GGUF metadata key {key!r} is not a valid Hurray key (non-empty UTF-8 without NUL, at most 65535 bytes)",
+                path=src.path,
+                offset=src.kv_offsets.get(key),
+            )
         if key.startswith(KEY_PREFIX):
             raise UnsupportedError(
                 f"GGUF metadata key {key!r} uses the prefix {KEY_PREFIX!r} reserved for conversion records",
@@ -205,20 +216,39 @@ def _parse_type_string(s: str) -> tuple[bool, "G.ValueType", "G.ValueType | None
 
 def _gguf_value_from_record(key: str, value: KVValue, type_str: str, path: str) -> "G.GGUFValue":
     try:
-        raw, vt, et = _parse_type_string(type_str)
-    except KeyError:
-        raise FormatError(f"unknown GGUF type {type_str!r} recorded for {key!r}", path=path, field=K_TYPES) from None
+        return _gguf_value_from_record_unchecked(key, value, type_str, path)
+    except (UsageError, TypeError, ValueError, OverflowError, AttributeError) as e:
+        msg = e.message if isinstance(e, UsageError) else str(e)
+        raise FormatError(
+            f"metadata value does not fit the GGUF type {type_str} recorded in {K_TYPES} ({msg})", path=path, field=key
+        ) from None
+
+
+def _gguf_value_from_record_unchecked(key: str, value: KVValue, type_str: str, path: str) -> "G.GGUFValue":
+    raw, vt, et = _parse_type_string(type_str)  # checked by _records
     if raw:
-        if value.type != "bytes":
-            raise FormatError(f"metadata {key!r}: recorded as raw GGUF bytes but stored as {value.type}", path=path, field=key)
+        expected: tuple[str, str | None] = ("bytes", None)
+    elif vt == VT.ARRAY:
+        expected = ("array", _natural_kind(et) if et is not None else None)
+    else:
+        expected = (_natural_kind(vt) or "?", None)
+    ints = ("int64", "uint64")  # either integer kind holds any GGUF integer (range-checked below)
+    if (value.type, value.element_type) != expected and not (
+        (value.type in ints and expected[0] in ints and expected[1] is None)
+        or (value.type == "array" and value.element_type in ints and expected[1] in ints)
+    ):
+        got = value.type + (f"[{value.element_type}]" if value.element_type else "")
+        want = expected[0] + (f"[{expected[1]}]" if expected[1] else "")
+        raise FormatError(
+            f"stored as {got}, but {K_TYPES} records {type_str} (expected {want})", path=path, field=key
+        )
+    if raw:
         return _decode_raw_payload(vt, value.value, key, path)
     if vt == VT.ARRAY:
-        if value.type != "array":
-            raise FormatError(f"metadata {key!r}: recorded as {type_str} but stored as {value.type}", path=path, field=key)
         items = list(value.value)
         if et == VT.STRING:
             return G.GGUFValue.of(VT.ARRAY, [s.encode("utf-8") for s in items], VT.STRING)
-        return G.GGUFValue.of(VT.ARRAY, _wide_array(items, et), et)
+        return G.GGUFValue.of(VT.ARRAY, _wide_array(items, et), et)  # type: ignore[arg-type]
     v = value.value
     if vt == VT.STRING:
         v = v.encode("utf-8")
@@ -901,9 +931,14 @@ def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tu
     types = _table()["types"]
     if d.is_composite:
         return _export_overlay(t, kv)
+    if d.shard is not None:
+        return (
+            f"a shard (offset {list(d.shard.offset)} of a {list(d.shard.parent_shape)} parent) "
+            "has no GGUF equivalent"
+        )
     if d.quantization is None:
-        if not isinstance(d.layout, RowMajor) or d.byte_offset != 0 or d.shard is not None:
-            return f"{type(d.layout).__name__} layout has no GGML equivalent"
+        if not isinstance(d.layout, RowMajor) or d.byte_offset != 0:
+            return f"{_layout_name(d)} layout with byte offset {d.byte_offset} has no GGML equivalent"
         for name, row in types.items():
             if row["mapping"] == "plain" and row["element"] == d.element_type.name:
                 data = t.data[0]
@@ -928,6 +963,10 @@ def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tu
         if _is_block(d, storage, symmetric=False):
             return _asym_chunks(t, kv, gtype)
     return "no GGML type matches this layout, scheme, block size or scale type exactly"
+
+
+def _layout_name(d: Descriptor) -> str:
+    return {RowMajor: "row-major"}.get(type(d.layout), type(d.layout).__name__)
 
 
 def _blocks_out(nb: int, size: int) -> np.ndarray:
@@ -1081,31 +1120,120 @@ def _export_overlay(t: Tensor, kv: dict[str, KVValue]) -> tuple[str, Callable[[]
     return gtype, gen
 
 
-def _records(kv: dict[str, KVValue], path: str) -> tuple[dict[str, Any], list[tuple[str, str, list[int], int]] | None]:
-    if kv.get(K_SOURCE, KVValue("string", "")).value != "gguf":
-        return {}, None
+@dataclass
+class _Records:
+    """The GGUF conversion records of a .hrry file, validated (they are input too)."""
+
+    version: int
+    alignment: int
+    tail: int
+    types: list[str]
+    tensors: list[tuple[str, str, tuple[int, ...], int]]
+
+
+def _rec_error(path: str, field: str, message: str, tensor: str | None = None) -> FormatError:
+    return FormatError(f"corrupt GGUF conversion record: {message}", path=path, field=field, tensor=tensor)
+
+
+def _rec_uint(kv: dict[str, KVValue], key: str, path: str) -> int:
+    v = kv.get(key)
+    if v is None or v.type not in ("uint64", "int64"):
+        raise _rec_error(path, key, "missing" if v is None else f"stored as {v.type}, expected an integer")
+    return int(v.value)
+
+
+def _records(kv: dict[str, KVValue], path: str) -> _Records | None:
+    """Read and check the records an import left; ``None`` for files that did not come from GGUF."""
+    src = kv.get(K_SOURCE)
+    if src is None or src.type != "string" or src.value != "gguf":
+        return None
+    version = _rec_uint(kv, K_VERSION, path)
+    if version not in G.SUPPORTED_VERSIONS:
+        raise _rec_error(path, K_VERSION, f"GGUF version {version} (only 2 and 3 exist)")
+    alignment = _rec_uint(kv, K_ALIGN, path)
+    if alignment < 1 or alignment & (alignment - 1) or alignment > 1 << 30:
+        raise _rec_error(path, K_ALIGN, f"alignment {alignment} is not a power of two up to 2^30")
+    tail = _rec_uint(kv, K_TAIL, path)
+    if tail >= max(alignment, 1):
+        raise _rec_error(path, K_TAIL, f"{tail} trailing padding bytes for alignment {alignment}")
+    tv = kv.get(K_TYPES)
+    if tv is None or tv.type != "array" or tv.element_type != "string":
+        raise _rec_error(path, K_TYPES, "missing or not an array of strings")
+    types = list(tv.value)
+    for ts in types:
+        try:
+            _parse_type_string(ts)
+        except KeyError:
+            raise _rec_error(path, K_TYPES, f"unknown GGUF value type {ts!r}") from None
+    jv = kv.get(K_TENSORS)
+    if jv is None or jv.type != "string":
+        raise _rec_error(path, K_TENSORS, "missing or not a string")
     try:
-        tensors = json.loads(kv[K_TENSORS].value)
-        meta = {
-            "version": int(kv[K_VERSION].value),
-            "alignment": int(kv[K_ALIGN].value),
-            "tail": int(kv[K_TAIL].value),
-            "types": list(kv[K_TYPES].value),
-        }
-    except (KeyError, ValueError, TypeError, AttributeError) as e:
-        raise FormatError(f"GGUF conversion records are incomplete or corrupt ({e})", path=path, field=KEY_PREFIX + "gguf") from None
-    return meta, [tuple(x) for x in tensors]  # type: ignore[misc]
+        rows = json.loads(jv.value)
+    except (ValueError, RecursionError) as e:
+        raise _rec_error(path, K_TENSORS, f"not valid JSON ({type(e).__name__})") from None
+    if not isinstance(rows, list):
+        raise _rec_error(path, K_TENSORS, "not a JSON list of tensors")
+    tensors: list[tuple[str, str, tuple[int, ...], int]] = []
+    seen: set[str] = set()
+    for i, row in enumerate(rows):
+        ok = (
+            isinstance(row, list)
+            and len(row) == 4
+            and isinstance(row[0], str)
+            and isinstance(row[1], str)
+            and isinstance(row[2], list)
+            and 1 <= len(row[2]) <= G.MAX_DIMS
+            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 62 for x in row[2])
+            and isinstance(row[3], int)
+            and not isinstance(row[3], bool)
+            and 0 <= row[3] < 1 << 62
+        )
+        if not ok:
+            who = row[0] if isinstance(row, list) and row and isinstance(row[0], str) else None
+            raise _rec_error(path, K_TENSORS, f"entry {i} is not [name, GGML type, ne (1-4 sizes), offset]", tensor=who)
+        name, tname, ne, off = row
+        try:
+            G.ggml_type(tname)
+        except (FormatError, UnsupportedError, UsageError, KeyError):
+            raise _rec_error(path, K_TENSORS, f"unknown GGML type {tname!r}", tensor=name) from None
+        if name in seen:
+            raise _rec_error(path, K_TENSORS, "recorded twice", tensor=name)
+        seen.add(name)
+        tensors.append((name, tname, tuple(ne), off))
+    return _Records(version, alignment, tail, types, tensors)
 
 
-def _export_kv(kv: dict[str, KVValue], meta: dict[str, Any], path: str, alignment: int) -> list[tuple[str, "G.GGUFValue"]]:
+def _check_offsets(rec: _Records, sizes: dict[str, int], path: str) -> bool:
+    """Recorded offsets are used only if they are aligned, disjoint and pad modestly.
+
+    Returns False when they do not fit the tensors being written (sizes changed),
+    in which case the standard layout is computed; raises when they are corrupt.
+    """
+    if any(sizes[name] != G.tensor_nbytes(t, ne) for name, t, ne, _ in rec.tensors):
+        return False
+    end = 0
+    total = 0
+    for name, t, ne, off in sorted(rec.tensors, key=lambda r: r[3]):
+        if off % rec.alignment:
+            raise _rec_error(path, K_TENSORS, f"offset {off} is not a multiple of the alignment {rec.alignment}", tensor=name)
+        if off < end:
+            raise _rec_error(path, K_TENSORS, f"offset {off} overlaps the previous tensor (ends at {end})", tensor=name)
+        end = off + sizes[name]
+        total += sizes[name]
+    # gaps beyond alignment padding are legal in GGUF but never worth more than the data itself:
+    # a record claiming otherwise would make us write an arbitrarily large file
+    if end - total > max(total, 1 << 20) + len(rec.tensors) * rec.alignment:
+        raise _rec_error(path, K_TENSORS, f"offsets describe {end - total} bytes of gaps for {total} bytes of data")
+    return True
+
+
+def _export_kv(kv: dict[str, KVValue], rec: _Records | None, path: str, alignment: int) -> list[tuple[str, "G.GGUFValue"]]:
     plain = [(k, v) for k, v in kv.items() if not k.startswith(KEY_PREFIX)]
-    if meta:
-        types = meta["types"]
-        if len(types) != len(plain):
-            raise FormatError(
-                f"{len(types)} GGUF value types recorded for {len(plain)} metadata keys", path=path, field=K_TYPES
-            )
-        return [(k, _gguf_value_from_record(k, v, ts, path)) for (k, v), ts in zip(plain, types)]
+    if rec is not None:
+        if len(rec.types) != len(plain):
+            raise _rec_error(path, K_TYPES, f"{len(rec.types)} GGUF value types recorded for {len(plain)} metadata keys")
+        return [(k, _gguf_value_from_record(k, v, ts, path)) for (k, v), ts in zip(plain, rec.types)]
     out = []
     for k, v in plain:
         if k == "general.alignment":  # GGUF requires this one key to be a UINT32
@@ -1130,26 +1258,53 @@ def hurray_to_gguf(
     if fallback not in (None, "float32", "float16", "bfloat16"):
         raise UsageError(f"unknown fallback {fallback!r} (float32, float16 or bfloat16)")
     src = os.fspath(src)
+    try:
+        return _hurray_to_gguf(src, dst, fallback=fallback, dry_run=dry_run, force=force, progress=progress)
+    except FormatError as e:  # records and buffers are input: say which file
+        raise e.located(path=src)
+
+
+def _hurray_to_gguf(
+    src: str,
+    dst: str | os.PathLike[str] | None,
+    *,
+    fallback: str | None,
+    dry_run: bool,
+    force: bool,
+    progress: Progress,
+) -> ConversionReport:
     report = ConversionReport(
         source=src, destination=None if dst is None else os.fspath(dst), source_format="hurray",
         destination_format="gguf", dry_run=dry_run,
     )
     with HrryFile(src) as hf:
         kv = dict(hf.kv)
-        meta, recorded = _records(kv, src)
-        alignment = meta.get("alignment", G.DEFAULT_ALIGNMENT)
-        if not meta and "general.alignment" in kv:
-            alignment = int(kv["general.alignment"].value)
-        order = [r[0] for r in recorded] if recorded is not None else hf.top_level_names()
-        rec_by_name = {r[0]: r for r in recorded} if recorded is not None else {}
+        records = _records(kv, src)
+        alignment = records.alignment if records else G.DEFAULT_ALIGNMENT
+        if records is None and "general.alignment" in kv:
+            a = kv["general.alignment"]
+            if a.type not in ("int64", "uint64") or not 0 < int(a.value) <= 1 << 30 or int(a.value) & (int(a.value) - 1):
+                raise FormatError("general.alignment must be a power-of-two integer", path=src, field="general.alignment")
+            alignment = int(a.value)
+        order = [r[0] for r in records.tensors] if records is not None else list(hf.top_level_names())
+        rec_by_name = {r[0]: r for r in records.tensors} if records is not None else {}
         exports: list[_Export] = []
         for name in order:
             if name not in hf:
                 raise FormatError(f"tensor {name!r} is recorded but missing from the file", path=src, field=K_TENSORS)
             t = hf.tensor(name)
             rec = rec_by_name.get(name)
+            shape = t.descriptor.shape
             plan = TensorPlan(name=name, source_type=_describe(t), mapping="", status=EXACT, bytes_in=t.nbytes)
             ex = _Export(name=name, plan=plan)
+            exportable_shape = all(x is not None for x in shape) and t.descriptor.rank <= G.MAX_DIMS
+            if rec is not None and (not exportable_shape or tuple(reversed(rec[2])) != shape):
+                raise _rec_error(src, K_TENSORS, f"recorded ne {list(rec[2])} does not match the shape {list(shape)}", tensor=name)
+            if not exportable_shape:
+                plan.status, plan.mapping = REFUSED, "-"
+                plan.reason = f"shape {['?' if x is None else x for x in shape]} has no GGUF equivalent (dynamic or rank > 4)"
+                exports.append(ex)
+                continue
             m = _export_match(t, kv, rec[1] if rec else None)
             if isinstance(m, str):
                 if fallback:
@@ -1164,12 +1319,10 @@ def hurray_to_gguf(
                     plan.status = VALUE_EXACT
                     plan.reason = f"imported from {rec[1]}, exported as {gtype}"
             if rec is not None:
-                ex.ne = tuple(int(x) for x in rec[2])
-                ex.offset = int(rec[3])
+                ex.ne = tuple(rec[2])
+                ex.offset = rec[3]
             else:
-                if any(x is None for x in t.descriptor.shape) or t.descriptor.rank > G.MAX_DIMS:
-                    plan.status, plan.reason, plan.mapping = REFUSED, "shape has no GGUF equivalent (dynamic or rank > 4)", "-"
-                ex.ne = tuple(int(x) for x in reversed(t.descriptor.shape)) or (1,)
+                ex.ne = tuple(int(x) for x in reversed(shape)) or (1,)  # type: ignore[arg-type]
             if ex.type_name:
                 plan.bytes_out = G.tensor_nbytes(ex.type_name, ex.ne)
             exports.append(ex)
@@ -1186,10 +1339,9 @@ def hurray_to_gguf(
             )
         if dry_run or dst is None:
             return report
-        gkv = _export_kv(kv, meta, src, alignment)
-        sizes_ok = recorded is not None and all(
-            G.tensor_nbytes(e.type_name, e.ne) == G.tensor_nbytes(rec_by_name[e.name][1], rec_by_name[e.name][2])
-            for e in exports
+        gkv = _export_kv(kv, records, src, alignment)
+        sizes_ok = records is not None and _check_offsets(
+            records, {e.name: G.tensor_nbytes(e.type_name, e.ne) for e in exports}, src
         )
         specs = [G.TensorSpec(e.name, G.ggml_type(e.type_name).id, e.ne, e.offset if sizes_ok else None) for e in exports]
         by_name = {e.name: e for e in exports}
@@ -1198,11 +1350,11 @@ def hurray_to_gguf(
         with AtomicOutput(dst, force=force, inputs=(src,)) as fh:
             w = G.GGUFWriterStream(
                 fh,
-                version=meta.get("version", 3),
+                version=records.version if records else 3,
                 alignment=alignment,
                 kv=gkv,
                 tensors=specs,
-                pad_end=meta["tail"] if meta and sizes_ok else True,
+                pad_end=records.tail if records and sizes_ok else True,
             )
             with w:
                 for spec in w.tensors_in_file_order:

@@ -59,7 +59,7 @@ def decode_scale_record(raw: bytes, *, key: str = "") -> tuple[np.ndarray, np.nd
         )
     blocks = np.frombuffer(raw, dtype="<u8", count=count, offset=_HEAD.size)
     orig = np.frombuffer(raw, dtype=np.uint8, count=count * itemsize, offset=_HEAD.size + 8 * count)
-    if count and np.any(np.diff(blocks.astype(np.int64)) <= 0):
+    if count > 1 and not np.all(blocks[1:] > blocks[:-1]):  # compared as uint64: no wrap-around
         raise FormatError("scale substitution record block indices are not ascending", field=key or "scale record")
     return blocks, orig.reshape(count, itemsize)
 
@@ -73,7 +73,7 @@ def restore_scales(scales: np.ndarray, raw_record: bytes, *, key: str = "") -> n
             f"scale substitution record stores {orig.shape[1]}-byte scales, buffer has {out.dtype.itemsize}-byte scales",
             field=key or "scale record",
         )
-    if blocks.size and int(blocks[-1]) >= out.size:
+    if blocks.size and int(blocks[-1]) >= out.size:  # ascending, so the last is the largest
         raise FormatError(
             f"scale substitution record names block {int(blocks[-1])}, tensor has {out.size} blocks",
             field=key or "scale record",
