@@ -1326,6 +1326,7 @@ def _hurray_to_gguf(
             if ex.type_name:
                 plan.bytes_out = G.tensor_nbytes(ex.type_name, ex.ne)
             exports.append(ex)
+            hf.release_pages()  # planning reads codes (overlay checks): keep resident memory bounded
         report.tensors = [e.plan for e in exports]
         if report.refused:
             if dry_run:
