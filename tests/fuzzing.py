@@ -383,7 +383,6 @@ def run_cli(argv: Sequence[str]) -> tuple[int, str, str]:
 #: internal errors already pinned by a failing ``test_bug_*`` test in tests/test_cli_safety.py;
 #: the end-to-end fuzz loops skip exactly these signatures so that they keep finding new ones
 KNOWN_BUGS = {
-    "internal error: BufferError: cannot close exported pointers exist": "test_bug_verify_nonzero_gguf_padding_is_an_internal_error",
     "internal error: TypeError: int() argument must be a string, a bytes-like object or a real number, not 'NoneType'":
         "test_bug_dynamic_dimension_export_is_an_internal_error",
 }

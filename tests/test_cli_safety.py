@@ -19,7 +19,7 @@ that directory only); a real ``chmod`` test runs only for non-root users.
 Disk full is simulated by a file object whose writes raise ENOSPC after a byte
 budget (patched ``os.fdopen``), the way a full file system answers ``write``.
 
-``test_bug_*`` tests pin defects found here; they fail until fixed (see their docstrings).
+``test_bug_*`` tests pin open defects found here; they fail until fixed (see their docstrings).
 """
 
 from __future__ import annotations
@@ -579,7 +579,7 @@ def test_output_is_fsynced_before_it_is_moved_into_place(files, outdir, monkeypa
     assert os.listdir(outdir) == ["o.hrry"]
 
 
-# -- pinned defects (fail until fixed) ---------------------------------------------------------------
+# -- defects found here: regressions for the fixed ones, test_bug_* (failing until fixed) for the open ones --
 
 
 def test_bug_disk_full_gguf_to_safetensors_names_a_vanished_temporary_file(files, outdir, monkeypatch):
@@ -602,23 +602,19 @@ def test_bug_disk_full_gguf_to_safetensors_names_a_vanished_temporary_file(files
     assert err.startswith(f"hurray-interop: error: {dst}"), err
 
 
-def test_bug_verify_reports_malformed_input_on_stdout_only(files, tmp_path):
-    """``verify`` of a malformed file exits 2 but writes its error only to stdout
-    (``ERROR  bad.gguf: bad.gguf: ...``, the path twice) and nothing to stderr
-    (cli.py _cmd_verify renders result.error through _render_verify; verify.py:453 keeps
-    str(exc), which already starts with the path).  Expected (issue item 2): one line on stderr."""
+def test_verify_reports_malformed_input_as_one_line_on_stderr(files, tmp_path):
+    """Found here, fixed in f391564: ``verify`` of a malformed file wrote its error only to stdout
+    (the path twice) and nothing to stderr.  Now (issue item 2): one line on stderr."""
     bad = _corrupt(files["gguf"], tmp_path / "bad.gguf", 8, struct.pack("<Q", 2**63))
     status, out, err = run_cli(["verify", os.fspath(bad)])
     assert status == 2
     assert len(err.splitlines()) == 1 and err.startswith(f"hurray-interop: error: {bad}: header counts at offset 8"), (out, err)
 
 
-def test_bug_verify_nonzero_gguf_padding_is_an_internal_error(fixtures_dir, tmp_path):
-    """A GGUF whose end padding holds a non-zero byte (the reader accepts it and records it in
-    ``nonzero_padding``): the round trip is not byte-identical, and verify.py
-    _first_byte_diff returns from inside its loop while numpy views of the maps are alive,
-    so ``ma.close()`` (verify.py:205) raises BufferError -> "internal error", exit 2.
-    Expected: the difference reported (exit 1, or 0 if padding differences are accepted)."""
+def test_verify_nonzero_gguf_padding_is_reported_not_a_crash(fixtures_dir, tmp_path):
+    """Found here, fixed in f391564: a GGUF whose end padding holds a non-zero byte made verify's
+    byte comparison close a memory map under live numpy views -> "internal error: BufferError".
+    Now the difference is reported (exit 1, or 0 if padding differences are accepted)."""
     raw = bytearray((fixtures_dir / "kv-types.gguf").read_bytes())
     assert raw[1716] == 0  # inside the end padding after the last tensor (data ends at 1696)
     raw[1716] = 0x80

@@ -263,13 +263,11 @@ RECORD_CASES = {
 
 
 @pytest.mark.parametrize("case", list(RECORD_CASES), ids=list(RECORD_CASES))
-def test_bug_corrupt_gguf_records_are_internal_errors(converted, tmp_path, case):
-    """Corrupt ``hurray_interop.gguf.*`` records reach ``int()``, ``json.loads`` (RecursionError),
-    tuple indexing and ``.encode`` unguarded in conversions/gguf.py (``_records`` catches only
-    KeyError/ValueError/TypeError/AttributeError at load time and validates nothing inside the
-    rows; ``_gguf_value_from_record`` trusts the recorded type) -> "internal error: TypeError /
-    IndexError / ValueError / RecursionError / AttributeError".  Expected: exit 2, one line
-    naming the .hrry and the record key."""
+def test_corrupt_gguf_records_are_located_format_errors(converted, tmp_path, case):
+    """Found here, fixed in 437af4e: corrupt ``hurray_interop.gguf.*`` records reached ``int()``,
+    ``json.loads`` (RecursionError), tuple indexing and ``.encode`` unguarded in
+    conversions/gguf.py -> "internal error".  Now: exit 2, one line naming the .hrry and the
+    record key."""
     from hurray_interop.core.kv import KVValue
 
     key, make = RECORD_CASES[case]
@@ -283,12 +281,12 @@ def test_bug_corrupt_gguf_records_are_internal_errors(converted, tmp_path, case)
     assert status == 2 and os.fspath(src) in err and "hurray_interop.gguf" in err, err
 
 
-def test_bug_recorded_gguf_offset_makes_the_exporter_write_a_terabyte(converted, tmp_path):
-    """A recorded tensor offset of 2**40 (hurray_interop.gguf.tensors) is replayed as 1 TiB of
-    zero padding by hurray_to_gguf -> GGUFWriterStream._pad_to: output proportional to a
-    claimed size, from a 6 kB input.  Run with RLIMIT_FSIZE = 64 MiB so that the attempt
-    shows as "File too large" instead of filling the disk.  Expected: a FormatError naming
-    the record (an offset past the data the file holds, or a gap larger than the alignment)."""
+def test_recorded_gguf_offset_cannot_make_the_exporter_write_a_terabyte(converted, tmp_path):
+    """Found here, fixed in 437af4e: a recorded tensor offset of 2**40 (hurray_interop.gguf.tensors)
+    was replayed as 1 TiB of zero padding by hurray_to_gguf -> GGUFWriterStream._pad_to (output
+    proportional to a claimed size, from a 6 kB input).  Run with RLIMIT_FSIZE = 64 MiB so that
+    a regression shows as "File too large" instead of filling the disk.  Now a FormatError
+    naming the record."""
     from hurray_interop.core.hrry import HrryFile
     from hurray_interop.core.kv import KVValue
 
@@ -317,13 +315,11 @@ print(rc, err.getvalue().strip())
 
 
 @pytest.mark.parametrize("first", [2**64 - 2**62, 2**64 - 1], ids=["index-error", "silently-block-63"])
-def test_bug_scale_record_block_index_above_2_63(first):
-    """core/records.py decode_scale_record checks ascending order on ``blocks.astype(int64)``
-    (line 62) and restore_scales bounds only the *last* index: blocks [2**64 - 2**62, 5] pass
-    both checks and ``blocks.astype(np.intp)`` indexes with a negative number -> IndexError
-    (seen as "internal error: IndexError" when exporting a .hrry with a corrupt
-    ``hurray_interop.scale_substitutions.*`` record); blocks [2**64 - 1, 5] silently restore
-    the scale of block 63 (index -1).  Expected: FormatError for both."""
+def test_scale_record_block_index_above_2_63_is_a_format_error(first):
+    """Found here, fixed in 437af4e: core/records.py checked ascending order on
+    ``blocks.astype(int64)`` and bounded only the last index, so blocks [2**64 - 2**62, 5]
+    raised IndexError ("internal error" on export) and [2**64 - 1, 5] silently restored the
+    scale of block 63 (index -1).  Now FormatError for both."""
     from hurray_interop.core.records import restore_scales
     from hurray_interop.errors import FormatError
 
