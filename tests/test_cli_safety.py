@@ -541,6 +541,26 @@ def test_failed_commit_rename_keeps_the_old_output(files, outdir, monkeypatch):
     assert os.listdir(outdir) == ["o.hrry"] and dst.read_bytes() == b"precious"
 
 
+@pytest.mark.parametrize("src_key,dst_name", DIRECTIONS, ids=DIRECTION_IDS)
+def test_fsync_failure_leaves_nothing(files, outdir, monkeypatch, src_key, dst_name):
+    """fsync of the finished temporary file fails (EIO: the data may not be on disk): the
+    output is not moved into place, the old output is kept, exit 2 with one line."""
+    dst = outdir / dst_name
+    dst.write_bytes(b"precious")
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).endswith(".tmp"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    status, _, err = run_cli(["convert", os.fspath(files[src_key]), os.fspath(dst), "-q", "--force", "--fallback", "float32"])
+    assert status == 2 and "Input/output error" in err, err
+    assert_cli_contract(status, err)
+    assert sorted(os.listdir(outdir)) == [dst.name] and dst.read_bytes() == b"precious"
+
+
 @pytest.mark.parametrize("force", [False, True], ids=["link", "replace"])
 def test_output_is_fsynced_before_it_is_moved_into_place(files, outdir, monkeypatch, force):
     """The order of events of a conversion's last step: fsync(temporary file) ->
