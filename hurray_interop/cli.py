@@ -1,7 +1,7 @@
 """The ``hurray-interop`` command line.
 
     hurray-interop convert SRC DST [--from F] [--to F] [--fallback float32|float16|bfloat16]
-                                   [--q4-1 overlay|requantize] [--convention gpt-oss|compressed-tensors]
+                                   [--q4-1 overlay|requantize] [--convention gpt-oss|compressed-tensors|mxfp8]
                                    [--dry-run] [--force] [--json] [--quiet]
     hurray-interop verify FILE [FILE ...] [--pair] [--json] [--quiet]
     hurray-interop inspect FILE [--json]
@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Sequence, TextIO
 from . import __version__
 from .errors import ConversionRefused, HurrayInteropError, UsageError
 from .report import ConversionReport
+from .tables import load_table
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -67,7 +68,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--convention",
-        choices=("gpt-oss", "compressed-tensors"),
+        choices=tuple(load_table("mx_types")["conventions"]),
         help="safetensors output: MX checkpoint convention (default: the one recorded at import)",
     )
     c.add_argument("--dry-run", action="store_true", help="show the plan per tensor; write nothing")

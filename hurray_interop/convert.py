@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import BadMagicError, FormatError, UsageError
+from .errors import BadMagicError, FormatError, HurrayInteropError, UsageError
 from .report import ConversionReport
 
 __all__ = ["FORMATS", "EXTENSIONS", "detect_format", "sniff_format", "convert"]
@@ -140,14 +140,28 @@ def convert(
     # gguf <-> safetensors: through a temporary .hrry next to the destination
     dst_dir = os.path.dirname(os.path.abspath(dst_s))
     with tempfile.TemporaryDirectory(dir=dst_dir, prefix=".hurray-interop-") as tmp:
-        mid = os.path.join(tmp, "intermediate.hrry")
-        first_opts = {k: v for k, v in opts.items() if k != "convention"}
-        first = _pair(sf, "hurray")(src_s, None if dry_run else mid, **first_opts)
-        if dry_run:
-            first.destination, first.destination_format = dst_s, df
-            return first
-        second_opts = {k: v for k, v in opts.items() if k != "q4_1"}
-        second = _pair("hurray", df)(mid, dst_s, **second_opts)
-        second.source, second.source_format = src_s, sf
-        second.notes = first.notes + [f"converted through Hurray ({len(first.tensors)} tensors)"] + second.notes
-        return second
+        try:
+            return _through_hurray(src_s, sf, dst_s, df, tmp, opts, dry_run)
+        except HurrayInteropError as exc:
+            if exc.path is not None and exc.path.startswith(tmp):
+                # the intermediate file is gone when the user reads this: name the output
+                exc.message = f"{exc.message} (while writing the intermediate Hurray file)"
+                exc.path = None
+                exc.located(path=dst_s)
+            raise
+
+
+def _through_hurray(
+    src_s: str, sf: str, dst_s: str, df: str, tmp: str, opts: dict[str, Any], dry_run: bool
+) -> ConversionReport:
+    mid = os.path.join(tmp, "intermediate.hrry")
+    first_opts = {k: v for k, v in opts.items() if k != "convention"}
+    first = _pair(sf, "hurray")(src_s, None if dry_run else mid, **first_opts)
+    if dry_run:
+        first.destination, first.destination_format = dst_s, df
+        return first
+    second_opts = {k: v for k, v in opts.items() if k != "q4_1"}
+    second = _pair("hurray", df)(mid, dst_s, **second_opts)
+    second.source, second.source_format = src_s, sf
+    second.notes = first.notes + [f"converted through Hurray ({len(first.tensors)} tensors)"] + second.notes
+    return second

@@ -358,6 +358,11 @@ def hurray_to_safetensors(
         def plain_part(hname: str, dtype: str | None, shape: tuple[int, ...] | None) -> Any:
             t = hf.tensor(hname)
             d = t.descriptor
+            if any(x is None for x in d.shape):  # no fallback either: nothing can be decoded without sizes
+                why = f"shape {['?' if x is None else x for x in d.shape]} has a dynamic dimension; safetensors needs sizes"
+                refused.append((hname, _mapping_of(t), why))
+                rep.tensors.append(report.TensorPlan(hname, _mapping_of(t), "refused", report.REFUSED, bytes_in=t.nbytes, reason=why))
+                return None
             if d.quantization is not None or not isinstance(d.layout, RowMajor) or len(t.data) != 1 or d.byte_offset:
                 return fallback_part(hname, t, "only plain row-major tensors and MX pairs have a safetensors form")
             if dtype is None:
