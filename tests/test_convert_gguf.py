@@ -229,7 +229,7 @@ def test_q4_1_with_integer_zero_points_maps_to_plain_affine(tmp_path: Path) -> N
     nb = 8
     d = rng.choice([0.25, 0.5, 1.0, 0.125], nb).astype(np.float16)
     z = rng.integers(0, 16, nb)
-    m = (-(z * d.astype(np.float32))).astype(np.float16)
+    m = (np.float32(0) - z * d.astype(np.float32)).astype(np.float16)  # z = 0 gives +0
     qs = rng.integers(0, 256, (nb, 16), dtype=np.uint8)
     blocks = np.concatenate([d.reshape(-1, 1).view(np.uint8), m.reshape(-1, 1).view(np.uint8), qs], axis=1)
     src = tmp_path / "m.gguf"
@@ -383,3 +383,26 @@ def test_fixture_converts_and_round_trips(fixtures_dir: Path, tmp_path: Path) ->
     gguf_to_hurray(src, tmp_path / "t.hrry")
     hurray_to_gguf(tmp_path / "t.hrry", tmp_path / "t.gguf")
     assert (tmp_path / "t.gguf").read_bytes() == src.read_bytes()
+
+
+def test_q4_1_zero_minimum_still_maps_to_zero_points(tmp_path: Path) -> None:
+    """m = +0 is z = 0 (−0·d would be −0): such blocks do not force the overlay."""
+    nb = 4
+    d = np.array([0.5, 0.25, 1.0, 0.5], dtype=np.float16)
+    m = np.array([0.0, -1.0, 0.0, -2.0], dtype=np.float16)  # z = 0, 4, 0, 4
+    qs = np.random.default_rng(4).integers(0, 256, (nb, 16), dtype=np.uint8)
+    blocks = np.concatenate([d.reshape(-1, 1).view(np.uint8), m.reshape(-1, 1).view(np.uint8), qs], axis=1)
+    src = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(src), "llama")
+    w.add_tensor("t", blocks.reshape(1, -1), raw_dtype=Q.Q4_1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    report = gguf_to_hurray(src, tmp_path / "m.hrry")
+    assert "zero-point" in report.tensors[0].mapping
+    with HrryFile(tmp_path / "m.hrry") as hf:
+        assert list(hf.tensor("t").data[2].view("<i4")) == [0, 4, 0, 4]
+        _assert_bit_exact(dequantize(hf.tensor("t")), gguf.quants.dequantize(blocks.reshape(1, -1), Q.Q4_1), mxfp4=False)
+    hurray_to_gguf(tmp_path / "m.hrry", tmp_path / "back.gguf")
+    assert (tmp_path / "back.gguf").read_bytes() == src.read_bytes()

@@ -484,6 +484,11 @@ def _plan_block(job: _Job, row: Any, q4_1: str) -> None:
     job.names = (name,)
 
 
+def _minimum_of(z: np.ndarray, d32: np.ndarray) -> np.ndarray:
+    """The float16 minimum ``m = −z·d`` a zero point stands for (``0 − z·d``, so z = 0 gives +0)."""
+    return (np.float32(0) - z.astype(np.float32) * d32).astype(np.float16)
+
+
 def _minimum_check(d: np.ndarray, m: np.ndarray, qmax: int) -> np.ndarray | None:
     """Contract § 2 (a): integer zero points z = −m/d reproducing d·q + m exactly for
     every code, with m recoverable as f16(−z·d).  Returns z (int32) or None."""
@@ -501,7 +506,7 @@ def _minimum_check(d: np.ndarray, m: np.ndarray, qmax: int) -> np.ndarray | None
     rhs = d32[:, None] * q[None, :] + m32[:, None]
     if not np.array_equal(lhs.view(np.uint32), rhs.view(np.uint32)):
         return None
-    back = (-(z32.astype(np.float32)) * d32).astype(np.float16)
+    back = _minimum_of(z32, d32)
     if not np.array_equal(back.view(np.uint16), m.view(np.uint16)):
         return None
     return z32
@@ -1061,7 +1066,7 @@ def _asym_chunks(t: Tensor, kv: dict[str, KVValue], gtype: str) -> tuple[str, Ca
     mins = np.empty(nb, dtype=np.float16)
     for sl in _chunks(nb):
         d32 = scales[sl].astype(np.float32)
-        m = (-(zp[sl].astype(np.float32)) * d32).astype(np.float16)
+        m = _minimum_of(zp[sl], d32)
         q = np.arange(qmax + 1, dtype=np.float32)
         lhs = d32[:, None] * (q[None, :] - zp[sl].astype(np.float32)[:, None])
         rhs = d32[:, None] * q[None, :] + m.astype(np.float32)[:, None]
