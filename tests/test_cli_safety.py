@@ -19,7 +19,7 @@ that directory only); a real ``chmod`` test runs only for non-root users.
 Disk full is simulated by a file object whose writes raise ENOSPC after a byte
 budget (patched ``os.fdopen``), the way a full file system answers ``write``.
 
-``test_bug_*`` tests pin open defects found here; they fail until fixed (see their docstrings).
+Defects found by these tests were fixed by their owners; their tests stay as regressions.
 """
 
 from __future__ import annotations
@@ -599,15 +599,13 @@ def test_output_is_fsynced_before_it_is_moved_into_place(files, outdir, monkeypa
     assert os.listdir(outdir) == ["o.hrry"]
 
 
-# -- defects found here: regressions for the fixed ones, test_bug_* (failing until fixed) for the open ones --
+# -- regressions for defects found here (fixed by the owners of the code) ----------------------------
 
 
-def test_bug_disk_full_gguf_to_safetensors_names_a_vanished_temporary_file(files, outdir, monkeypatch):
-    """GGUF -> safetensors goes through ``<outdir>/.hurray-interop-XXXX/intermediate.hrry``
-    (convert.py, the TemporaryDirectory branch).  When that write fails (disk full), the one
-    line names the intermediate file -- which no longer exists when the user reads the
-    message -- instead of the requested output.  Expected: the line names DST (optionally
-    adding that the intermediate .hrry could not be written)."""
+def test_disk_full_in_the_intermediate_step_names_the_output(files, outdir, monkeypatch):
+    """Found here, fixed in a8e789b: GGUF -> safetensors goes through
+    ``<outdir>/.hurray-interop-XXXX/intermediate.hrry``; when that write failed (disk full) the
+    one line named the intermediate file, gone by the time the user reads it.  Now it names DST."""
     src, dst = files["gguf"], outdir / "o.safetensors"
     real_fdopen = os.fdopen
 
@@ -646,12 +644,11 @@ def test_verify_nonzero_gguf_padding_is_reported_not_a_crash(fixtures_dir, tmp_p
 
 
 @pytest.mark.parametrize("dst_name", ["o.gguf", "o.safetensors"])
-def test_bug_dynamic_dimension_export_is_an_internal_error(tmp_path, dst_name):
-    """A .hrry tensor with a dynamic dimension (shape[k] = 2**64-1, legal in the format and
-    accepted by the reader as ``None``), exported: ``int(None)`` in
-    conversions/gguf.py:1141 (hurray_to_gguf) and conversions/mx.py:355 (plain_part) ->
-    "internal error: TypeError", exit 2.  Expected: a typed refusal naming the tensor
-    (UnsupportedError / ConversionRefused: exit 2 or 1, one line, no "internal error")."""
+def test_dynamic_dimension_export_is_a_typed_refusal(tmp_path, dst_name):
+    """Found here, fixed in 437af4e (GGUF) and by the safetensors exporter's owner: a .hrry
+    tensor with a dynamic dimension (shape[k] = 2**64-1, legal in the format and read as
+    ``None``) hit ``int(None)`` in the exporters -> "internal error: TypeError".  Now a typed
+    refusal naming the tensor (exit 1 or 2, one line, no output)."""
     hurray = pytest.importorskip("hurray")
     src = tmp_path / "dyn.hrry"
     hurray.save(os.fspath(src), {"a": hurray.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))})
