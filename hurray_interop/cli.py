@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from contextlib import contextmanager
@@ -313,6 +314,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         sys.stderr.write("hurray-interop: interrupted; no output written\n")
         return 130
+    except BrokenPipeError:  # the reader of our output went away (e.g. `| head`): stop quietly
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep interpreter shutdown from failing again
+        except OSError:
+            pass
+        return 141
     except OSError as exc:  # file system trouble outside our checks (disk full, I/O error)
         if debug:
             traceback.print_exc()

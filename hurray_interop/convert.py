@@ -140,21 +140,27 @@ def convert(
     # gguf <-> safetensors: through a temporary .hrry next to the destination
     dst_dir = os.path.dirname(os.path.abspath(dst_s))
     with tempfile.TemporaryDirectory(dir=dst_dir, prefix=".hurray-interop-") as tmp:
+        mid = os.path.join(tmp, "intermediate.hrry")
         try:
-            return _through_hurray(src_s, sf, dst_s, df, tmp, opts, dry_run)
+            return _through_hurray(src_s, sf, dst_s, df, mid, opts, dry_run)
         except HurrayInteropError as exc:
-            if exc.path is not None and exc.path.startswith(tmp):
-                # the intermediate file is gone when the user reads this: name the output
+            # the intermediate file is gone when the user reads this: name the user's files
+            if exc.path == mid:  # read by the second step: its tensors are the source's
+                exc.path = None
+                exc.located(path=src_s)
+            elif exc.path is not None and exc.path.startswith(tmp):
                 exc.message = f"{exc.message} (while writing the intermediate Hurray file)"
                 exc.path = None
                 exc.located(path=dst_s)
+            report = exc.details.get("report")
+            if isinstance(report, ConversionReport) and report.source == mid:
+                report.source, report.source_format = src_s, sf
             raise
 
 
 def _through_hurray(
-    src_s: str, sf: str, dst_s: str, df: str, tmp: str, opts: dict[str, Any], dry_run: bool
+    src_s: str, sf: str, dst_s: str, df: str, mid: str, opts: dict[str, Any], dry_run: bool
 ) -> ConversionReport:
-    mid = os.path.join(tmp, "intermediate.hrry")
     first_opts = {k: v for k, v in opts.items() if k != "convention"}
     first = _pair(sf, "hurray")(src_s, None if dry_run else mid, **first_opts)
     if dry_run:
