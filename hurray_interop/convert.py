@@ -141,33 +141,38 @@ def convert(
     dst_dir = os.path.dirname(os.path.abspath(dst_s))
     with tempfile.TemporaryDirectory(dir=dst_dir, prefix=".hurray-interop-") as tmp:
         mid = os.path.join(tmp, "intermediate.hrry")
-        try:
-            return _through_hurray(src_s, sf, dst_s, df, mid, opts, dry_run)
-        except HurrayInteropError as exc:
-            # the intermediate file is gone when the user reads this: name the user's files
-            if exc.path == mid:  # read by the second step: its tensors are the source's
-                exc.path = None
-                exc.located(path=src_s)
-            elif exc.path is not None and exc.path.startswith(tmp):
-                exc.message = f"{exc.message} (while writing the intermediate Hurray file)"
-                exc.path = None
-                exc.located(path=dst_s)
-            report = exc.details.get("report")
-            if isinstance(report, ConversionReport) and report.source == mid:
-                report.source, report.source_format = src_s, sf
-            raise
+        return _through_hurray(src_s, sf, dst_s, df, mid, opts, dry_run)
+
+
+def _renamed(exc: HurrayInteropError, old: str, new: str, note: str = "") -> HurrayInteropError:
+    """Name the user's file instead of the vanished intermediate one."""
+    if exc.path is not None and exc.path.startswith(os.path.dirname(old)):
+        exc.path = None
+        if note:
+            exc.message = f"{exc.message} ({note})"
+        exc.located(path=new)
+    report = exc.details.get("report")
+    if isinstance(report, ConversionReport) and report.source == old:
+        report.source = new
+    return exc
 
 
 def _through_hurray(
     src_s: str, sf: str, dst_s: str, df: str, mid: str, opts: dict[str, Any], dry_run: bool
 ) -> ConversionReport:
     first_opts = {k: v for k, v in opts.items() if k != "convention"}
-    first = _pair(sf, "hurray")(src_s, None if dry_run else mid, **first_opts)
+    try:
+        first = _pair(sf, "hurray")(src_s, None if dry_run else mid, **first_opts)
+    except HurrayInteropError as exc:
+        raise _renamed(exc, mid, dst_s, "while writing the intermediate Hurray file") from None
     if dry_run:
         first.destination, first.destination_format = dst_s, df
         return first
     second_opts = {k: v for k, v in opts.items() if k != "q4_1"}
-    second = _pair("hurray", df)(mid, dst_s, **second_opts)
+    try:
+        second = _pair("hurray", df)(mid, dst_s, **second_opts)
+    except HurrayInteropError as exc:  # about the source's tensors, read back from the intermediate
+        raise _renamed(exc, mid, src_s) from None
     second.source, second.source_format = src_s, sf
     second.notes = first.notes + [f"converted through Hurray ({len(first.tensors)} tensors)"] + second.notes
     return second
