@@ -396,3 +396,31 @@ def test_partition_overlap_sweep_agrees_with_all_pairs():
             assert i < j and overlap(boxes[i], boxes[j])
             found += 1
     assert 300 < found < 2700  # both outcomes are well exercised
+
+
+@pytest.mark.parametrize("origin", ["gguf", "safetensors"])
+def test_bug_corrupt_scale_record_error_names_the_file(tmp_path, fixtures_dir, origin):
+    """A ``hurray_interop.scale_substitutions.*`` record one byte short, exported back to the
+    source format.  GGUF export names the file; safetensors export does not:
+    ``hurray-interop: error: hurray_interop.scale_substitutions.<t>: scale substitution record
+    holds 29 bytes, 2 entries need 30`` (conversions/mx.py, the ``decode_scale_record(rec,
+    key=...)`` call in the plan, line ~354, raises core/records.py's FormatError without
+    re-locating it to the .hrry).  Expected: the one line names the .hrry (issue item 1)."""
+    from hurray_interop.convert import convert
+    from hurray_interop.core.hrry import load, save
+    from hurray_interop.core.kv import KVValue
+
+    src_name = {"gguf": "tiny-llama.gguf", "safetensors": "ct-mxfp4-tiny.safetensors"}[origin]
+    good = tmp_path / "good.hrry"
+    convert(fixtures_dir / src_name, good)
+    tensors, kv = load(good)
+    kv = dict(kv)
+    key = next(k for k in kv if k.startswith("hurray_interop.scale_substitutions."))
+    kv[key] = KVValue("bytes", kv[key].value[:-1])
+    bad = tmp_path / "bad.hrry"
+    save(bad, tensors, kv)
+    dst = tmp_path / ("o.gguf" if origin == "gguf" else "o.safetensors")
+    status, _, err = run_cli(["convert", os.fspath(bad), os.fspath(dst), "-q"])
+    assert status == 2 and "scale substitution record holds" in err, err
+    assert_cli_contract(status, err, output=dst)
+    assert err.startswith(f"hurray-interop: error: {bad}: "), err
