@@ -281,6 +281,28 @@ def test_corrupt_gguf_records_are_located_format_errors(converted, tmp_path, cas
     assert status == 2 and os.fspath(src) in err and "hurray_interop.gguf" in err, err
 
 
+@pytest.mark.parametrize("case", ["tail-bytes-33", "alignment-recorded-as-uint8"])
+def test_bug_writer_refusals_from_records_name_no_file(converted, tmp_path, case):
+    """Records that pass conversions/gguf.py's checks but not GGUFWriterStream's: a recorded
+    ``hurray_interop.gguf.tail_bytes`` of 33 (alignment 64: at most 32 bytes of end padding
+    remain) or ``general.alignment`` recorded as UINT8 in ``kv_types``.  The writer's
+    UsageError surfaces as ``hurray-interop: error: pad_end=33: must be between 0 and 32`` /
+    ``general.alignment GGUFValue(UINT8, ...) disagrees with alignment=64``: no file, no record
+    key.  Expected: a FormatError naming the .hrry and the record (checked in
+    hurray_to_gguf before the writer is built)."""
+    from hurray_interop.core.kv import KVValue
+
+    if case == "tail-bytes-33":
+        change = {"hurray_interop.gguf.tail_bytes": KVValue("uint64", 33)}
+    else:
+        change = {"hurray_interop.gguf.kv_types": _kv_types_with(converted["kv-types"], "general.alignment", "UINT8")}
+    src = _with_records(converted["kv-types"], tmp_path / "rec.hrry", **change)
+    dst = tmp_path / "o.gguf"
+    status, _, err = run_cli(["convert", os.fspath(src), os.fspath(dst), "-q"])
+    assert_cli_contract(status, err, output=dst)
+    assert status == 2 and err.startswith(f"hurray-interop: error: {src}: ") and "hurray_interop.gguf" in err, err
+
+
 def test_recorded_gguf_offset_cannot_make_the_exporter_write_a_terabyte(converted, tmp_path):
     """Found here, fixed in 437af4e: a recorded tensor offset of 2**40 (hurray_interop.gguf.tensors)
     was replayed as 1 TiB of zero padding by hurray_to_gguf -> GGUFWriterStream._pad_to (output
