@@ -1354,14 +1354,18 @@ def _hurray_to_gguf(
         total = sum(e.plan.bytes_out for e in exports)
         done = 0
         with AtomicOutput(dst, force=force, inputs=(src,)) as fh:
-            w = G.GGUFWriterStream(
-                fh,
-                version=records.version if records else 3,
-                alignment=alignment,
-                kv=gkv,
-                tensors=specs,
-                pad_end=records.tail if records and sizes_ok else True,
-            )
+            try:
+                w = G.GGUFWriterStream(
+                    fh,
+                    version=records.version if records else 3,
+                    alignment=alignment,
+                    kv=gkv,
+                    tensors=specs,
+                    pad_end=records.tail if records and sizes_ok else True,
+                )
+            except UsageError as e:  # the layout the file's records or metadata describe is impossible
+                where = KEY_PREFIX + "gguf" if records else "metadata"
+                raise FormatError(f"cannot lay out the GGUF this file describes: {e.message}", path=src, field=where) from None
             with w:
                 for spec in w.tensors_in_file_order:
                     e = by_name[spec.name]

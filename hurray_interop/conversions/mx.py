@@ -269,6 +269,28 @@ def hurray_to_safetensors(
     dry_run: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> report.ConversionReport:
+    """Write a ``.hrry`` file back as a safetensors checkpoint (see :func:`_hurray_to_safetensors`).
+
+    Malformed content of the .hrry (records included) is reported against ``src``.
+    """
+    try:
+        return _hurray_to_safetensors(
+            src, dst, convention=convention, fallback=fallback, force=force, dry_run=dry_run, progress=progress
+        )
+    except FormatError as e:
+        raise e.located(path=src)
+
+
+def _hurray_to_safetensors(
+    src: "str | os.PathLike[str]",
+    dst: "str | os.PathLike[str] | None",
+    *,
+    convention: str | None = None,
+    fallback: str | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> report.ConversionReport:
     """Write a ``.hrry`` file back as a safetensors checkpoint.
 
     MX tensors are written in ``convention`` (``"gpt-oss"`` / ``"compressed-tensors"``),
