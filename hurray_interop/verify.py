@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .convert import detect_format
-from .core.hrry import HrryFile
+from .core.hrry import HrryFile, prefetch_chunks
 from .core.model import Tensor
 from .dequant import dequantize, iter_dequantize
 from .errors import ConversionRefused, HurrayInteropError, UsageError
@@ -133,7 +133,9 @@ def compare_values(
     worst: float | None = 0.0
     first = ""
     flat = 0
-    for _, values in iter_dequantize(ours, max_elements=CHUNK_ROWS_ELEMENTS):
+    # our dequantizer produces chunk k+1 in a worker thread while the reference decodes and
+    # compares chunk k (numpy releases the GIL: the two decoders share the cores)
+    for _, values in prefetch_chunks(iter_dequantize(ours, max_elements=CHUNK_ROWS_ELEMENTS), 1):
         a = values.reshape(-1)
         lo, hi = flat, flat + a.size
         flat = hi
