@@ -42,6 +42,14 @@ def test_small_benchmark_writes_every_row(tmp_path: Path) -> None:
         assert "| NO |" not in row, f"our dequantizer disagrees with gguf-py on {t}: {row}"
     # the round trip through Hurray gave the source back byte for byte (checked with cmp)
     assert "GGUF → Hurray → GGUF output identical to the source (cmp): **yes**" in text
+    goals = text.split("## Targets", 1)[1].split("<!-- analysis -->", 1)[0]
+    for goal in ("GGUF → Hurray wall time", "Hurray → GGUF wall time", "GGUF → Hurray peak RSS",
+                 "Hurray → GGUF peak RSS", "GGUF → Hurray → GGUF output", "`verify` wall time",
+                 "dequantizer Q4_0", "dequantizer Q8_0", "dequantizer Q4_1", "dequantizer MXFP4",
+                 "`inspect`, 4,096-token vocabulary"):
+        row = next((ln for ln in goals.splitlines() if ln.startswith(f"| {goal} |")), None)
+        assert row is not None and ("**pass**" in row or "**MISS**" in row), f"no verdict for {goal!r}"
+    assert "| GGUF → Hurray → GGUF output | identical |" in goals
     for key in ("python", "numpy", "gguf-py", "hurray-interop", "cpu", "load average"):
         assert f"**{key}**" in text
     assert "kept analysis text" in text and "old" not in text.split("<!-- analysis -->")[0].splitlines()[0]
