@@ -175,6 +175,46 @@ def _inspect_gguf(path: str) -> dict[str, Any]:
     return info
 
 
+def _inspect_safetensors(path: "str | os.PathLike[str]") -> dict[str, Any]:
+    """Describe a safetensors file: tensors, the MX convention detected, metadata, and the
+    Hurray mapping planned for each tensor (a dry run: nothing is written)."""
+    from .conversions.mx import safetensors_to_hurray
+    from .formats.safetensors_mx import SafetensorsFile, detect_pairs
+
+    p = os.fspath(path)
+    with SafetensorsFile(p) as st:
+        pairs, _ = detect_pairs(st)
+        convs = sorted({q.convention for q in pairs})
+        info: dict[str, Any] = {
+            "path": p,
+            "format": "safetensors",
+            "tensor_count": len(st.entries),
+            "file_size": os.path.getsize(p),
+            "convention": "none" if not convs else (convs[0] if len(convs) == 1 else "mixed"),
+            "metadata": [{"key": k, "type": "string", "value": v} for k, v in (st.metadata or {}).items()],
+            "source_tensors": [
+                {"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "bytes": e.nbytes} for e in st.entries
+            ],
+        }
+    plan = safetensors_to_hurray(p, None, dry_run=True)
+    info["tensors"] = [
+        {
+            "name": t.name,
+            "source_type": t.source_type,
+            "hurray_mapping": t.mapping,
+            "status": t.status,
+            "bytes_in": t.bytes_in,
+            "bytes_out": t.bytes_out,
+            "substituted_blocks": t.substituted_blocks,
+            "reason": t.reason,
+        }
+        for t in plan.tensors
+    ]
+    info["tensor_columns"] = ["name", "source_type", "hurray_mapping", "status", "bytes_in", "bytes_out", "reason"]
+    info["notes"] = list(plan.notes)
+    return info
+
+
 def inspect_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Describe a .hrry, .gguf or .safetensors file (format confirmed by magic bytes)."""
     p = os.fspath(path)
@@ -183,6 +223,4 @@ def inspect_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         return _inspect_hrry(p)
     if fmt == "gguf":
         return _inspect_gguf(p)
-    from .conversions.mx import inspect_safetensors
-
-    return inspect_safetensors(p)
+    return _inspect_safetensors(p)

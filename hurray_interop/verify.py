@@ -184,7 +184,7 @@ def _gguf_reference(info: "G.GGUFTensorInfo") -> Callable[[int, int], np.ndarray
 # byte comparison with located differences
 
 
-def _first_byte_diff(a_path: str, b_path: str) -> tuple[int, int, int] | None:
+def first_byte_diff(a_path: str, b_path: str) -> tuple[int, int, int] | None:
     """``(offset, size_a, size_b)`` of the first differing byte, or None if identical.
 
     Reads both files in chunks (bounded memory, no mapping to leak)."""
@@ -331,10 +331,32 @@ def _mapping_of(t: Tensor) -> str:
     return f"{name} {d.element_type.name}"
 
 
-def _roundtrip_gguf(path: str, result: VerifyResult) -> None:
+def run_roundtrip(
+    path: str,
+    result: VerifyResult,
+    *,
+    to_hurray: Callable[[str, str], Any],
+    from_hurray: Callable[[str, str], Any],
+    suffix: str,
+    check: Callable[[str, str, tuple[int, int, int] | None], None],
+) -> None:
+    """Import ``path`` to Hurray and export it back in a temporary directory, compare the
+    files byte for byte, then ``check(hurray_copy, exported_copy, first_difference)``."""
     with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
+        mid = os.path.join(tmp, "roundtrip.hrry")
+        back = os.path.join(tmp, "roundtrip" + suffix)
         try:
-            _roundtrip_gguf_in(path, tmp, result)
+            try:
+                to_hurray(path, mid)
+            except ConversionRefused as exc:
+                for name, typ, reason in exc.reasons:
+                    result.tensors.append(TensorCheck(name, typ, "refused", values_equal=False, where=reason))
+                result.problems.append(f"{len(exc.reasons)} tensor(s) cannot be converted exactly")
+                return
+            from_hurray(mid, back)
+            diff = first_byte_diff(path, back)
+            result.file_bytes_equal = diff is None
+            check(mid, back, diff)
         except HurrayInteropError as exc:
             if exc.path is not None and exc.path.startswith(tmp):
                 # name the user's file, not our temporary copy that is about to vanish
@@ -344,28 +366,19 @@ def _roundtrip_gguf(path: str, result: VerifyResult) -> None:
             raise
 
 
-def _roundtrip_gguf_in(path: str, tmp: str, result: VerifyResult) -> None:
+def _roundtrip_gguf(path: str, result: VerifyResult) -> None:
     from .conversions.gguf import gguf_to_hurray, hurray_to_gguf
 
-    mid = os.path.join(tmp, "roundtrip.hrry")
-    back = os.path.join(tmp, "roundtrip.gguf")
-    try:
-        gguf_to_hurray(path, mid)
-    except ConversionRefused as exc:
-        for name, typ, reason in exc.reasons:
-            result.tensors.append(TensorCheck(name, typ, "refused", values_equal=False, where=reason))
-        result.problems.append(f"{len(exc.reasons)} tensor(s) cannot be converted exactly")
-        return
-    hurray_to_gguf(mid, back)
-    diff = _first_byte_diff(path, back)
-    result.file_bytes_equal = diff is None
-    with G.read_gguf(path) as src, G.read_gguf(back) as exported, HrryFile(mid) as hf:
-        if diff is not None:
-            off, sa, sb = diff
-            where = _locate_gguf(src, off) if off < sa else f"end of file (source {sa} bytes, result {sb} bytes)"
-            result.problems.append(f"re-exported GGUF differs from the source first at {where}")
-            result.problems.extend(_kv_type_diffs(src, exported))
-        _check_gguf_against_hurray(src, hf, result, exported, files_equal=diff is None)
+    def check(mid: str, back: str, diff: tuple[int, int, int] | None) -> None:
+        with G.read_gguf(path) as src, G.read_gguf(back) as exported, HrryFile(mid) as hf:
+            if diff is not None:
+                off, sa, sb = diff
+                where = _locate_gguf(src, off) if off < sa else f"end of file (source {sa} bytes, result {sb} bytes)"
+                result.problems.append(f"re-exported GGUF differs from the source first at {where}")
+                result.problems.extend(_kv_type_diffs(src, exported))
+            _check_gguf_against_hurray(src, hf, result, exported)
+
+    run_roundtrip(path, result, to_hurray=gguf_to_hurray, from_hurray=hurray_to_gguf, suffix=".gguf", check=check)
 
 
 def _pair_gguf_hurray(gguf_path: str, hrry_path: str, result: VerifyResult) -> None:
@@ -379,7 +392,7 @@ def _pair_gguf_hurray(gguf_path: str, hrry_path: str, result: VerifyResult) -> N
             result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have no exact GGUF equivalent")
             back = ""
         if back:
-            diff = _first_byte_diff(gguf_path, back)
+            diff = first_byte_diff(gguf_path, back)
             result.file_bytes_equal = diff is None
         with G.read_gguf(gguf_path) as src, HrryFile(hrry_path) as hf:
             exported = G.read_gguf(back) if back else None
@@ -399,7 +412,7 @@ def _pair_gguf_hurray(gguf_path: str, hrry_path: str, result: VerifyResult) -> N
 
 
 def _pair_gguf_gguf(a: str, b: str, result: VerifyResult) -> None:
-    diff = _first_byte_diff(a, b)
+    diff = first_byte_diff(a, b)
     result.file_bytes_equal = diff is None
     with G.read_gguf(a) as ga, G.read_gguf(b) as gb:
         if diff is not None:
@@ -484,7 +497,7 @@ def verify_roundtrip(path: str | os.PathLike[str]) -> VerifyResult:
         if fmt == "gguf":
             _roundtrip_gguf(p, result)
         elif fmt == "safetensors":
-            from .conversions.mx import verify_safetensors_roundtrip
+            from .verify_safetensors import verify_safetensors_roundtrip
 
             verify_safetensors_roundtrip(p, result)
         else:
@@ -511,7 +524,7 @@ def verify_pair(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> VerifyR
         elif pair == ("hurray", "hurray"):
             _pair_hurray_hurray(pa, pb, result)
         else:
-            from .conversions.mx import verify_safetensors_pair
+            from .verify_safetensors import verify_safetensors_pair
 
             verify_safetensors_pair(pa, fa, pb, fb, result)
 

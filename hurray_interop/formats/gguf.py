@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import io
 import mmap
 import os
 import struct
