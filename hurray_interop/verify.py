@@ -376,7 +376,7 @@ def _roundtrip_gguf(path: str, result: VerifyResult) -> None:
                 where = _locate_gguf(src, off) if off < sa else f"end of file (source {sa} bytes, result {sb} bytes)"
                 result.problems.append(f"re-exported GGUF differs from the source first at {where}")
                 result.problems.extend(_kv_type_diffs(src, exported))
-            _check_gguf_against_hurray(src, hf, result, exported)
+            _check_gguf_against_hurray(src, hf, result, exported, files_equal=diff is None)
 
     run_roundtrip(path, result, to_hurray=gguf_to_hurray, from_hurray=hurray_to_gguf, suffix=".gguf", check=check)
 
