@@ -14,7 +14,6 @@ import os
 from typing import Any
 
 from .convert import detect_format
-from .core.hrry import HrryFile
 from .core.kv import KVValue
 from .core.model import MXFP, NF4, CompositeHead, Descriptor, PerBlockAffine, PerChannelAffine, PerTensorAffine
 
@@ -90,6 +89,8 @@ def _kv_item(key: str, v: KVValue) -> dict[str, Any]:
 
 
 def _inspect_hrry(path: str) -> dict[str, Any]:
+    from .core.hrry import HrryFile
+
     with HrryFile(path) as hf:
         tensors = []
         members = set(n for n in hf.names if n not in set(hf.top_level_names()))

@@ -23,7 +23,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .convert import detect_format
-from .core.hrry import HrryFile, prefetch_chunks
+from .core._streams import prefetch_chunks
+from .core.hrry import HrryFile
 from .core.model import Tensor
 from .dequant import dequantize, iter_dequantize
 from .errors import ConversionRefused, HurrayInteropError, UsageError

@@ -39,14 +39,12 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import ml_dtypes
 import numpy as np
 
-from ..core.atomic import AtomicOutput
 from ..core.elements import buffer_size, element_type
-from ..core.hrry import HrryFile, HrryWriter
 from ..core.kv import KVValue
 from ..core.model import (
     MXFP,
@@ -69,6 +67,9 @@ from ..formats import gguf as G
 from ..report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan
 from ..tables import load_table
 from . import _gguf_blocks as B
+
+if TYPE_CHECKING:  # the .hrry container is imported when a file is written or read,
+    from ..core.hrry import HrryWriter  # so that planning (inspect, --dry-run) starts fast
 
 __all__ = ["gguf_to_hurray", "hurray_to_gguf", "plan_gguf", "KEY_PREFIX"]
 
@@ -896,6 +897,8 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
         report.notes.append("the source has non-zero padding bytes; an export will write zeros there")
     total = _progress_total(jobs)
     done = 0
+    from ..core.hrry import HrryWriter
+
     with HrryWriter(dst, tensor_count_hint=len(names), force=force, inputs=(src,)) as w:
         for j in jobs:
             assert j.write is not None
@@ -1322,6 +1325,9 @@ def _hurray_to_gguf(
         source=src, destination=None if dst is None else os.fspath(dst), source_format="hurray",
         destination_format="gguf", dry_run=dry_run,
     )
+    from ..core.atomic import AtomicOutput
+    from ..core.hrry import HrryFile
+
     with HrryFile(src) as hf:
         kv = dict(hf.kv)
         records = _records(kv, src)
