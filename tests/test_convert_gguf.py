@@ -57,6 +57,17 @@ def _write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, Q]], *, arch: s
     return raws
 
 
+def _write_raw(path: Path, raw: np.ndarray, qt: Q) -> Path:
+    """One tensor ``t`` of hand-made GGML blocks (byte shape), written by gguf-py."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("t", raw, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def _reference(raw: np.ndarray, qt: Q) -> np.ndarray:
     if qt in (Q.F32, Q.F16):
         return raw.astype(np.float32)
@@ -232,13 +243,7 @@ def test_q4_1_with_integer_zero_points_maps_to_plain_affine(tmp_path: Path) -> N
     m = (np.float32(0) - z * d.astype(np.float32)).astype(np.float16)  # z = 0 gives +0
     qs = rng.integers(0, 256, (nb, 16), dtype=np.uint8)
     blocks = np.concatenate([d.reshape(-1, 1).view(np.uint8), m.reshape(-1, 1).view(np.uint8), qs], axis=1)
-    src = tmp_path / "m.gguf"
-    w = gguf.GGUFWriter(str(src), "llama")
-    w.add_tensor("t", blocks.reshape(2, -1), raw_dtype=Q.Q4_1)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    src = _write_raw(tmp_path / "m.gguf", blocks.reshape(2, -1), Q.Q4_1)
     report = gguf_to_hurray(src, tmp_path / "m.hrry")
     assert "zero-point" in report.tensors[0].mapping
     with HrryFile(tmp_path / "m.hrry") as hf:
@@ -392,13 +397,7 @@ def test_q4_1_zero_minimum_still_maps_to_zero_points(tmp_path: Path) -> None:
     m = np.array([0.0, -1.0, 0.0, -2.0], dtype=np.float16)  # z = 0, 4, 0, 4
     qs = np.random.default_rng(4).integers(0, 256, (nb, 16), dtype=np.uint8)
     blocks = np.concatenate([d.reshape(-1, 1).view(np.uint8), m.reshape(-1, 1).view(np.uint8), qs], axis=1)
-    src = tmp_path / "m.gguf"
-    w = gguf.GGUFWriter(str(src), "llama")
-    w.add_tensor("t", blocks.reshape(1, -1), raw_dtype=Q.Q4_1)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    src = _write_raw(tmp_path / "m.gguf", blocks.reshape(1, -1), Q.Q4_1)
     report = gguf_to_hurray(src, tmp_path / "m.hrry")
     assert "zero-point" in report.tensors[0].mapping
     with HrryFile(tmp_path / "m.hrry") as hf:

@@ -783,6 +783,19 @@ def _refusal_reason(type_name: str, family: str) -> str:
     return r["by_type"].get(type_name) or r["by_family"].get(family) or r["by_family"]["default"]
 
 
+def _plan_only(report: ConversionReport, src: str, refusal: str, dst: Any, dry_run: bool) -> bool:
+    """After planning: raise if anything is refused (unless dry run); True when nothing is to be written."""
+    if report.refused and not dry_run:
+        raise ConversionRefused(
+            f"{len(report.refused)} tensor(s) {refusal}; nothing was written "
+            "(choose --fallback float32|float16|bfloat16 to store them dequantized)",
+            path=src,
+            reasons=[(t.name, t.source_type, t.reason) for t in report.refused],
+            report=report,
+        )
+    return dry_run or dst is None
+
+
 def _plan(info: "G.GGUFTensorInfo", *, fallback: str | None, q4_1: str) -> _Job:
     t = info.ggml_type
     plan = TensorPlan(name=info.name, source_type=t.name, mapping="", status=EXACT, bytes_in=info.nbytes)
@@ -865,17 +878,7 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
         report.notes.append("lossy tensors were stored as chosen; see max abs error per tensor")
     if any(j.plan.mapping.startswith("overlay") for j in jobs):
         report.notes.append("Q4_1/Q5_1 stored as the exact minimum overlay: 7 (Q5_1: 11) bits per weight against 5 (6)")
-    if report.refused:
-        if dry_run:
-            return report
-        raise ConversionRefused(
-            f"{len(report.refused)} tensor(s) cannot be converted exactly; nothing was written "
-            "(choose --fallback float32|float16|bfloat16 to store them dequantized)",
-            path=src,
-            reasons=[(t.name, t.source_type, t.reason) for t in report.refused],
-            report=report,
-        )
-    if dry_run or dst is None:
+    if _plan_only(report, src, "cannot be converted exactly", dst, dry_run):
         return report
 
     kv_items, kv_types = _kv_to_hurray(gf)
@@ -1379,17 +1382,7 @@ def _hurray_to_gguf(
             exports.append(ex)
             hf.release_pages()  # planning reads codes (overlay checks): keep resident memory bounded
         report.tensors = [e.plan for e in exports]
-        if report.refused:
-            if dry_run:
-                return report
-            raise ConversionRefused(
-                f"{len(report.refused)} tensor(s) have no exact GGML equivalent; nothing was written "
-                "(choose --fallback float32|float16|bfloat16 to store them dequantized)",
-                path=src,
-                reasons=[(p.name, p.source_type, p.reason) for p in report.refused],
-                report=report,
-            )
-        if dry_run or dst is None:
+        if _plan_only(report, src, "have no exact GGML equivalent", dst, dry_run):
             return report
         gkv = _export_kv(kv, records, src, alignment)
         sizes_ok = records is not None and _check_offsets(
