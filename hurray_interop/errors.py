@@ -18,8 +18,9 @@ Exit status used by the command line (see :mod:`hurray_interop.cli`):
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 __all__ = [
     "HurrayInteropError",
@@ -33,6 +34,7 @@ __all__ = [
     "VerificationFailed",
     "UsageError",
     "OutputExistsError",
+    "errors_name_source",
 ]
 
 
@@ -155,3 +157,21 @@ class UsageError(HurrayInteropError, ValueError):
 
 class OutputExistsError(UsageError):
     """The output exists and overwriting was not requested."""
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def errors_name_source(func: _F) -> _F:
+    """Decorate a function whose first argument is an input file: a :class:`FormatError`
+    raised inside without a file name gets that file's name (records and buffers read
+    deep inside are input too)."""
+
+    @functools.wraps(func)
+    def wrapper(src: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(src, *args, **kwargs)
+        except FormatError as e:
+            raise e.located(path=src)
+
+    return wrapper  # type: ignore[return-value]

@@ -62,7 +62,7 @@ from ..core.model import (
     Tensor,
 )
 from ..core.records import encode_scale_record, restore_scales, scale_record_key
-from ..errors import ConversionRefused, FormatError, UnsupportedError, UsageError
+from ..errors import ConversionRefused, FormatError, UnsupportedError, UsageError, errors_name_source
 from ..formats import gguf as G
 from ..report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan
 from ..tables import load_table
@@ -1296,6 +1296,7 @@ def _export_kv(kv: dict[str, KVValue], rec: _Records | None, path: str, alignmen
     return out
 
 
+@errors_name_source  # records and buffers are input: errors say which file
 def hurray_to_gguf(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str] | None,
@@ -1309,21 +1310,6 @@ def hurray_to_gguf(
     if fallback not in (None, "float32", "float16", "bfloat16"):
         raise UsageError(f"unknown fallback {fallback!r} (float32, float16 or bfloat16)")
     src = os.fspath(src)
-    try:
-        return _hurray_to_gguf(src, dst, fallback=fallback, dry_run=dry_run, force=force, progress=progress)
-    except FormatError as e:  # records and buffers are input: say which file
-        raise e.located(path=src)
-
-
-def _hurray_to_gguf(
-    src: str,
-    dst: str | os.PathLike[str] | None,
-    *,
-    fallback: str | None,
-    dry_run: bool,
-    force: bool,
-    progress: Progress,
-) -> ConversionReport:
     report = ConversionReport(
         source=src, destination=None if dst is None else os.fspath(dst), source_format="hurray",
         destination_format="gguf", dry_run=dry_run,

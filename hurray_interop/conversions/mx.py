@@ -54,7 +54,7 @@ from ..core.elements import element_type
 from ..core.hrry import HrryFile, HrryWriter
 from ..core.model import MXFP, BufferHandle, Descriptor, RowMajor, Tensor
 from ..core.records import decode_scale_record, scale_record_key
-from ..errors import ConversionRefused, FormatError, InconsistentError, UnsupportedError, UsageError
+from ..errors import ConversionRefused, FormatError, InconsistentError, UnsupportedError, UsageError, errors_name_source
 from ..formats import mx
 from ..formats.safetensors_mx import (
     CONVENTIONS,
@@ -256,29 +256,8 @@ def _load_layout(kv: dict[str, Any], path: Any) -> dict[str, Any] | None:
     return lay
 
 
+@errors_name_source  # records and buffers are input: errors say which file
 def hurray_to_safetensors(
-    src: "str | os.PathLike[str]",
-    dst: "str | os.PathLike[str] | None",
-    *,
-    convention: str | None = None,
-    fallback: str | None = None,
-    force: bool = False,
-    dry_run: bool = False,
-    progress: Callable[[int, int], None] | None = None,
-) -> report.ConversionReport:
-    """Write a ``.hrry`` file back as a safetensors checkpoint (see :func:`_hurray_to_safetensors`).
-
-    Malformed content of the .hrry (records included) is reported against ``src``.
-    """
-    try:
-        return _hurray_to_safetensors(
-            src, dst, convention=convention, fallback=fallback, force=force, dry_run=dry_run, progress=progress
-        )
-    except FormatError as e:
-        raise e.located(path=src)
-
-
-def _hurray_to_safetensors(
     src: "str | os.PathLike[str]",
     dst: "str | os.PathLike[str] | None",
     *,
