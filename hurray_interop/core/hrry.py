@@ -618,16 +618,19 @@ class HrryFile:
         p = pos + 1
         for k in range(n):
             if p >= len(self._order):
-                e = self.entry(name)
-                raise self._err(
-                    InconsistentError,
-                    f"torn composite: member_count is {n} but only {k} members follow the head",
-                    "member_count",
-                    e.descriptor_offset,
-                    name,
-                )
+                raise self._torn(name, n, k)
             p = self._subtree_end(p, depth + 1)
         return p
+
+    def _torn(self, name: str, n: int, k: int) -> FormatError:
+        e = self.entry(name)
+        return self._err(
+            InconsistentError,
+            f"torn composite: member_count is {n} but only {k} members follow the head",
+            "member_count",
+            e.descriptor_offset,
+            name,
+        )
 
     def member_names(self, name: str) -> tuple[str, ...]:
         """Names of the direct members of composite head ``name`` (empty for other tensors)."""
@@ -636,27 +639,13 @@ class HrryFile:
             return ()
         pos = self._rank[name]
         n = d.layout.member_count  # type: ignore[union-attr]
-        if n > len(self._order) - pos - 1:
-            e = self.entry(name)
-            raise self._err(
-                InconsistentError,
-                f"torn composite: member_count is {n} but only {len(self._order) - pos - 1} tensors follow the head",
-                "member_count",
-                e.descriptor_offset,
-                name,
-            )
+        if n > len(self._order) - pos - 1:  # cheap early answer for a huge claimed count
+            raise self._torn(name, n, len(self._order) - pos - 1)
         out = []
         p = pos + 1
         for k in range(n):
             if p >= len(self._order):
-                e = self.entry(name)
-                raise self._err(
-                    InconsistentError,
-                    f"torn composite: member_count is {n} but only {k} members follow the head",
-                    "member_count",
-                    e.descriptor_offset,
-                    name,
-                )
+                raise self._torn(name, n, k)
             out.append(self.entries[self._order[p]].name)
             p = self._subtree_end(p, 1)
         return tuple(out)
