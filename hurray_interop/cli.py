@@ -2,8 +2,8 @@
 
     hurray-interop convert SRC DST [--from F] [--to F] [--fallback float32|float16|bfloat16]
                                    [--q4-1 overlay|requantize] [--convention gpt-oss|compressed-tensors|mxfp8]
-                                   [--dry-run] [--force] [--json] [--quiet]
-    hurray-interop verify FILE [FILE ...] [--pair] [--json] [--quiet]
+                                   [--dry-run] [--force] [--json] [--quiet] [--jobs N]
+    hurray-interop verify FILE [FILE ...] [--pair | --each] [--json] [--quiet] [--jobs N]
     hurray-interop inspect FILE [--json]
 
 Exit status: 0 success; 1 refused or inexact conversion, failed verification;
@@ -76,6 +76,10 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true", help="overwrite an existing DST")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary")
+    c.add_argument(
+        "--jobs", "-j", type=int, metavar="N",
+        help="threads for the block conversion and dequantization (default: up to 2, one per core)",
+    )
     c.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
     v = sub.add_parser(
@@ -88,6 +92,10 @@ def _build_parser() -> argparse.ArgumentParser:
     v.add_argument("--each", action="store_true", help="round-trip every file, even two of different formats")
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.add_argument("--quiet", "-q", action="store_true", help="print summary lines only")
+    v.add_argument(
+        "--jobs", "-j", type=int, metavar="N",
+        help="threads for the block conversion and dequantization (default: up to 2, one per core)",
+    )
     v.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
     i = sub.add_parser("inspect", help="show tensors, their mapping and metadata of a .hrry, .gguf or .safetensors file")
@@ -234,6 +242,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
                 dry_run=args.dry_run,
                 force=args.force,
                 progress=progress,
+                jobs=args.jobs,
             )
         except ConversionRefused as exc:
             report = exc.details.get("report")
@@ -257,7 +266,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
 def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     from .verify import verify_files
 
-    results = verify_files(args.files, pair=args.pair, each=args.each)
+    results = verify_files(args.files, pair=args.pair, each=args.each, jobs=args.jobs)
     status = EXIT_OK
     if args.json:
         out.write(json.dumps([r.to_dict() for r in results], indent=2) + "\n")

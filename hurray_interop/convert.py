@@ -10,6 +10,7 @@ directly).
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import tempfile
@@ -78,13 +79,13 @@ def detect_format(path: str | os.PathLike[str], forced: str | None = None, *, mu
     return claimed
 
 
-def _pair(src_fmt: str, dst_fmt: str) -> Callable[..., ConversionReport]:
+def _pair(src_fmt: str, dst_fmt: str, jobs: int | None = None) -> Callable[..., ConversionReport]:
     from .conversions import gguf as cg
 
     if (src_fmt, dst_fmt) == ("gguf", "hurray"):
-        return cg.gguf_to_hurray
+        return functools.partial(cg.gguf_to_hurray, jobs=jobs)
     if (src_fmt, dst_fmt) == ("hurray", "gguf"):
-        return cg.hurray_to_gguf
+        return functools.partial(cg.hurray_to_gguf, jobs=jobs)
     from .conversions import mx as cm
 
     if (src_fmt, dst_fmt) == ("safetensors", "hurray"):
@@ -106,8 +107,11 @@ def convert(
     dry_run: bool = False,
     force: bool = False,
     progress: Progress = None,
+    jobs: int | None = None,
 ) -> ConversionReport:
     """Convert ``src`` into ``dst``; return the per-tensor report.
+
+    ``jobs`` sets the threads that convert GGUF blocks (default: up to two).
 
     Raises :class:`~hurray_interop.errors.ConversionRefused` when a tensor is
     not exactly representable and no ``fallback`` was chosen (nothing written),
@@ -134,14 +138,16 @@ def convert(
         raise UsageError("--q4-1 applies to GGUF input only")
     if df == "safetensors":
         opts["convention"] = convention
+    if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
+        raise UsageError(f"--jobs takes a positive number of threads, not {jobs!r}")
     if "hurray" in (sf, df):
-        return _pair(sf, df)(src_s, dst_s, **opts)
+        return _pair(sf, df, jobs)(src_s, dst_s, **opts)
 
     # gguf <-> safetensors: through a temporary .hrry next to the destination
     dst_dir = os.path.dirname(os.path.abspath(dst_s))
     with tempfile.TemporaryDirectory(dir=dst_dir, prefix=".hurray-interop-") as tmp:
         mid = os.path.join(tmp, "intermediate.hrry")
-        return _through_hurray(src_s, sf, dst_s, df, mid, opts, dry_run)
+        return _through_hurray(src_s, sf, dst_s, df, mid, opts, dry_run, jobs)
 
 
 def _renamed(exc: HurrayInteropError, old: str, new: str, note: str = "") -> HurrayInteropError:
@@ -158,11 +164,11 @@ def _renamed(exc: HurrayInteropError, old: str, new: str, note: str = "") -> Hur
 
 
 def _through_hurray(
-    src_s: str, sf: str, dst_s: str, df: str, mid: str, opts: dict[str, Any], dry_run: bool
+    src_s: str, sf: str, dst_s: str, df: str, mid: str, opts: dict[str, Any], dry_run: bool, jobs: int | None
 ) -> ConversionReport:
     first_opts = {k: v for k, v in opts.items() if k != "convention"}
     try:
-        first = _pair(sf, "hurray")(src_s, None if dry_run else mid, **first_opts)
+        first = _pair(sf, "hurray", jobs)(src_s, None if dry_run else mid, **first_opts)
     except HurrayInteropError as exc:
         raise _renamed(exc, mid, dst_s, "while writing the intermediate Hurray file") from None
     if dry_run:
@@ -170,7 +176,7 @@ def _through_hurray(
         return first
     second_opts = {k: v for k, v in opts.items() if k != "q4_1"}
     try:
-        second = _pair("hurray", df)(mid, dst_s, **second_opts)
+        second = _pair("hurray", df, jobs)(mid, dst_s, **second_opts)
     except HurrayInteropError as exc:  # about the source's tensors, read back from the intermediate
         raise _renamed(exc, mid, src_s) from None
     second.source, second.source_format = src_s, sf

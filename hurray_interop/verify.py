@@ -15,8 +15,10 @@ OCP/Hurray decode −0; for GGUF MXFP4 tensors +0 and −0 compare equal.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -31,6 +33,9 @@ from .errors import ConversionRefused, HurrayInteropError, UsageError
 from .formats import gguf as G
 
 __all__ = ["TensorCheck", "VerifyResult", "verify_roundtrip", "verify_pair", "verify_files", "compare_values"]
+
+#: threads of the verification running in this context (None: each part's default)
+_JOBS: ContextVar[int | None] = ContextVar("hurray_interop_verify_jobs", default=None)
 
 #: elements compared per chunk (bounds memory for any tensor)
 CHUNK_ROWS_ELEMENTS = 1 << 22
@@ -136,7 +141,8 @@ def compare_values(
     flat = 0
     # our dequantizer produces chunk k+1 in a worker thread while the reference decodes and
     # compares chunk k (numpy releases the GIL: the two decoders share the cores)
-    for _, values in prefetch_chunks(iter_dequantize(ours, max_elements=CHUNK_ROWS_ELEMENTS), 1):
+    chunks = iter_dequantize(ours, max_elements=CHUNK_ROWS_ELEMENTS, threads=_JOBS.get())
+    for _, values in prefetch_chunks(chunks, 1):
         a = values.reshape(-1)
         lo, hi = flat, flat + a.size
         flat = hi
@@ -379,7 +385,15 @@ def _roundtrip_gguf(path: str, result: VerifyResult) -> None:
                 result.problems.extend(_kv_type_diffs(src, exported))
             _check_gguf_against_hurray(src, hf, result, exported, files_equal=diff is None)
 
-    run_roundtrip(path, result, to_hurray=gguf_to_hurray, from_hurray=hurray_to_gguf, suffix=".gguf", check=check)
+    jobs = _JOBS.get()
+    run_roundtrip(
+        path,
+        result,
+        to_hurray=functools.partial(gguf_to_hurray, jobs=jobs),
+        from_hurray=functools.partial(hurray_to_gguf, jobs=jobs),
+        suffix=".gguf",
+        check=check,
+    )
 
 
 def _pair_gguf_hurray(gguf_path: str, hrry_path: str, result: VerifyResult) -> None:
@@ -388,7 +402,7 @@ def _pair_gguf_hurray(gguf_path: str, hrry_path: str, result: VerifyResult) -> N
     with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
         back = os.path.join(tmp, "export.gguf")
         try:
-            hurray_to_gguf(hrry_path, back)
+            hurray_to_gguf(hrry_path, back, jobs=_JOBS.get())
         except ConversionRefused as exc:
             result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have no exact GGUF equivalent")
             back = ""
@@ -476,7 +490,10 @@ def _same_tensor_bytes(a: Tensor, b: Tensor) -> bool:
 # entry points
 
 
-def _run(result: VerifyResult, fn: Callable[[], None]) -> VerifyResult:
+def _run(result: VerifyResult, fn: Callable[[], None], jobs: int | None = None) -> VerifyResult:
+    if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
+        raise UsageError(f"--jobs takes a positive number of threads, not {jobs!r}")
+    token = _JOBS.set(jobs)
     try:
         fn()
     except HurrayInteropError as exc:
@@ -484,11 +501,14 @@ def _run(result: VerifyResult, fn: Callable[[], None]) -> VerifyResult:
             result.problems.append(str(exc))
         else:
             result.error = str(exc)
+    finally:
+        _JOBS.reset(token)
     return result
 
 
-def verify_roundtrip(path: str | os.PathLike[str]) -> VerifyResult:
-    """Round-trip one source file through Hurray and back; compare bytes and values."""
+def verify_roundtrip(path: str | os.PathLike[str], *, jobs: int | None = None) -> VerifyResult:
+    """Round-trip one source file through Hurray and back; compare bytes and values.
+    ``jobs``: threads for the conversions and the dequantizer (default: up to two)."""
     p = os.fspath(path)
     result = VerifyResult(kind="round-trip", source=p)
 
@@ -504,10 +524,10 @@ def verify_roundtrip(path: str | os.PathLike[str]) -> VerifyResult:
         else:
             raise UsageError(f"{p}: a .hrry file has no source to round-trip to; give the file it came from too (verify SOURCE {p})")
 
-    return _run(result, go)
+    return _run(result, go, jobs)
 
 
-def verify_pair(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> VerifyResult:
+def verify_pair(a: str | os.PathLike[str], b: str | os.PathLike[str], *, jobs: int | None = None) -> VerifyResult:
     """Compare two files of any supported pair (GGUF, Hurray, safetensors)."""
     pa, pb = os.fspath(a), os.fspath(b)
     result = VerifyResult(kind="pair", source=pa, other=pb)
@@ -529,10 +549,12 @@ def verify_pair(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> VerifyR
 
             verify_safetensors_pair(pa, fa, pb, fb, result)
 
-    return _run(result, go)
+    return _run(result, go, jobs)
 
 
-def verify_files(files: Sequence[str], *, pair: bool = False, each: bool = False) -> list[VerifyResult]:
+def verify_files(
+    files: Sequence[str], *, pair: bool = False, each: bool = False, jobs: int | None = None
+) -> list[VerifyResult]:
     """What ``hurray-interop verify`` runs: a pair comparison when asked (or for two
     files of different formats), otherwise a round trip of every file."""
     if pair and each:
@@ -540,12 +562,12 @@ def verify_files(files: Sequence[str], *, pair: bool = False, each: bool = False
     if pair:
         if len(files) != 2:
             raise UsageError(f"--pair compares exactly two files, got {len(files)}")
-        return [verify_pair(files[0], files[1])]
+        return [verify_pair(files[0], files[1], jobs=jobs)]
     if len(files) == 2 and not each:
         try:
             fa, fb = detect_format(files[0]), detect_format(files[1])
         except HurrayInteropError:
             fa = fb = ""
         if fa and fb and fa != fb:
-            return [verify_pair(files[0], files[1])]
-    return [verify_roundtrip(f) for f in files]
+            return [verify_pair(files[0], files[1], jobs=jobs)]
+    return [verify_roundtrip(f, jobs=jobs) for f in files]

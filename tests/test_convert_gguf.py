@@ -405,3 +405,29 @@ def test_q4_1_zero_minimum_still_maps_to_zero_points(tmp_path: Path) -> None:
         _assert_bit_exact(dequantize(hf.tensor("t")), gguf.quants.dequantize(blocks.reshape(1, -1), Q.Q4_1), mxfp4=False)
     hurray_to_gguf(tmp_path / "m.hrry", tmp_path / "back.gguf")
     assert (tmp_path / "back.gguf").read_bytes() == src.read_bytes()
+
+
+def test_jobs_change_threads_not_bytes(fixtures_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import concurrent.futures
+
+    import hurray_interop.conversions.gguf as cg
+
+    monkeypatch.setattr(cg, "PAR_BLOCKS", 4)  # small work items: the fixture's tensors take the pool path
+    src = fixtures_dir / "tiny-llama.gguf"
+    gguf_to_hurray(src, tmp_path / "two.hrry", jobs=2)
+    hurray_to_gguf(tmp_path / "two.hrry", tmp_path / "two.gguf", jobs=2)
+
+    def no_pool(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("jobs=1 must not start a thread pool")
+
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", no_pool)
+    gguf_to_hurray(src, tmp_path / "one.hrry", jobs=1)
+    hurray_to_gguf(tmp_path / "one.hrry", tmp_path / "one.gguf", jobs=1)
+    assert (tmp_path / "one.hrry").read_bytes() == (tmp_path / "two.hrry").read_bytes()
+    assert (tmp_path / "one.gguf").read_bytes() == (tmp_path / "two.gguf").read_bytes() == src.read_bytes()
+    with pytest.raises(AssertionError, match="thread pool"):
+        gguf_to_hurray(src, tmp_path / "pool.hrry", jobs=2)
+    assert not (tmp_path / "pool.hrry").exists()
+    assert main(["convert", str(src), str(tmp_path / "zero.hrry"), "--jobs", "0"]) == 2
+    assert "--jobs takes a positive number" in capsys.readouterr().err

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
@@ -293,20 +295,39 @@ def _gguf_value_from_plain(value: KVValue) -> "G.GGUFValue":
 # ===========================================================================
 # parallel chunk conversion
 
-#: threads converting chunks of one tensor at once (numpy releases the GIL in the
-#: gathers and bit operations that do the work); 1 converts in the caller's thread
+#: threads converting chunks of one tensor at once by default (numpy releases the GIL in
+#: the gathers and bit operations that do the work); 1 converts in the caller's thread
 JOBS = min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+#: the thread count of the conversion running in this context (``jobs=`` of the entry points)
+_JOBS: ContextVar[int] = ContextVar("hurray_interop_gguf_jobs", default=JOBS)
+
+
+@contextmanager
+def _jobs(jobs: int | None) -> Iterator[None]:
+    if jobs is None:
+        yield
+        return
+    if not isinstance(jobs, int) or jobs < 1:
+        raise UsageError(f"jobs must be a positive number of threads, not {jobs!r}")
+    token = _JOBS.set(jobs)
+    try:
+        yield
+    finally:
+        _JOBS.reset(token)
 #: blocks per parallel work item (small enough that a tensor of 2^19 blocks is split
 #: among the threads; the chunk boundaries do not show in the output)
 PAR_BLOCKS = 1 << 16
 
 
-def _pmap(fn: Callable[[slice], np.ndarray], n: int, step: int = PAR_BLOCKS) -> Iterator[np.ndarray]:
-    """``fn(sl)`` for the chunk slices of ``n`` blocks, in order.  With :data:`JOBS` > 1,
-    up to ``2 * JOBS`` chunks are computed ahead on a thread pool; every result is a
+def _pmap(fn: Callable[[slice], np.ndarray], n: int, step: int | None = None) -> Iterator[np.ndarray]:
+    """``fn(sl)`` for the chunk slices of ``n`` blocks, in order.  With more than one job
+    (:data:`JOBS`, or ``jobs=`` of the entry points), up to ``2 * jobs`` chunks are
+    computed ahead on a thread pool; every result is a
     fresh array.  An exception of ``fn`` is raised here, for the first failing chunk."""
+    step = PAR_BLOCKS if step is None else step
     slices = iter(_chunks(n, step))
-    if JOBS <= 1 or n <= step:
+    jobs = _JOBS.get()
+    if jobs <= 1 or n <= step:
         for sl in slices:
             yield fn(sl)
         return
@@ -314,9 +335,9 @@ def _pmap(fn: Callable[[slice], np.ndarray], n: int, step: int = PAR_BLOCKS) -> 
     from concurrent.futures import ThreadPoolExecutor
     from itertools import islice
 
-    pool = ThreadPoolExecutor(JOBS, thread_name_prefix="hurray-interop-convert")
+    pool = ThreadPoolExecutor(jobs, thread_name_prefix="hurray-interop-convert")
     try:
-        pending = deque(pool.submit(fn, sl) for sl in islice(slices, 2 * JOBS))
+        pending = deque(pool.submit(fn, sl) for sl in islice(slices, 2 * jobs))
         while pending:
             done = pending.popleft().result()
             sl = next(slices, None)
@@ -835,20 +856,21 @@ def gguf_to_hurray(
     dry_run: bool = False,
     force: bool = False,
     progress: Progress = None,
+    jobs: int | None = None,
 ) -> ConversionReport:
     """Convert a GGUF file into a .hrry file (exact, or refused; see the module docstring).
 
     Raises :class:`ConversionRefused` (with the report in ``details['report']``)
     when any tensor is not exactly representable and no ``fallback`` was chosen;
     nothing is written then.  With ``dry_run`` the plan is returned instead and
-    nothing is written.
+    nothing is written.  ``jobs``: threads converting chunks (default :data:`JOBS`).
     """
     if fallback not in (None, "float32", "float16", "bfloat16"):
         raise UsageError(f"unknown fallback {fallback!r} (float32, float16 or bfloat16)")
     if q4_1 not in ("overlay", "requantize"):
         raise UsageError(f"unknown --q4-1 mode {q4_1!r} (overlay or requantize)")
     src = os.fspath(src)
-    with G.read_gguf(src) as gf:
+    with _jobs(jobs), G.read_gguf(src) as gf:
         return _gguf_to_hurray_open(gf, src, dst, fallback=fallback, q4_1=q4_1, dry_run=dry_run, force=force,
                                     progress=progress)
 
@@ -863,20 +885,20 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
         dry_run=dry_run,
     )
     _check_reserved_keys(gf)  # the metadata itself is converted only when writing (vocabularies are big)
-    jobs = []
+    planned: list[_Job] = []
     for info in gf.tensors:
-        jobs.append(_plan(info, fallback=fallback, q4_1=q4_1))
+        planned.append(_plan(info, fallback=fallback, q4_1=q4_1))
         gf.release_pages()  # bounded resident memory: see GGUFFile.release_pages
-    report.tensors = [j.plan for j in jobs]
-    names = [n for j in jobs for n in j.names]
+    report.tensors = [j.plan for j in planned]
+    names = [n for j in planned for n in j.names]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise UnsupportedError(
             f"overlay member names collide with existing tensor names: {', '.join(dup[:5])}", path=src
         )
-    if any(j.plan.status == LOSSY for j in jobs):
+    if any(j.plan.status == LOSSY for j in planned):
         report.notes.append("lossy tensors were stored as chosen; see max abs error per tensor")
-    if any(j.plan.mapping.startswith("overlay") for j in jobs):
+    if any(j.plan.mapping.startswith("overlay") for j in planned):
         report.notes.append("Q4_1/Q5_1 stored as the exact minimum overlay: 7 (Q5_1: 11) bits per weight against 5 (6)")
     if _plan_only(report, src, "cannot be converted exactly", dst, dry_run):
         return report
@@ -898,12 +920,12 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
     ]
     if gf.nonzero_padding:
         report.notes.append("the source has non-zero padding bytes; an export will write zeros there")
-    total = _progress_total(jobs)
+    total = _progress_total(planned)
     done = 0
     from ..core.hrry import HrryWriter
 
     with HrryWriter(dst, tensor_count_hint=len(names), force=force, inputs=(src,)) as w:
-        for j in jobs:
+        for j in planned:
             assert j.write is not None
             j.write(w)
             gf.release_pages()
@@ -1305,11 +1327,19 @@ def hurray_to_gguf(
     dry_run: bool = False,
     force: bool = False,
     progress: Progress = None,
+    jobs: int | None = None,
 ) -> ConversionReport:
-    """Convert a .hrry file into GGUF (exact, or refused; see the module docstring)."""
+    """Convert a .hrry file into GGUF (exact, or refused; see the module docstring).
+    ``jobs``: threads converting chunks (default :data:`JOBS`)."""
     if fallback not in (None, "float32", "float16", "bfloat16"):
         raise UsageError(f"unknown fallback {fallback!r} (float32, float16 or bfloat16)")
-    src = os.fspath(src)
+    with _jobs(jobs):
+        return _hurray_to_gguf(os.fspath(src), dst, fallback=fallback, dry_run=dry_run, force=force, progress=progress)
+
+
+def _hurray_to_gguf(
+    src: str, dst: str | os.PathLike[str] | None, *, fallback: str | None, dry_run: bool, force: bool, progress: Progress
+) -> ConversionReport:
     report = ConversionReport(
         source=src, destination=None if dst is None else os.fspath(dst), source_format="hurray",
         destination_format="gguf", dry_run=dry_run,

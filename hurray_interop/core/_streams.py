@@ -29,6 +29,7 @@ def prefetch_chunks(chunks: Iterable[Any], depth: int | None = None) -> Iterator
     if depth <= 0:
         yield from chunks
         return
+    import contextvars
     import queue
     import threading
 
@@ -54,7 +55,9 @@ def prefetch_chunks(chunks: Iterable[Any], depth: int | None = None) -> Iterator
         except BaseException as e:  # handed to the consumer, re-raised there
             offer((False, e))
 
-    worker = threading.Thread(target=run, name="hurray-interop-prefetch", daemon=True)
+    # the producer runs in the caller's context (context variables such as the thread count)
+    ctx = contextvars.copy_context()
+    worker = threading.Thread(target=ctx.run, args=(run,), name="hurray-interop-prefetch", daemon=True)
     worker.start()
     try:
         while True:
