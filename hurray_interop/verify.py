@@ -290,7 +290,7 @@ def _check_gguf_against_hurray(
             chk.where = "missing from the Hurray file"
             continue
         t = hf.tensor(info.name)
-        chk.mapping = _mapping_of(t)
+        chk.mapping = t.describe()
         e = exp.get(info.name)
         if exported is not None:
             chk.bytes_equal = e is not None and e.type_id == info.type_id and e.ne == info.ne and (
@@ -323,19 +323,6 @@ def _has_reference(info: "G.GGUFTensorInfo") -> bool:
     from .conversions.gguf import _reference_dequantizer
 
     return _reference_dequantizer(info.ggml_type) is not None
-
-
-def _mapping_of(t: Tensor) -> str:
-    d = t.descriptor
-    if d.is_composite:
-        roles = "+".join(m.descriptor.element_type.name for m in t.members)
-        return f"overlay({roles})"
-    q = d.quantization
-    if q is None:
-        return d.element_type.name
-    name = {"PerBlockAffine": "per-block", "MXFP": "MXFP", "PerChannelAffine": "per-channel",
-            "PerTensorAffine": "per-tensor", "NF4": "NF4"}[type(q).__name__]
-    return f"{name} {d.element_type.name}"
 
 
 def run_roundtrip(
@@ -457,13 +444,13 @@ def _pair_hurray_hurray(a: str, b: str, result: VerifyResult) -> None:
             result.problems.append(f"metadata differs: {', '.join(diffs[:5]) or 'key order'}")
         for name in ha.top_level_names():
             ta = ha.tensor(name)
-            chk = TensorCheck(name, _mapping_of(ta), _mapping_of(ta))
+            chk = TensorCheck(name, ta.describe(), ta.describe())
             result.tensors.append(chk)
             if name not in hb:
                 chk.bytes_equal, chk.where = False, f"missing from {b}"
                 continue
             tb = hb.tensor(name)
-            chk.mapping = _mapping_of(tb)
+            chk.mapping = tb.describe()
             chk.bytes_equal = _same_tensor_bytes(ta, tb)
             va, vb = dequantize(ta), dequantize(tb)
             if va.shape != vb.shape:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .conversions.mx import _mapping_of, _pair_label, hurray_to_safetensors, safetensors_to_hurray
+from .conversions.mx import _pair_label, hurray_to_safetensors, safetensors_to_hurray
 from .core.elements import unpack
 from .core.hrry import HrryFile
 from .errors import ConversionRefused, UnsupportedError
@@ -88,7 +88,7 @@ def _check_against_hurray(st: SafetensorsFile, hf: HrryFile, result: Any, export
             chk.values_equal, chk.where = False, "missing from the Hurray file"
             continue
         t = hf.tensor(hname)
-        chk.mapping = _mapping_of(t)
+        chk.mapping = t.describe()
         if exported is not None:
             names = (p.data.name, p.scale.name) if p is not None else (e.name,)
             eq = True

@@ -1365,7 +1365,7 @@ def _hurray_to_gguf(
             t = hf.tensor(name)
             rec = rec_by_name.get(name)
             shape = t.descriptor.shape
-            plan = TensorPlan(name=name, source_type=_describe(t), mapping="", status=EXACT, bytes_in=t.nbytes)
+            plan = TensorPlan(name=name, source_type=t.describe(), mapping="", status=EXACT, bytes_in=t.nbytes)
             ex = _Export(name=name, plan=plan)
             exportable_shape = all(x is not None for x in shape) and t.descriptor.rank <= G.MAX_DIMS
             if rec is not None and (not exportable_shape or tuple(reversed(rec[2])) != shape):
@@ -1432,16 +1432,6 @@ def _hurray_to_gguf(
                         progress(done, total)
             fh.commit()
     return report
-
-
-def _describe(t: Tensor) -> str:
-    d = t.descriptor
-    if d.is_composite:
-        return f"composite({len(t.members)})"
-    q = d.quantization
-    if q is None:
-        return d.element_type.name
-    return f"{type(q).__name__}/{d.element_type.name}"
 
 
 def _export_fallback(ex: _Export, t: Tensor, fallback: str, reason: str) -> None:

@@ -307,7 +307,7 @@ def hurray_to_safetensors(
             return _kv_value(kv, scale_record_key(name), bytes, src)
 
         def fallback_part(hname: str, t: Tensor, why: str) -> tuple[str, str, tuple[int, ...], Any] | None:
-            src_type = _mapping_of(t)
+            src_type = t.describe()
             if fallback is None:
                 refused.append((hname, src_type, why))
                 rep.tensors.append(report.TensorPlan(hname, src_type, "refused", report.REFUSED, bytes_in=t.nbytes, reason=why))
@@ -358,8 +358,8 @@ def hurray_to_safetensors(
             d = t.descriptor
             if any(x is None for x in d.shape):  # no fallback either: nothing can be decoded without sizes
                 why = f"shape {['?' if x is None else x for x in d.shape]} has a dynamic dimension; safetensors needs sizes"
-                refused.append((hname, _mapping_of(t), why))
-                rep.tensors.append(report.TensorPlan(hname, _mapping_of(t), "refused", report.REFUSED, bytes_in=t.nbytes, reason=why))
+                refused.append((hname, t.describe(), why))
+                rep.tensors.append(report.TensorPlan(hname, t.describe(), "refused", report.REFUSED, bytes_in=t.nbytes, reason=why))
                 return None
             if d.quantization is not None or not isinstance(d.layout, RowMajor) or len(t.data) != 1 or d.byte_offset:
                 return fallback_part(hname, t, "only plain row-major tensors and MX pairs have a safetensors form")
@@ -469,16 +469,6 @@ def hurray_to_safetensors(
         write_safetensors(dst, [(n, d, s, counted(b)) for n, d, s, b in out], metadata,
                           force=force, header=header, inputs=(src,))
     return rep
-
-
-def _mapping_of(t: Tensor) -> str:
-    d = t.descriptor
-    if d.is_composite:
-        return "composite"
-    q = d.quantization
-    if q is None:
-        return d.element_type.name
-    return f"{type(q).__name__} {d.element_type.name}"
 
 
 def compare_checkpoint_values(

@@ -69,7 +69,7 @@ from ..errors import (
     UsageError,
 )
 from ._binary import Reader
-from .elements import _BY_TAG, ElementType, buffer_size, is_private_tag
+from .elements import ELEMENT_TYPES_BY_TAG, ElementType, buffer_size, is_private_tag
 from .model import (
     DYNAMIC,
     MXFP,
@@ -448,7 +448,7 @@ def _decode(buf, offset: int, path, tensor, base: int) -> Descriptor:  # type: i
         if not flags & F_EXT:
             raise ctx.err(InconsistentError, f"private type_tag {type_tag:#04x} without the extension-type section", "flags", 10)
     else:
-        et = _BY_TAG.get(type_tag)
+        et = ELEMENT_TYPES_BY_TAG.get(type_tag)
         if et is None:
             raise ctx.err(FormatError, f"unknown or reserved type_tag {type_tag:#04x}", "type_tag", 14)
         if flags & F_EXT:
@@ -660,7 +660,7 @@ def _decode_scheme(buf: memoryview, pos: int, n: int, ctx: _Ctx) -> tuple[Quanti
         _check_symmetric(flags, zi, ctx, 12)
         if stt != 0x03:
             raise ctx.err(FormatError, f"per-channel scale_type_tag {stt:#04x} is not float32 (0x03)", "quantization.scale_type", 16)
-        q = PerChannelAffine(axis, si, None if flags & 1 else zi, _BY_TAG[0x03])
+        q = PerChannelAffine(axis, si, None if flags & 1 else zi, ELEMENT_TYPES_BY_TAG[0x03])
     elif tag == 0x03:
         _, _, _, axis, k, si, zi, stt, res = _Q_PER_BLOCK.unpack_from(buf, pos)
         if res != bytes(3):
@@ -668,7 +668,7 @@ def _decode_scheme(buf: memoryview, pos: int, n: int, ctx: _Ctx) -> tuple[Quanti
         _check_symmetric(flags, zi, ctx, 16)
         if stt not in _PER_BLOCK_SCALE_TYPES:
             raise ctx.err(FormatError, f"per-block scale_type_tag {stt:#04x} is not float16, bfloat16 or float32", "quantization.scale_type", 20)
-        q = PerBlockAffine(axis, k, si, None if flags & 1 else zi, _BY_TAG[stt])
+        q = PerBlockAffine(axis, k, si, None if flags & 1 else zi, ELEMENT_TYPES_BY_TAG[stt])
     else:
         _, _, _, axis, k, si = _Q_AXIS_BLOCK.unpack_from(buf, pos)
         q = NF4(axis, k, si) if tag == 0x04 else MXFP(axis, k, si)
@@ -778,7 +778,7 @@ def _validate(desc: Descriptor, ctx: _Ctx, *, structural: bool) -> None:
             if desc.extension_type is None:
                 raise ctx.err(InconsistentError, f"private type_tag {et.tag:#04x} without the extension-type section", "flags", 10)
         else:
-            if _BY_TAG.get(et.tag) != et:
+            if ELEMENT_TYPES_BY_TAG.get(et.tag) != et:
                 raise ctx.err(FormatError, f"unknown or reserved type_tag {et.tag:#04x}", "type_tag", 14)
             if desc.extension_type is not None:
                 raise ctx.err(InconsistentError, f"HAS_EXTENSION_TYPE set for standard type {et.name}", "flags", 10)
@@ -1086,7 +1086,7 @@ def _check_scheme(q: object, ctx: _Ctx, at: int, structural: bool = False) -> No
         if q.scale_type.tag != 0x03:
             raise ctx.err(FormatError, f"per-channel scale_type {q.scale_type.name} is not float32", "quantization.scale_type", at + 16)
     elif isinstance(q, PerBlockAffine):
-        if q.scale_type.tag not in _PER_BLOCK_SCALE_TYPES or _BY_TAG.get(q.scale_type.tag) != q.scale_type:
+        if q.scale_type.tag not in _PER_BLOCK_SCALE_TYPES or ELEMENT_TYPES_BY_TAG.get(q.scale_type.tag) != q.scale_type:
             raise ctx.err(FormatError, f"per-block scale_type {q.scale_type.name} is not float16, bfloat16 or float32", "quantization.scale_type", at + 20)
         if not _pow2(q.block_size) or q.block_size < 2:
             why = "is not a power of two" if not _pow2(q.block_size) else "is less than 2"

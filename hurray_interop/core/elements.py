@@ -29,6 +29,7 @@ __all__ = [
     "ElementType",
     "element_type",
     "ELEMENT_TYPES",
+    "ELEMENT_TYPES_BY_TAG",
     "buffer_size",
     "pack",
     "unpack",
@@ -96,7 +97,7 @@ def _build() -> tuple[Mapping[str, ElementType], Mapping[int, ElementType]]:
     return MappingProxyType(by_name), MappingProxyType(by_tag)
 
 
-ELEMENT_TYPES, _BY_TAG = _build()
+ELEMENT_TYPES, ELEMENT_TYPES_BY_TAG = _build()
 
 
 def is_private_tag(tag: int) -> bool:
@@ -117,7 +118,7 @@ def element_type(key: "str | int | ElementType") -> ElementType:
         except KeyError:
             raise UnsupportedError(f"unknown element type name {key!r}") from None
     try:
-        return _BY_TAG[int(key)]
+        return ELEMENT_TYPES_BY_TAG[int(key)]
     except KeyError:
         raise FormatError(f"unknown element type tag {int(key):#04x}", field="type_tag") from None
 

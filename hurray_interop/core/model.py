@@ -391,6 +391,21 @@ class Tensor:
         """Stored bytes, members included."""
         return sum(h.byte_size for h in self.descriptor.buffers) + sum(m.nbytes for m in self.members)
 
+    def describe(self) -> str:
+        """A short description for reports: ``float32``, ``per-block int4``,
+        ``MXFP float4_e2m1``, ``overlay(uint4+uint2)``."""
+        d = self.descriptor
+        if isinstance(d.layout, CompositeHead):
+            rule = _RULE_NAMES.get(d.layout.composition_rule, "composite")
+            return f"{rule}({'+'.join(m.element_type.name for m in self.members)})"
+        if d.quantization is None:
+            return d.element_type.name
+        return f"{_SCHEME_NAMES[d.quantization.scheme_tag]} {d.element_type.name}"
+
+
+_SCHEME_NAMES = {0x01: "per-tensor", 0x02: "per-channel", 0x03: "per-block", 0x04: "NF4", 0x05: "MXFP"}
+_RULE_NAMES = {RULE_PARTITION: "partition", RULE_OVERLAY: "overlay", RULE_GROUP: "group"}
+
 
 def as_u8(buf: "bytes | bytearray | memoryview | np.ndarray | Sequence[int]") -> np.ndarray:
     """View any bytes-like object as a 1-D uint8 numpy array (zero-copy when possible)."""
