@@ -40,6 +40,17 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _add_run_options(p: argparse.ArgumentParser, *, quiet: str) -> None:
+    """Options that convert and verify share."""
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--quiet", "-q", action="store_true", help=quiet)
+    p.add_argument(
+        "--jobs", "-j", type=int, metavar="N",
+        help="threads for the block conversion and dequantization (default: up to 2, one per core)",
+    )
+    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="hurray-interop",
@@ -74,13 +85,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--dry-run", action="store_true", help="show the plan per tensor; write nothing")
     c.add_argument("--force", action="store_true", help="overwrite an existing DST")
-    c.add_argument("--json", action="store_true", help="print the report as JSON")
-    c.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary")
-    c.add_argument(
-        "--jobs", "-j", type=int, metavar="N",
-        help="threads for the block conversion and dequantization (default: up to 2, one per core)",
-    )
-    c.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _add_run_options(c, quiet="no progress bar, no summary")
 
     v = sub.add_parser(
         "verify",
@@ -90,13 +95,7 @@ def _build_parser() -> argparse.ArgumentParser:
     v.add_argument("files", nargs="+", metavar="FILE")
     v.add_argument("--pair", action="store_true", help="compare exactly two files with each other")
     v.add_argument("--each", action="store_true", help="round-trip every file, even two of different formats")
-    v.add_argument("--json", action="store_true", help="print the report as JSON")
-    v.add_argument("--quiet", "-q", action="store_true", help="print summary lines only")
-    v.add_argument(
-        "--jobs", "-j", type=int, metavar="N",
-        help="threads for the block conversion and dequantization (default: up to 2, one per core)",
-    )
-    v.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _add_run_options(v, quiet="print summary lines only")
 
     i = sub.add_parser("inspect", help="show tensors, their mapping and metadata of a .hrry, .gguf or .safetensors file")
     i.add_argument("file", metavar="FILE")

@@ -159,21 +159,27 @@ def _inspect_gguf(path: str) -> dict[str, Any]:
             "metadata": metadata,
         }
         plan = plan_gguf_open(gf)
+    _add_plan(info, plan, "ggml_type")
+    return info
+
+
+def _add_plan(info: dict[str, Any], plan: Any, source_key: str) -> None:
+    """The conversion plan (a dry run's report) as rows of ``info``."""
     info["tensors"] = [
         {
-            "name": p.name,
-            "ggml_type": p.source_type,
-            "hurray_mapping": p.mapping,
-            "status": p.status,
-            "bytes_in": p.bytes_in,
-            "bytes_out": p.bytes_out,
-            "reason": p.reason,
+            "name": t.name,
+            source_key: t.source_type,
+            "hurray_mapping": t.mapping,
+            "status": t.status,
+            "bytes_in": t.bytes_in,
+            "bytes_out": t.bytes_out,
+            "substituted_blocks": t.substituted_blocks,
+            "reason": t.reason,
         }
-        for p in plan.tensors
+        for t in plan.tensors
     ]
-    info["tensor_columns"] = ["name", "ggml_type", "hurray_mapping", "status", "bytes_in", "bytes_out", "reason"]
+    info["tensor_columns"] = ["name", source_key, "hurray_mapping", "status", "bytes_in", "bytes_out", "reason"]
     info["notes"] = list(plan.notes)
-    return info
 
 
 def _inspect_safetensors(path: "str | os.PathLike[str]") -> dict[str, Any]:
@@ -197,22 +203,7 @@ def _inspect_safetensors(path: "str | os.PathLike[str]") -> dict[str, Any]:
                 {"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "bytes": e.nbytes} for e in st.entries
             ],
         }
-    plan = safetensors_to_hurray(p, None, dry_run=True)
-    info["tensors"] = [
-        {
-            "name": t.name,
-            "source_type": t.source_type,
-            "hurray_mapping": t.mapping,
-            "status": t.status,
-            "bytes_in": t.bytes_in,
-            "bytes_out": t.bytes_out,
-            "substituted_blocks": t.substituted_blocks,
-            "reason": t.reason,
-        }
-        for t in plan.tensors
-    ]
-    info["tensor_columns"] = ["name", "source_type", "hurray_mapping", "status", "bytes_in", "bytes_out", "reason"]
-    info["notes"] = list(plan.notes)
+    _add_plan(info, safetensors_to_hurray(p, None, dry_run=True), "source_type")
     return info
 
 

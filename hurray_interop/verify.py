@@ -274,16 +274,12 @@ def _check_gguf_against_hurray(
     """Per tensor: bytes of the export against the source, values of ours against gguf-py.
     ``files_equal``: the whole files are known byte-identical (every tensor's bytes are then
     equal, so they are not compared a second time)."""
-    from .conversions.gguf import _table
-
-    types = _table()["types"]
     exp = {t.name: t for t in exported.tensors} if exported is not None else {}
     for info in src.tensors:
         for f in (src, hf, exported):  # bounded resident memory (see GGUFFile.release_pages)
             if f is not None:
                 f.release_pages()
-        row = types.get(info.type_name, {})
-        chk = TensorCheck(name=info.name, source_type=info.type_name, mapping=row.get("mapping", "-"))
+        chk = TensorCheck(name=info.name, source_type=info.type_name, mapping="-")
         result.tensors.append(chk)
         if info.name not in hf:
             chk.values_equal = False
@@ -320,9 +316,9 @@ def _check_gguf_against_hurray(
 
 
 def _has_reference(info: "G.GGUFTensorInfo") -> bool:
-    from .conversions.gguf import _reference_dequantizer
+    from .conversions.gguf import reference_dequantizer
 
-    return _reference_dequantizer(info.ggml_type) is not None
+    return reference_dequantizer(info.ggml_type) is not None
 
 
 def run_roundtrip(

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .conversions.mx import _pair_label, hurray_to_safetensors, safetensors_to_hurray
+from .conversions.mx import pair_label, hurray_to_safetensors, safetensors_to_hurray
 from .core.elements import unpack
 from .core.hrry import HrryFile
 from .errors import ConversionRefused, UnsupportedError
@@ -82,7 +82,7 @@ def _check_against_hurray(st: SafetensorsFile, hf: HrryFile, result: Any, export
         p = by_data.get(e.name)
         hname = p.hurray_name if p is not None else e.name
         known.add(hname)
-        chk = TensorCheck(hname, _pair_label(p) if p is not None else e.dtype, "-")
+        chk = TensorCheck(hname, pair_label(p) if p is not None else e.dtype, "-")
         result.tensors.append(chk)
         if hname not in hf:
             chk.values_equal, chk.where = False, "missing from the Hurray file"

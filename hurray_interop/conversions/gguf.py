@@ -736,7 +736,7 @@ def _plan_plain(job: _Job, row: Any) -> None:
 _FALLBACK_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
-def _reference_dequantizer(t: "G.GGMLType") -> Callable[[np.ndarray], np.ndarray] | None:
+def reference_dequantizer(t: "G.GGMLType") -> Callable[[np.ndarray], np.ndarray] | None:
     """gguf-py's reference dequantizer for a GGML type (``None`` when it has none)."""
     if t.family == "removed" or t.name in _table()["fallback"]["no_reference_dequantizer"]:
         return None  # gguf-py lacks them, or has their block size wrong (gguf-notes § 1.6)
@@ -755,7 +755,7 @@ def _reference_dequantizer(t: "G.GGMLType") -> Callable[[np.ndarray], np.ndarray
 
 def _plan_fallback(job: _Job, fallback: str, reason: str) -> None:
     info = job.info
-    deq = _reference_dequantizer(info.ggml_type)
+    deq = reference_dequantizer(info.ggml_type)
     if deq is None:
         job.plan.status = REFUSED
         job.plan.reason = reason + "; no reference dequantizer for a fallback"

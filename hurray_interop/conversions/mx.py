@@ -93,7 +93,7 @@ def _plain_descriptor(et: Any, shape: tuple[int, ...], nbytes: int) -> Descripto
     return Descriptor(element_type=et, shape=shape, buffers=(BufferHandle.cpu(nbytes),), layout=RowMajor())
 
 
-def _pair_label(p: Any) -> str:
+def pair_label(p: Any) -> str:
     el = mx.mx_element(p.element)
     return f"{el.ocp} ({p.convention})"
 
@@ -148,7 +148,7 @@ def safetensors_to_hurray(
                 except ConversionRefused as exc:
                     refusals.extend(exc.reasons)
                     rep.tensors.append(report.TensorPlan(
-                        p.hurray_name, _pair_label(p), "refused", report.REFUSED,
+                        p.hurray_name, pair_label(p), "refused", report.REFUSED,
                         bytes_in=p.data.nbytes + p.scale.nbytes, reason=exc.reasons[0][2] if exc.reasons else str(exc),
                     ))
                     layout.append({"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "hurray": p.hurray_name,
@@ -162,7 +162,7 @@ def safetensors_to_hurray(
                 kv_records.update(imp.kv)
                 el = mx.mx_element(p.element)
                 rep.tensors.append(report.TensorPlan(
-                    p.hurray_name, _pair_label(p),
+                    p.hurray_name, pair_label(p),
                     f"plain {fallback}" if fell_back else
                     f"MXFP {el.hurray.name} K={p.block_size} axis={p.axis}",
                     {mx.EXACT: report.EXACT, mx.VALUE_EXACT: report.VALUE_EXACT, mx.LOSSY: report.LOSSY}[imp.status],
