@@ -174,15 +174,15 @@ def _gguf_reference(info: "G.GGUFTensorInfo") -> Callable[[int, int], np.ndarray
             return flat[start * ncols : stop * ncols].astype(np.float32)
 
         return plain
-    from gguf import GGMLQuantizationType
-    from gguf import quants as gq
+    from .conversions.gguf import reference_dequantizer
 
-    qt = GGMLQuantizationType[t.name]
+    decode = reference_dequantizer(t)
+    assert decode is not None  # callers check _has_reference first
     row_bytes = ncols // t.block_elements * t.block_bytes
     rows = info.data.reshape(-1, row_bytes) if row_bytes else info.data.reshape(0, 1)
 
     def quant(start: int, stop: int) -> np.ndarray:
-        return gq.dequantize(rows[start:stop], qt)
+        return decode(rows[start:stop])
 
     return quant
 

@@ -36,6 +36,7 @@ head ``<name>`` (float32, overlay, add) with members ``<name>.base`` and
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from contextlib import contextmanager
@@ -736,8 +737,10 @@ def _plan_plain(job: _Job, row: Any) -> None:
 _FALLBACK_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
+@functools.cache
 def reference_dequantizer(t: "G.GGMLType") -> Callable[[np.ndarray], np.ndarray] | None:
-    """gguf-py's reference dequantizer for a GGML type (``None`` when it has none)."""
+    """gguf-py's reference dequantizer for a GGML type (``None`` when it has none): the
+    oracle of ``verify`` and the decoder of import fallbacks.  Probed once per type."""
     if t.family == "removed" or t.name in _table()["fallback"]["no_reference_dequantizer"]:
         return None  # gguf-py lacks them, or has their block size wrong (gguf-notes § 1.6)
     try:
