@@ -737,6 +737,13 @@ def _plan_plain(job: _Job, row: Any) -> None:
 _FALLBACK_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
+def _check_fallback(fallback: str | None, q4_1: str = "overlay") -> None:
+    if fallback is not None and fallback not in _FALLBACK_TYPES:
+        raise UsageError(f"unknown fallback {fallback!r} ({', '.join(_FALLBACK_TYPES)})")
+    if q4_1 not in ("overlay", "requantize"):
+        raise UsageError(f"unknown --q4-1 mode {q4_1!r} (overlay or requantize)")
+
+
 @functools.cache
 def reference_dequantizer(t: "G.GGMLType") -> Callable[[np.ndarray], np.ndarray] | None:
     """gguf-py's reference dequantizer for a GGML type (``None`` when it has none): the
@@ -868,10 +875,7 @@ def gguf_to_hurray(
     nothing is written then.  With ``dry_run`` the plan is returned instead and
     nothing is written.  ``jobs``: threads converting chunks (default :data:`JOBS`).
     """
-    if fallback not in (None, "float32", "float16", "bfloat16"):
-        raise UsageError(f"unknown fallback {fallback!r} (float32, float16 or bfloat16)")
-    if q4_1 not in ("overlay", "requantize"):
-        raise UsageError(f"unknown --q4-1 mode {q4_1!r} (overlay or requantize)")
+    _check_fallback(fallback, q4_1)
     src = os.fspath(src)
     with _jobs(jobs), G.read_gguf(src) as gf:
         return _gguf_to_hurray_open(gf, src, dst, fallback=fallback, q4_1=q4_1, dry_run=dry_run, force=force,
@@ -947,10 +951,7 @@ def plan_gguf(src: str | os.PathLike[str], *, fallback: str | None = None, q4_1:
 
 def plan_gguf_open(gf: "G.GGUFFile", *, fallback: str | None = None, q4_1: str = "overlay") -> ConversionReport:
     """:func:`plan_gguf` of a GGUF file already open (``inspect`` parses a file once)."""
-    if fallback not in (None, "float32", "float16", "bfloat16"):
-        raise UsageError(f"unknown fallback {fallback!r} (float32, float16 or bfloat16)")
-    if q4_1 not in ("overlay", "requantize"):
-        raise UsageError(f"unknown --q4-1 mode {q4_1!r} (overlay or requantize)")
+    _check_fallback(fallback, q4_1)
     src = gf.path or "<memory>"
     return _gguf_to_hurray_open(gf, src, None, fallback=fallback, q4_1=q4_1, dry_run=True, force=False, progress=None)
 
@@ -1334,8 +1335,7 @@ def hurray_to_gguf(
 ) -> ConversionReport:
     """Convert a .hrry file into GGUF (exact, or refused; see the module docstring).
     ``jobs``: threads converting chunks (default :data:`JOBS`)."""
-    if fallback not in (None, "float32", "float16", "bfloat16"):
-        raise UsageError(f"unknown fallback {fallback!r} (float32, float16 or bfloat16)")
+    _check_fallback(fallback)
     with _jobs(jobs):
         return _hurray_to_gguf(os.fspath(src), dst, fallback=fallback, dry_run=dry_run, force=force, progress=progress)
 
