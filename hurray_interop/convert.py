@@ -86,7 +86,7 @@ def _pair(src_fmt: str, dst_fmt: str, jobs: int | None = None) -> Callable[..., 
         return functools.partial(cg.gguf_to_hurray, jobs=jobs)
     if (src_fmt, dst_fmt) == ("hurray", "gguf"):
         return functools.partial(cg.hurray_to_gguf, jobs=jobs)
-    from .conversions import mx as cm
+    from .conversions import safetensors as cm
 
     if (src_fmt, dst_fmt) == ("safetensors", "hurray"):
         return cm.safetensors_to_hurray

@@ -185,8 +185,8 @@ def _add_plan(info: dict[str, Any], plan: Any, source_key: str) -> None:
 def _inspect_safetensors(path: "str | os.PathLike[str]") -> dict[str, Any]:
     """Describe a safetensors file: tensors, the MX convention detected, metadata, and the
     Hurray mapping planned for each tensor (a dry run: nothing is written)."""
-    from .conversions.mx import safetensors_to_hurray
-    from .formats.safetensors_mx import SafetensorsFile, detect_pairs
+    from .conversions.safetensors import safetensors_to_hurray
+    from .formats.safetensors import SafetensorsFile, detect_pairs
 
     p = os.fspath(path)
     with SafetensorsFile(p) as st:

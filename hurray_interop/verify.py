@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .convert import detect_format
-from .core._streams import prefetch_chunks
+from .parallel import prefetch_chunks
 from .core.hrry import HrryFile
 from .core.model import Tensor
 from .dequant import dequantize, iter_dequantize

@@ -3,7 +3,7 @@
 Round trip: safetensors → .hrry → safetensors in a temporary directory, the file
 compared byte for byte with the source, and per tensor our shared dequantizer on
 the Hurray tensor against an independent decoding of the source codes and scale
-bytes (ml_dtypes element values × 2^(e−127), :func:`hurray_interop.formats.mx.source_values`).
+bytes (ml_dtypes element values × 2^(e−127), :func:`hurray_interop.conversions.mx.source_values`).
 Pairs: a safetensors file with a .hrry (either order), or two safetensors files.
 """
 
@@ -15,12 +15,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .conversions.mx import pair_label, hurray_to_safetensors, safetensors_to_hurray
+from .conversions.safetensors import pair_label, hurray_to_safetensors, safetensors_to_hurray
 from .core.elements import unpack
 from .core.hrry import HrryFile
 from .errors import ConversionRefused, UnsupportedError
-from .formats import mx
-from .formats.safetensors_mx import SafetensorsFile, detect_pairs, hurray_type_for
+from .conversions import mx
+from .formats.safetensors import SafetensorsFile, detect_pairs, hurray_type_for
 from .verify import TensorCheck, compare_values, first_byte_diff, run_roundtrip
 
 __all__ = ["verify_safetensors_roundtrip", "verify_safetensors_pair"]

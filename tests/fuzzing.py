@@ -246,7 +246,7 @@ def _parse_hrry(m: bytes, path: Path) -> None:
 
 
 def _parse_safetensors(m: bytes, path: Path) -> None:
-    from hurray_interop.formats.safetensors_mx import SafetensorsFile, detect_pairs
+    from hurray_interop.formats.safetensors import SafetensorsFile, detect_pairs
 
     path.write_bytes(m)
     with SafetensorsFile(path) as f:
@@ -367,7 +367,7 @@ def run_bounded(code: str, *, budget: int = 256 << 20, timeout: float = 30.0) ->
     repo = Path(__file__).resolve().parents[1]
     prologue = (
         "import resource, hurray_interop.formats.gguf, hurray_interop.core.hrry, "
-        "hurray_interop.formats.safetensors_mx, hurray_interop.errors\n"
+        "hurray_interop.formats.safetensors, hurray_interop.errors\n"
         f"exec(compile(open({os.fspath(Path(__file__).resolve())!r}).read(), 'fuzzing', 'exec'), _f := {{'__name__': 'fuzzing'}})\n"
         f"resource.setrlimit(resource.RLIMIT_AS, (_f['_vm_size']() + {budget}, resource.RLIM_INFINITY))\n"
     )

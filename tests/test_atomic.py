@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from hurray_interop.core.atomic import AtomicOutput
+from hurray_interop.files.atomic import AtomicOutput
 from hurray_interop.errors import OutputExistsError, UsageError
 
 
@@ -124,7 +124,7 @@ def test_not_open_and_double_open(tmp_path):
 
 def test_permission_error_mapped_without_root_privileges(tmp_path, monkeypatch):
     """Same check as above, runnable as root: make creating the temp file fail with EACCES."""
-    import hurray_interop.core.atomic as atomic
+    import hurray_interop.files.atomic as atomic
 
     real_open = os.open
 

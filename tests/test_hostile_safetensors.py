@@ -35,7 +35,7 @@ from fuzzing import (
     safetensors_regions,
 )
 from hurray_interop.errors import FormatError, HurrayInteropError, InconsistentError
-from hurray_interop.formats.safetensors_mx import SafetensorsFile
+from hurray_interop.formats.safetensors import SafetensorsFile
 
 
 def st(header: bytes | str, data: bytes = b"", *, length: int | None = None) -> bytes:
@@ -77,7 +77,7 @@ def test_claimed_sizes_cost_nothing(tmp_path):
         files.append(os.fspath(p))
     code = f"""
 import json, time, tracemalloc
-from hurray_interop.formats.safetensors_mx import SafetensorsFile
+from hurray_interop.formats.safetensors import SafetensorsFile
 from hurray_interop.errors import HurrayInteropError
 out = []
 for p in {files!r}:

@@ -16,7 +16,7 @@ import pytest
 from hurray_interop.core.model import MXFP
 from hurray_interop.core.records import decode_scale_record, scale_record_key
 from hurray_interop.errors import ConversionRefused, FormatError, InconsistentError, UnsupportedError, UsageError
-from hurray_interop.formats import mx
+from hurray_interop.conversions import mx
 
 ELEMENTS = list(mx.MX_ELEMENTS)
 

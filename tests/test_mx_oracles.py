@@ -1,7 +1,7 @@
 """Independent oracles for the MX path: torch / ml_dtypes decoding and torchao ``to_mx``.
 
 * Exhaustive element tables: every code of every MX element type under a spread of scale
-  bytes, put into a Hurray MXFP tensor by :func:`formats.mx.from_codes`, decodes through
+  bytes, put into a Hurray MXFP tensor by :func:`conversions.mx.from_codes`, decodes through
   the shared dequantizer exactly (bitwise, NaN == NaN) as torch (FP8, E8M0) and ml_dtypes
   (FP6, FP4, INT4) decode the source codes.
 * The quantizer agrees bit for bit with torchao ``to_mx`` (FLOOR) for e4m3, e5m2, fp6
@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hurray_interop.formats import mx
+from hurray_interop.conversions import mx
 
 torch = pytest.importorskip("torch")
 

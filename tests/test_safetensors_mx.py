@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hurray_interop.conversions.mx import (
+from hurray_interop.conversions.safetensors import (
     KV_CONVENTION,
     KV_HEADER,
     KV_LAYOUT,
@@ -36,7 +36,7 @@ from hurray_interop.errors import (
     TruncatedError,
     UnsupportedError,
 )
-from hurray_interop.formats.safetensors_mx import SafetensorsFile, build_header, detect_pairs
+from hurray_interop.formats.safetensors import SafetensorsFile, build_header, detect_pairs
 
 safetensors = pytest.importorskip("safetensors")
 torch = pytest.importorskip("torch")

@@ -1347,7 +1347,7 @@ def _hurray_to_gguf(
         source=src, destination=None if dst is None else os.fspath(dst), source_format="hurray",
         destination_format="gguf", dry_run=dry_run,
     )
-    from ..core.atomic import AtomicOutput
+    from ..files.atomic import AtomicOutput
     from ..core.hrry import HrryFile
 
     with HrryFile(src) as hf:

@@ -68,7 +68,7 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
-from ._binary import Reader
+from ..files.binary import Reader
 from .elements import ELEMENT_TYPES_BY_TAG, ElementType, buffer_size, is_private_tag
 from .model import (
     DYNAMIC,

@@ -48,9 +48,9 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
-from ._binary import Reader
-from ._streams import prefetch_chunks
-from .atomic import AtomicOutput
+from ..files.binary import Reader
+from ..parallel import prefetch_chunks
+from ..files.atomic import AtomicOutput
 from .descriptor import decode_descriptor, encode_descriptor, validate_parameter_values
 from .kv import KVValue, decode_kv, encode_kv
 from .model import RULE_OVERLAY, RULE_PARTITION, ROLE_BASE, ROLE_CORRECTION, CompositeHead, Descriptor, Tensor

@@ -50,7 +50,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import InconsistentError, TruncatedError, UsageError
-from ._binary import Reader
+from ..files.binary import Reader
 
 __all__ = [
     "KVValue",

@@ -67,7 +67,7 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
-from ..core._streams import prefetch_chunks
+from ..parallel import prefetch_chunks
 from ..tables import load_table
 
 __all__ = [

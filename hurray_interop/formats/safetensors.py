@@ -42,7 +42,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..core.atomic import AtomicOutput
+from ..files.atomic import AtomicOutput
 from ..core.elements import ElementType, element_type
 from ..errors import (
     FormatError,
