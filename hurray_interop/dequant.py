@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -72,6 +71,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from . import parallel
 from .core.elements import ElementType, buffer_size, element_type
 from .core.model import (
     MXFP,
@@ -102,7 +102,6 @@ DEFAULT_MAX_ELEMENTS = 1 << 24
 _PIECE = 1 << 18
 #: Values per parallel job; tensors below two jobs' worth run on the calling thread.
 _PARALLEL_GRAIN = 1 << 21
-_DEFAULT_THREADS = 2
 #: Composite nesting limit (composite.md § Binding).
 _MAX_DEPTH = 8
 
@@ -1051,18 +1050,7 @@ def dequantize(tensor: Tensor, *, out: np.ndarray | None = None, strict: bool = 
 
 
 def _workers(threads: int | None, size: int) -> int:
-    if threads is None:
-        threads = min(_DEFAULT_THREADS, _cpus())
-    if threads < 1:
-        raise UsageError(f"threads must be positive, not {threads}")
-    return max(1, min(threads, size // _PARALLEL_GRAIN))
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
+    return max(1, min(parallel.jobs(threads, "threads"), size // _PARALLEL_GRAIN))
 
 
 def _fill_all(dec, flat: np.ndarray, workers: int, d: int = 0, prefix=(), lo: int = 0, hi: int | None = None) -> None:

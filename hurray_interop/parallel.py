@@ -1,10 +1,101 @@
-"""Streaming helpers shared by the writers (.hrry, GGUF) and verify."""
+"""Threading, in one place: the thread-count rule, an ordered parallel map, a prefetch.
+
+* **How many threads** (``--jobs``, ``jobs=``, ``threads=``): :func:`use_jobs` sets the
+  count for everything run inside it (a context variable, so concurrent conversions do
+  not see each other's); :func:`jobs` answers it, defaulting to :data:`DEFAULT_JOBS`
+  but never more than the CPUs this process may run on.  :func:`check_jobs` is the one
+  validation (a positive ``int``).
+* :func:`pmap` -- ``fn`` over the chunk slices of ``n`` items, results in order, on
+  :func:`jobs` threads (numpy releases the GIL in the gathers and bit operations that
+  do the work).
+* :func:`prefetch_chunks` -- a worker thread producing chunks ahead of a writer.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+import os
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-__all__ = ["PREFETCH_CHUNKS", "prefetch_chunks"]
+from .errors import UsageError
+
+__all__ = ["DEFAULT_JOBS", "cpus", "check_jobs", "use_jobs", "jobs", "pmap", "PREFETCH_CHUNKS", "prefetch_chunks"]
+
+T = TypeVar("T")
+
+#: threads used when nobody chose (``--jobs``): at most this many, one per CPU
+DEFAULT_JOBS = 2
+
+#: the thread count chosen for whatever runs in this context (None: the default)
+_JOBS: ContextVar[int | None] = ContextVar("hurray_interop_jobs", default=None)
+
+
+def cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def check_jobs(value: Any, name: str = "jobs") -> int | None:
+    """``value`` if it is ``None`` or a positive ``int``; else :class:`UsageError`."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise UsageError(f"{name} must be positive (a number of threads), not {value!r}")
+    return value
+
+
+@contextmanager
+def use_jobs(value: int | None, name: str = "jobs") -> Iterator[None]:
+    """Run the body with ``value`` threads (``None``: keep the enclosing choice)."""
+    check_jobs(value, name)
+    if value is None:
+        yield
+        return
+    token = _JOBS.set(value)
+    try:
+        yield
+    finally:
+        _JOBS.reset(token)
+
+
+def jobs(value: int | None = None, name: str = "jobs") -> int:
+    """The thread count: ``value`` if given (checked), else the one :func:`use_jobs` set,
+    else :data:`DEFAULT_JOBS` capped by :func:`cpus`."""
+    if check_jobs(value, name) is not None:
+        return value  # type: ignore[return-value]
+    chosen = _JOBS.get()
+    return chosen if chosen is not None else min(DEFAULT_JOBS, cpus())
+
+
+def pmap(fn: Callable[[slice], T], n: int, step: int) -> Iterator[T]:
+    """``fn(sl)`` for the slices ``[i, i + step)`` covering ``range(n)``, in order.
+
+    With more than one :func:`jobs` thread and more than one slice, up to ``2 * jobs``
+    slices are computed ahead on a thread pool.  ``fn`` must return a fresh object each
+    time.  An exception of ``fn`` is raised here, for the first failing slice."""
+    slices = (slice(i, min(i + step, n)) for i in range(0, n, step))
+    threads = jobs()
+    if threads <= 1 or n <= step:
+        for sl in slices:
+            yield fn(sl)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+    from itertools import islice
+
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="hurray-interop-convert")
+    try:
+        pending = deque(pool.submit(fn, sl) for sl in islice(slices, 2 * threads))
+        while pending:
+            done = pending.popleft().result()
+            sl = next(slices, None)
+            if sl is not None:
+                pending.append(pool.submit(fn, sl))
+            yield done
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 #: chunks a writer lets a worker thread produce ahead of the one being written

@@ -15,17 +15,15 @@ OCP/Hurray decode −0; for GGUF MXFP4 tensors +0 and −0 compare equal.
 
 from __future__ import annotations
 
-import functools
 import os
 import tempfile
-from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .convert import detect_format
-from .parallel import prefetch_chunks
+from .parallel import check_jobs, prefetch_chunks, use_jobs
 from .core.hrry import HrryFile
 from .core.model import Tensor
 from .dequant import dequantize, iter_dequantize
@@ -33,9 +31,6 @@ from .errors import ConversionRefused, HurrayInteropError, UsageError
 from .formats import gguf as G
 
 __all__ = ["TensorCheck", "VerifyResult", "verify_roundtrip", "verify_pair", "verify_files", "compare_values"]
-
-#: threads of the verification running in this context (None: each part's default)
-_JOBS: ContextVar[int | None] = ContextVar("hurray_interop_verify_jobs", default=None)
 
 #: elements compared per chunk (bounds memory for any tensor)
 CHUNK_ROWS_ELEMENTS = 1 << 22
@@ -141,7 +136,7 @@ def compare_values(
     flat = 0
     # our dequantizer produces chunk k+1 in a worker thread while the reference decodes and
     # compares chunk k (numpy releases the GIL: the two decoders share the cores)
-    chunks = iter_dequantize(ours, max_elements=CHUNK_ROWS_ELEMENTS, threads=_JOBS.get())
+    chunks = iter_dequantize(ours, max_elements=CHUNK_ROWS_ELEMENTS)  # threads: parallel.use_jobs
     for _, values in prefetch_chunks(chunks, 1):
         a = values.reshape(-1)
         lo, hi = flat, flat + a.size
@@ -368,12 +363,11 @@ def _roundtrip_gguf(path: str, result: VerifyResult) -> None:
                 result.problems.extend(_kv_type_diffs(src, exported))
             _check_gguf_against_hurray(src, hf, result, exported, files_equal=diff is None)
 
-    jobs = _JOBS.get()
     run_roundtrip(
         path,
         result,
-        to_hurray=functools.partial(gguf_to_hurray, jobs=jobs),
-        from_hurray=functools.partial(hurray_to_gguf, jobs=jobs),
+        to_hurray=gguf_to_hurray,
+        from_hurray=hurray_to_gguf,
         suffix=".gguf",
         check=check,
     )
@@ -385,7 +379,7 @@ def _pair_gguf_hurray(gguf_path: str, hrry_path: str, result: VerifyResult) -> N
     with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
         back = os.path.join(tmp, "export.gguf")
         try:
-            hurray_to_gguf(hrry_path, back, jobs=_JOBS.get())
+            hurray_to_gguf(hrry_path, back)
         except ConversionRefused as exc:
             result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have no exact GGUF equivalent")
             back = ""
@@ -474,18 +468,15 @@ def _same_tensor_bytes(a: Tensor, b: Tensor) -> bool:
 
 
 def _run(result: VerifyResult, fn: Callable[[], None], jobs: int | None = None) -> VerifyResult:
-    if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
-        raise UsageError(f"--jobs takes a positive number of threads, not {jobs!r}")
-    token = _JOBS.set(jobs)
+    check_jobs(jobs, "--jobs")
     try:
-        fn()
+        with use_jobs(jobs):
+            fn()
     except HurrayInteropError as exc:
         if isinstance(exc, ConversionRefused):
             result.problems.append(str(exc))
         else:
             result.error = str(exc)
-    finally:
-        _JOBS.reset(token)
     return result
 
 
