@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence, TextIO
 
 from . import __version__
+from .conversions.fallback import CHOICES as FALLBACK_CHOICES
 from .errors import ConversionRefused, HurrayInteropError, UsageError
 from .report import ConversionReport
 from .tables import load_table
@@ -68,7 +69,7 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument("--to", dest="dst_format", choices=FORMATS, help="force the destination format")
     c.add_argument(
         "--fallback",
-        choices=("float32", "float16", "bfloat16"),
+        choices=FALLBACK_CHOICES,
         help="store tensors that cannot be converted exactly dequantized as this type (reported per tensor)",
     )
     c.add_argument(

@@ -2,10 +2,12 @@
 
 Import (:func:`gguf_to_hurray`) moves every code and scale bit of each GGUF
 tensor into a Hurray tensor, following ``mappings/gguf_hurray.toml``; what
-Hurray cannot hold exactly is refused (or stored by an explicit fallback).
-Export (:func:`hurray_to_gguf`) recognises the same forms and writes the GGML
-blocks back; together with the records below a GGUF → Hurray → GGUF round
-trip reproduces the source file byte for byte.
+Hurray cannot hold exactly is refused (or stored by an explicit fallback,
+:mod:`.fallback`).  Export (:func:`hurray_to_gguf`) recognises the same forms and
+writes the GGML blocks back; together with the records below a GGUF → Hurray →
+GGUF round trip reproduces the source file byte for byte.  Both directions are
+generic over the block codecs of :mod:`.gguf_codec` (one per GGML type, from the
+tables): the code here branches on a codec's mapping kind, never on a type name.
 
 Records kept in the .hrry KV section (all keys start with ``hurray_interop.``;
 GGUF's own keys are stored first, under their own names, in file order):
@@ -39,15 +41,12 @@ from __future__ import annotations
 import functools
 import json
 import os
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
-import ml_dtypes
 import numpy as np
 
-from ..core.elements import buffer_size, element_type
+from ..core.elements import buffer_size, element_type, sign_extend, unpack
 from ..core.kv import KVValue
 from ..core.model import (
     MXFP,
@@ -67,9 +66,11 @@ from ..core.model import (
 from ..core.records import encode_scale_record, restore_scales, scale_record_key
 from ..errors import ConversionRefused, FormatError, UnsupportedError, UsageError, errors_name_source
 from ..formats import gguf as G
+from ..parallel import pmap, use_jobs
 from ..report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan
 from ..tables import load_table
-from . import _gguf_blocks as B
+from . import fallback as fallbacks
+from .gguf_codec import BlockCodec, Parts, codec, codecs
 
 if TYPE_CHECKING:  # the .hrry container is imported when a file is written or read,
     from ..core.hrry import HrryWriter  # so that planning (inspect, --dry-run) starts fast
@@ -90,11 +91,6 @@ CHUNK_BLOCKS = 1 << 18
 CHUNK_BYTES = 32 << 20
 
 Progress = Callable[[int, int], None] | None
-#: legal stand-ins for forbidden scales on all-zero blocks (contract § 4); a ±0 float16
-#: scale becomes ±1.0 so that the block still decodes to zeros of the same sign
-F16_ONE = np.float16(1.0)
-E8M0_ONE = 0x7F
-
 VT = G.ValueType
 _UNSIGNED = {VT.UINT8, VT.UINT16, VT.UINT32, VT.UINT64}
 _SIGNED = {VT.INT8, VT.INT16, VT.INT32, VT.INT64}
@@ -294,63 +290,17 @@ def _gguf_value_from_plain(value: KVValue) -> "G.GGUFValue":
 
 
 # ===========================================================================
-# parallel chunk conversion
+# import: per-tensor jobs
 
-#: threads converting chunks of one tensor at once by default (numpy releases the GIL in
-#: the gathers and bit operations that do the work); 1 converts in the caller's thread
-JOBS = min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
-#: the thread count of the conversion running in this context (``jobs=`` of the entry points)
-_JOBS: ContextVar[int] = ContextVar("hurray_interop_gguf_jobs", default=JOBS)
-
-
-@contextmanager
-def _jobs(jobs: int | None) -> Iterator[None]:
-    if jobs is None:
-        yield
-        return
-    if not isinstance(jobs, int) or jobs < 1:
-        raise UsageError(f"jobs must be a positive number of threads, not {jobs!r}")
-    token = _JOBS.set(jobs)
-    try:
-        yield
-    finally:
-        _JOBS.reset(token)
 #: blocks per parallel work item (small enough that a tensor of 2^19 blocks is split
 #: among the threads; the chunk boundaries do not show in the output)
 PAR_BLOCKS = 1 << 16
-
-
-def _pmap(fn: Callable[[slice], np.ndarray], n: int, step: int | None = None) -> Iterator[np.ndarray]:
-    """``fn(sl)`` for the chunk slices of ``n`` blocks, in order.  With more than one job
-    (:data:`JOBS`, or ``jobs=`` of the entry points), up to ``2 * jobs`` chunks are
-    computed ahead on a thread pool; every result is a
-    fresh array.  An exception of ``fn`` is raised here, for the first failing chunk."""
-    step = PAR_BLOCKS if step is None else step
-    slices = iter(_chunks(n, step))
-    jobs = _JOBS.get()
-    if jobs <= 1 or n <= step:
-        for sl in slices:
-            yield fn(sl)
-        return
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
-    from itertools import islice
-
-    pool = ThreadPoolExecutor(jobs, thread_name_prefix="hurray-interop-convert")
-    try:
-        pending = deque(pool.submit(fn, sl) for sl in islice(slices, 2 * jobs))
-        while pending:
-            done = pending.popleft().result()
-            sl = next(slices, None)
-            if sl is not None:
-                pending.append(pool.submit(fn, sl))
-            yield done
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-# ===========================================================================
-# import: per-tensor jobs
+#: the storage of the minimum overlay's correction member (docs/conversion-rules.md § 3a):
+#: every code 1 (one bit pattern per byte below), scaled by the block's minimum m
+CORRECTION_STORAGE = "uint2"
+_CORRECTION_ONES = 0x55
+#: Hurray zero points are int32
+_ZP = np.dtype("<i4")
 
 
 @dataclass
@@ -379,25 +329,33 @@ def _shape(info: "G.GGUFTensorInfo") -> tuple[int, ...]:
     return tuple(int(x) for x in reversed(info.ne))
 
 
-def _block_desc(shape: tuple[int, ...], storage: str, nblocks: int, *, zero_points: bool = False,
-                shard: bool = False, role: int | None = None) -> Descriptor:
-    et = element_type(storage)
+def _quantization(c: BlockCodec, rank: int, zero_points: bool) -> MXFP | PerBlockAffine:
+    if c.mapping == "mxfp":
+        return MXFP(axis=rank - 1, block_size=c.block_size, scale_buffer_index=1)
+    return PerBlockAffine(
+        axis=rank - 1,
+        block_size=c.block_size,
+        scale_buffer_index=1,
+        zero_point_buffer_index=2 if zero_points else None,
+        scale_type=element_type(c.scale.name),
+    )
+
+
+def _block_desc(shape: tuple[int, ...], c: BlockCodec, nblocks: int, *, storage: str | None = None,
+                zero_points: bool = False, shard: bool = False, role: int | None = None) -> Descriptor:
+    """The descriptor of a tensor (or overlay member) stored in ``c``'s blocks: codes of
+    ``storage`` (default ``c.storage``), one scale per block, optionally zero points."""
+    et = element_type(storage) if storage else c.storage
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    bufs = [BufferHandle.cpu(buffer_size(et, n)), BufferHandle.cpu(nblocks * 2)]
+    bufs = [BufferHandle.cpu(buffer_size(et, n)), BufferHandle.cpu(nblocks * np.dtype(c.scale.view).itemsize)]
     if zero_points:
-        bufs.append(BufferHandle.cpu(nblocks * 4))
+        bufs.append(BufferHandle.cpu(nblocks * _ZP.itemsize))
     return Descriptor(
         element_type=et,
         shape=shape,
         buffers=tuple(bufs),
         layout=RowMajor(),
-        quantization=PerBlockAffine(
-            axis=len(shape) - 1,
-            block_size=32,
-            scale_buffer_index=1,
-            zero_point_buffer_index=2 if zero_points else None,
-            scale_type=element_type("float16"),
-        ),
+        quantization=_quantization(c, len(shape), zero_points),
         shard=Shard(parent_shape=shape, offset=(0,) * len(shape)) if shard else None,
         composite_member=CompositeMember(role) if role is not None else None,
     )
@@ -408,136 +366,97 @@ class _Refuse(Exception):
         self.reason = reason
 
 
-def _codes_of(blocks: np.ndarray, row: Any) -> np.ndarray:
-    """GGML codes of a chunk as Hurray storage bytes, ``(n, bytes per block)``."""
-    f = row["fields"]
-    code = row["code"]
-    if code == "i8":
-        return np.ascontiguousarray(blocks[:, f["qs"] : f["qs"] + 32])
-    if code == "nibbles":
-        pairs = B.split_to_pairs(blocks[:, f["qs"] : f["qs"] + 16])
-        if row["code_offset"] == -8:  # int4 two's complement of q−8 is q XOR 8
-            pairs ^= 0x88
-        return pairs
-    # nibbles_qh: Q5 → one code per byte
-    c = B.q5_codes(blocks[:, f["qs"] : f["qs"] + 16], blocks[:, f["qh"] : f["qh"] + 4])
-    if row["code_offset"]:
-        c = (c.astype(np.int16) + row["code_offset"]).astype(np.int8).view(np.uint8)
-    return c
+def _zero_codes(codes: np.ndarray, c: BlockCodec) -> np.ndarray:
+    """Per block: do all codes decode to zero (q − z = 0; float codes: ±0)?"""
+    return ~np.any(codes & c.zero_mask, axis=1)
 
 
-def _zero_codes(codes: np.ndarray, row: Any) -> np.ndarray:
-    """Per block: do all codes decode to zero (q − z = 0; MXFP: ±0)?"""
-    if row["mapping"] == "mxfp":
-        return ~np.any(codes & 0x77, axis=1)
-    return ~np.any(codes, axis=1)
+def _check_zero_blocks(chunk: np.ndarray, start: int, zero: np.ndarray, c: BlockCodec) -> np.ndarray:
+    """Indices (in the chunk) of the blocks with a zero-like scale; refuses unless each
+    of those blocks' codes decode to zero (docs/conversion-rules.md § 4)."""
+    where = np.flatnonzero(zero)
+    ok = _zero_codes(c.codes(chunk[where]), c)
+    if not ok.all():
+        b = int(where[np.argmin(ok)]) + start
+        what = c.scale.zero_text.format(what=f"scale {c.scale.field}")
+        raise _Refuse(f"block {b}: {what} on a block with non-zero codes is not representable")
+    return where
 
 
-def _scan_scales(blocks: np.ndarray, row: Any) -> tuple[np.ndarray, np.ndarray]:
+def _refuse_bad(values: np.ndarray, start: int, c: BlockCodec, what: str) -> None:
+    """Refuse the first block whose scale-typed field ``what`` holds a forbidden value."""
+    bad = c.scale.bad(values)
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise _Refuse(f"block {b + start}: " + c.scale.bad_text.format(what=what, value=values[b]))
+
+
+def _scan_scales(blocks: np.ndarray, c: BlockCodec) -> tuple[np.ndarray, np.ndarray]:
     """Find blocks with forbidden scales.  Returns (block indices, original scale values)
     of the all-zero blocks to substitute; raises _Refuse for the others."""
-    f = row["fields"]
     idx_parts: list[np.ndarray] = []
     orig_parts: list[np.ndarray] = []
-    mxfp = row["mapping"] == "mxfp"
     for sl in _chunks(blocks.shape[0]):
         chunk = blocks[sl]
-        if mxfp:
-            e = chunk[:, f["e"]]
-            bad = e == 0xFF
-            if bad.any():
-                b = int(np.argmax(bad)) + sl.start
-                raise _Refuse(f"block {b}: E8M0 scale 0xFF (NaN) is not representable")
-            zero = e == 0
-            scales = e
-        else:
-            d = B.field_f16(chunk, f["d"])
-            bad = ~np.isfinite(d)
-            if bad.any():
-                b = int(np.argmax(bad)) + sl.start
-                raise _Refuse(f"block {b}: scale d = {d[b - sl.start]} is not finite")
-            zero = d == 0
-            scales = d
+        scales = c.scales(chunk)
+        _refuse_bad(scales, sl.start, c, f"scale {c.scale.field}")
+        zero = c.scale.zero(scales)
         if not zero.any():
             continue
-        where = np.flatnonzero(zero)
-        codes = _codes_of(chunk[where], row)
-        ok = _zero_codes(codes, row)
-        if not ok.all():
-            b = int(where[np.argmin(ok)]) + sl.start
-            what = "E8M0 scale 0x00" if mxfp else "scale d = 0"
-            raise _Refuse(f"block {b}: {what} on a block with non-zero codes is not representable")
+        where = _check_zero_blocks(chunk, sl.start, zero, c)
         idx_parts.append(where + sl.start)
         orig_parts.append(scales[where])
     if not idx_parts:
-        empty = np.zeros(0, dtype=np.uint8 if mxfp else np.float16)
-        return np.zeros(0, dtype=np.int64), empty
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=c.scale.view)
     return np.concatenate(idx_parts), np.concatenate(orig_parts)
 
 
-def _scale_chunks(blocks: np.ndarray, row: Any, subst: np.ndarray, field_name: str = "d") -> Iterator[np.ndarray]:
-    f = row["fields"]
+def _scale_chunks(blocks: np.ndarray, c: BlockCodec, subst: np.ndarray,
+                  read: Callable[[np.ndarray], np.ndarray] | None = None) -> Iterator[np.ndarray]:
+    """The scales (``read``: another scale-typed field) chunk by chunk, the blocks ``subst``
+    given their legal stand-in."""
+    read = read or c.scales
     for sl in _chunks(blocks.shape[0]):
-        if row["mapping"] == "mxfp":
-            s = blocks[sl, f["e"]].copy()  # a copy: the memory map is read-only
-        else:
-            s = B.field_f16(blocks[sl], f[field_name]).copy()
+        s = read(blocks[sl]).copy()  # a copy: the memory map is read-only
         if subst.size:
             lo, hi = np.searchsorted(subst, [sl.start, sl.stop])
             if hi > lo:
                 at = subst[lo:hi] - sl.start
-                # ±1 keeps the sign of a ±0 scale, so even the zeros' signs decode unchanged
-                s[at] = E8M0_ONE if row["mapping"] == "mxfp" else np.copysign(F16_ONE, s[at])
+                s[at] = c.scale.one(s[at])
         yield s
 
 
-def _code_chunks(blocks: np.ndarray, row: Any) -> Iterator[np.ndarray]:
-    return _pmap(lambda sl: _codes_of(blocks[sl], row), blocks.shape[0])
+def _code_chunks(blocks: np.ndarray, c: BlockCodec) -> Iterator[np.ndarray]:
+    return pmap(lambda sl: c.codes(blocks[sl]), blocks.shape[0], PAR_BLOCKS)
 
 
-def _mapping_text(row: Any, kind: str) -> str:
-    if kind == "overlay":
-        base = row["storage"]
-        return f"overlay(add): {base} per-block K=32 f16 + uint2 minimum (exact, +2 bits/weight)"
-    if kind == "asym":
-        return f"per-block affine {row['storage']} zero-point K=32 f16"
-    if kind == "requant":
-        return f"per-block affine {row['storage']} zero-point K=32 f16 (requantized)"
-    if row["mapping"] == "mxfp":
-        return f"MXFP {row['storage']} K=32 e8m0"
-    return f"per-block affine {row['storage']} SYMMETRIC K=32 f16"
+def _mapping_text(c: BlockCodec, kind: str) -> str:
+    st, k, sc = c.storage.name, c.block_size, c.scale.abbrev
+    bits = element_type(CORRECTION_STORAGE).bits
+    return {
+        "overlay": f"overlay(add): {st} per-block K={k} {sc} + {CORRECTION_STORAGE} minimum (exact, +{bits} bits/weight)",
+        "asym": f"per-block affine {st} zero-point K={k} {sc}",
+        "requant": f"per-block affine {st} zero-point K={k} {sc} (requantized)",
+        "mxfp": f"MXFP {st} K={k} {sc}",
+        "block": f"per-block affine {st} SYMMETRIC K={k} {sc}",
+    }[kind]
 
 
-def _plan_block(job: _Job, row: Any, q4_1: str) -> None:
-    info = job.info
-    name = info.name
-    shape = _shape(info)
-    blocks = _blocks(info)
-    nb = blocks.shape[0]
-
-    if row["mapping"] == "block_min":
-        _plan_block_min(job, row, blocks, shape, q4_1)
-        return
-
-    idx, orig = _scan_scales(blocks, row)
-    storage = row["storage"]
-    if row["mapping"] == "mxfp":
-        desc = Descriptor(
-            element_type=element_type(storage),
-            shape=shape,
-            buffers=(BufferHandle.cpu(nb * 16), BufferHandle.cpu(nb)),
-            quantization=MXFP(axis=len(shape) - 1, block_size=32, scale_buffer_index=1),
-        )
-    else:
-        desc = _block_desc(shape, storage, nb)
-    job.plan.mapping = _mapping_text(row, "sym")
+def _plan_block(job: _Job, c: BlockCodec, q4_1: str) -> None:
+    """One scale per block (mappings ``block`` and ``mxfp``): codes and scales move."""
+    name = job.info.name
+    shape = _shape(job.info)
+    blocks = _blocks(job.info)
+    idx, orig = _scan_scales(blocks, c)
+    desc = _block_desc(shape, c, blocks.shape[0])
+    job.plan.mapping = _mapping_text(c, c.mapping)
     job.plan.bytes_out = sum(h.byte_size for h in desc.buffers)
     job.plan.substituted_blocks = int(idx.size)
     if idx.size:
         job.records.append((scale_record_key(name), KVValue("bytes", encode_scale_record(idx, orig))))
 
     def write(w: HrryWriter) -> None:
-        w.write(name, desc, [_code_chunks(blocks, row), _scale_chunks(blocks, row, idx)])
+        w.write(name, desc, [_code_chunks(blocks, c), _scale_chunks(blocks, c, idx)])
 
     job.write = write
     job.names = (name,)
@@ -571,62 +490,64 @@ def _minimum_check(d: np.ndarray, m: np.ndarray, qmax: int) -> np.ndarray | None
     return z32
 
 
-def _plan_block_min(job: _Job, row: Any, blocks: np.ndarray, shape: tuple[int, ...], q4_1: str) -> None:
-    info = job.info
-    name = info.name
-    f = row["fields"]
-    nb = blocks.shape[0]
-    qmax = 15 if row["storage"] == "uint4" else 31
-    storage = row["storage"]
-
-    # d and m must be finite; d = 0 only on blocks whose codes are all zero (a constant block m)
+def _scan_block_min(blocks: np.ndarray, c: BlockCodec, asym_possible: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """d and m must be finite; d = 0 only on blocks whose codes are all zero (a constant
+    block m).  Returns (substituted block indices, their scales, the zero points of the
+    plain asymmetric form or None when it is not exact or not wanted)."""
     idx_parts, orig_parts, zps = [], [], []
-    asym_possible = q4_1 == "overlay"
-    for sl in _chunks(nb):
+    qmax = c.code_range()[1]
+    for sl in _chunks(blocks.shape[0]):
         chunk = blocks[sl]
-        d = B.field_f16(chunk, f["d"])
-        m = B.field_f16(chunk, f["m"])
-        for arr, what in ((d, "scale d"), (m, "minimum m")):
-            bad = ~np.isfinite(arr)
-            if bad.any():
-                b = int(np.argmax(bad))
-                raise _Refuse(f"block {b + sl.start}: {what} = {arr[b]} is not finite")
-        zero = d == 0
+        d, m = c.scales(chunk), c.minimums(chunk)
+        _refuse_bad(d, sl.start, c, f"scale {c.scale.field}")
+        _refuse_bad(m, sl.start, c, "minimum m")
+        zero = c.scale.zero(d)
         if zero.any():
-            where = np.flatnonzero(zero)
-            ok = _zero_codes(_codes_of(chunk[where], row), row)
-            if not ok.all():
-                b = int(where[np.argmin(ok)]) + sl.start
-                raise _Refuse(f"block {b}: scale d = 0 on a block with non-zero codes is not representable")
+            where = _check_zero_blocks(chunk, sl.start, zero, c)
             idx_parts.append(where + sl.start)
             orig_parts.append(d[where])
         if asym_possible:
             z = _minimum_check(d, m, qmax)
-            if z is None:
-                asym_possible = False
-            else:
-                zps.append(z)
+            asym_possible = z is not None
+            zps.append(z)
     idx = np.concatenate(idx_parts) if idx_parts else np.zeros(0, dtype=np.int64)
-    orig = np.concatenate(orig_parts) if orig_parts else np.zeros(0, dtype=np.float16)
+    orig = np.concatenate(orig_parts) if orig_parts else np.zeros(0, dtype=c.scale.view)
+    return idx, orig, (np.concatenate(zps) if asym_possible and zps else None)
 
+
+def _plan_block_min(job: _Job, c: BlockCodec, q4_1: str) -> None:
+    """``d·q + m`` blocks: plain asymmetric per-block affine when exact, else the exact
+    minimum overlay; ``--q4-1 requantize``: nearest zero points (lossy)."""
+    name = job.info.name
+    shape = _shape(job.info)
+    blocks = _blocks(job.info)
+    nb = blocks.shape[0]
+    idx, orig, zp = _scan_block_min(blocks, c, q4_1 == "overlay")
     if q4_1 == "requantize":
-        _plan_requantize(job, row, blocks, shape)
+        _plan_requantize(job, c, blocks, shape)
         return
-
     job.plan.substituted_blocks = int(idx.size)
-    if asym_possible and nb:
-        zp = np.concatenate(zps)
-        desc = _block_desc(shape, storage, nb, zero_points=True)
-        job.plan.mapping = _mapping_text(row, "asym")
+    if zp is not None:
+        desc = _block_desc(shape, c, nb, zero_points=True)
+        job.plan.mapping = _mapping_text(c, "asym")
         job.plan.bytes_out = sum(h.byte_size for h in desc.buffers)
 
         def write_asym(w: HrryWriter) -> None:
-            w.write(name, desc, [_code_chunks(blocks, row), _scale_chunks(blocks, row, idx), [zp.astype("<i4")]])
+            w.write(name, desc, [_code_chunks(blocks, c), _scale_chunks(blocks, c, idx), [zp.astype(_ZP)]])
 
         job.write = write_asym  # (no substitutions here: _minimum_check refuses d = 0)
         job.names = (name,)
         return
+    _plan_overlay(job, c, blocks, shape, idx, orig)
 
+
+def _plan_overlay(job: _Job, c: BlockCodec, blocks: np.ndarray, shape: tuple[int, ...], idx: np.ndarray,
+                  orig: np.ndarray) -> None:
+    """The exact minimum overlay (docs/conversion-rules.md § 3a): head ``name`` (float32,
+    overlay, add), members ``name.base`` (the codes, scale d) and ``name.min`` (codes 1,
+    scale m)."""
+    name = job.info.name
+    nb = blocks.shape[0]
     table = _table()["overlay"]
     base_name = name + table["base_suffix"]
     min_name = name + table["correction_suffix"]
@@ -636,34 +557,28 @@ def _plan_block_min(job: _Job, row: Any, blocks: np.ndarray, shape: tuple[int, .
         buffers=(),
         layout=CompositeHead(composition_rule=RULE_OVERLAY, combine_op=OP_ADD, member_count=2),
     )
-    base = _block_desc(shape, storage, nb, shard=True, role=ROLE_BASE)
-    corr = _block_desc(shape, "uint2", nb, shard=True, role=ROLE_CORRECTION)
-    job.plan.mapping = _mapping_text(row, "overlay")
+    base = _block_desc(shape, c, nb, shard=True, role=ROLE_BASE)
+    corr = _block_desc(shape, c, nb, storage=CORRECTION_STORAGE, shard=True, role=ROLE_CORRECTION)
+    job.plan.mapping = _mapping_text(c, "overlay")
     job.plan.bytes_out = sum(h.byte_size for h in base.buffers) + sum(h.byte_size for h in corr.buffers)
     if idx.size:
         job.records.append((scale_record_key(base_name), KVValue("bytes", encode_scale_record(idx, orig))))
+    corr_bytes = buffer_size(CORRECTION_STORAGE, c.block_size)
 
     def corr_codes() -> Iterator[np.ndarray]:
         for sl in _chunks(nb):
-            m = B.field_f16(blocks[sl], f["m"])
-            out = np.full((m.size, 8), 0x55, dtype=np.uint8)
-            out[m == 0] = 0
+            m = c.minimums(blocks[sl])
+            out = np.full((m.size, corr_bytes), _CORRECTION_ONES, dtype=np.uint8)
+            out[c.scale.zero(m)] = 0
             yield out
-
-    def corr_scales() -> Iterator[np.ndarray]:
-        for sl in _chunks(nb):
-            m = B.field_f16(blocks[sl], f["m"]).copy()
-            zero = m == 0
-            m[zero] = np.where(np.signbit(m[zero]), np.float16(-1.0), F16_ONE)
-            yield m
 
     def write_overlay(w: HrryWriter) -> None:
         w.write_composite(
             name,
             head,
             [
-                (base_name, base, [_code_chunks(blocks, row), _scale_chunks(blocks, row, idx)]),
-                (min_name, corr, [corr_codes(), corr_scales()]),
+                (base_name, base, [_code_chunks(blocks, c), _scale_chunks(blocks, c, idx)]),
+                (min_name, corr, [corr_codes(), _scale_chunks(blocks, c, _zero_minimums(blocks, c), c.minimums)]),
             ],
         )
 
@@ -671,59 +586,70 @@ def _plan_block_min(job: _Job, row: Any, blocks: np.ndarray, shape: tuple[int, .
     job.names = (name, base_name, min_name)
 
 
-def _plan_requantize(job: _Job, row: Any, blocks: np.ndarray, shape: tuple[int, ...]) -> None:
+def _overlay_note() -> str:
+    """How much the overlay costs: e.g. "Q4_1/Q5_1 stored as the exact minimum overlay:
+    7 (Q5_1: 11) bits per weight against 5 (6)", from the codecs."""
+    cost = []
+    for c in codecs():
+        if c.mapping == "block_min" and c.scale is not None:
+            scale_bits = 2 * 8 * np.dtype(c.scale.view).itemsize  # d of the base, m of the correction
+            ours = c.storage.bits + element_type(CORRECTION_STORAGE).bits + scale_bits / c.block_size
+            cost.append((c.name, f"{ours:g}", f"{c.block_bytes * 8 / c.block_size:g}"))
+    (_, ours0, theirs0), rest = cost[0], cost[1:]
+    return (f"{'/'.join(n for n, _, _ in cost)} stored as the exact minimum overlay: {ours0}"
+            + "".join(f" ({n}: {o})" for n, o, _ in rest) + f" bits per weight against {theirs0}"
+            + "".join(f" ({t})" for _, _, t in rest))
+
+
+def _zero_minimums(blocks: np.ndarray, c: BlockCodec) -> np.ndarray:
+    """Blocks whose minimum is ±0: their correction codes are 0 and the scale a stand-in."""
+    parts = [np.flatnonzero(c.scale.zero(c.minimums(blocks[sl]))) + sl.start for sl in _chunks(blocks.shape[0])]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _plan_requantize(job: _Job, c: BlockCodec, blocks: np.ndarray, shape: tuple[int, ...]) -> None:
     """--q4-1 requantize: plain asymmetric per-block affine, z = nearest integer to −m/d (lossy)."""
     info = job.info
-    f = row["fields"]
     nb = blocks.shape[0]
-    storage = row["storage"]
     zmin, zmax = -(2**31), 2**31 - 1
     zs, scales, err = [], [], 0.0
     for sl in _chunks(nb):
         chunk = blocks[sl]
-        d = B.field_f16(chunk, f["d"]).astype(np.float32)
-        m = B.field_f16(chunk, f["m"]).astype(np.float32)
-        safe_d = np.where(d == 0, np.float32(1.0), d)
+        d16 = c.scales(chunk)
+        zero = c.scale.zero(d16)
+        d = d16.astype(np.float32)
+        m = c.minimums(chunk).astype(np.float32)
+        safe_d = np.where(zero, np.float32(1.0), d)
         z = np.clip(np.rint(-m.astype(np.float64) / safe_d), zmin, zmax).astype(np.int32)
-        codes = _codes_of(chunk, row)
-        q = _unpacked_codes(codes, storage).astype(np.float32)
+        q = unpack(c.codes(chunk), c.storage, chunk.shape[0] * c.block_size).reshape(-1, c.block_size).astype(np.float32)
         exact = d[:, None] * q + m[:, None]
         approx = safe_d[:, None] * (q - z[:, None].astype(np.float32))
         err = max(err, float(np.max(np.abs(approx - exact))) if approx.size else 0.0)
         zs.append(z)
-        s = B.field_f16(chunk, f["d"]).copy()
-        s[s == 0] = F16_ONE
+        s = d16.copy()
+        s[zero] = c.scale.one(np.abs(s[zero]))  # +1: the zero point carries the minimum
         scales.append(s)
     zp = np.concatenate(zs) if zs else np.zeros(0, np.int32)
-    sc = np.concatenate(scales) if scales else np.zeros(0, np.float16)
-    desc = _block_desc(shape, storage, nb, zero_points=True)
-    job.plan.mapping = _mapping_text(row, "requant")
+    sc = np.concatenate(scales) if scales else np.zeros(0, c.scale.view)
+    desc = _block_desc(shape, c, nb, zero_points=True)
+    job.plan.mapping = _mapping_text(c, "requant")
     job.plan.status = VALUE_EXACT if err == 0 else LOSSY
     job.plan.max_abs_error = err
     job.plan.reason = "--q4-1 requantize: nearest integer zero points"
     job.plan.bytes_out = sum(h.byte_size for h in desc.buffers)
 
     def write(w: HrryWriter) -> None:
-        w.write(info.name, desc, [_code_chunks(blocks, row), [sc], [zp.astype("<i4")]])
+        w.write(info.name, desc, [_code_chunks(blocks, c), [sc], [zp.astype(_ZP)]])
 
     job.write = write
     job.names = (info.name,)
 
 
-def _unpacked_codes(codes: np.ndarray, storage: str) -> np.ndarray:
-    if storage in ("uint4", "int4"):
-        lo, hi = codes & 0x0F, codes >> 4
-        out = np.empty((codes.shape[0], codes.shape[1] * 2), dtype=np.uint8)
-        out[:, 0::2], out[:, 1::2] = lo, hi
-        return out
-    return codes
-
-
-def _plan_plain(job: _Job, row: Any) -> None:
+def _plan_plain(job: _Job, c: BlockCodec, q4_1: str) -> None:
     info = job.info
     shape = _shape(info)
-    desc = Descriptor(element_type=element_type(row["element"]), shape=shape, buffers=(BufferHandle.cpu(info.nbytes),))
-    job.plan.mapping = row["element"]
+    desc = Descriptor(element_type=c.storage, shape=shape, buffers=(BufferHandle.cpu(info.nbytes),))
+    job.plan.mapping = c.storage.name
     job.plan.bytes_out = info.nbytes
 
     def write(w: HrryWriter) -> None:
@@ -734,12 +660,17 @@ def _plan_plain(job: _Job, row: Any) -> None:
     job.names = (info.name,)
 
 
-_FALLBACK_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+#: how each mapping kind of the table is planned
+_PLANNERS: dict[str, Callable[[_Job, BlockCodec, str], None]] = {
+    "plain": _plan_plain,
+    "block": _plan_block,
+    "mxfp": _plan_block,
+    "block_min": _plan_block_min,
+}
 
 
-def _check_fallback(fallback: str | None, q4_1: str = "overlay") -> None:
-    if fallback is not None and fallback not in _FALLBACK_TYPES:
-        raise UsageError(f"unknown fallback {fallback!r} ({', '.join(_FALLBACK_TYPES)})")
+def _check_options(fallback: str | None, q4_1: str = "overlay") -> None:
+    fallbacks.check(fallback)
     if q4_1 not in ("overlay", "requantize"):
         raise UsageError(f"unknown --q4-1 mode {q4_1!r} (overlay or requantize)")
 
@@ -774,30 +705,28 @@ def _plan_fallback(job: _Job, fallback: str, reason: str) -> None:
     shape = _shape(info)
     row_bytes = info.ne[0] // t.block_elements * t.block_bytes if info.ne else info.nbytes
     nrows = info.nbytes // row_bytes if row_bytes else 0
-    out_dt = np.dtype(_FALLBACK_TYPES[fallback])
+    out_dt = fallbacks.dtype(fallback)
     rows_per = max(1, (1 << 22) // max(info.ne[0], 1))
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
     desc = Descriptor(element_type=element_type(fallback), shape=shape, buffers=(BufferHandle.cpu(n * out_dt.itemsize),))
     raw = info.data.reshape(nrows, row_bytes) if nrows else info.data.reshape(0, max(row_bytes, 1))
-
-    state = {"err": 0.0}
+    meter = fallbacks.ErrorMeter()
 
     def chunks() -> Iterator[np.ndarray]:
         for r in range(0, nrows, rows_per):
             vals = np.asarray(deq(raw[r : r + rows_per]), dtype=np.float32)
-            stored = vals.astype(out_dt)
-            diff = np.abs(stored.astype(np.float32) - vals)
-            finite = np.isfinite(diff)
-            if finite.any():
-                state["err"] = max(state["err"], float(diff[finite].max()))
+            stored = fallbacks.cast(vals, fallback)
+            if not lossless:
+                meter.add(vals, stored)
             yield stored.reshape(-1)
 
     # measure the error up front for the plan (fallbacks are the rare, small path)
-    if fallback != "float32":
+    lossless = fallbacks.lossless(np.float32, fallback)  # gguf-py decodes to float32
+    if not lossless:
         for _ in chunks():
             pass
-    job.plan.status = VALUE_EXACT if (fallback == "float32" or state["err"] == 0.0) else LOSSY
-    job.plan.max_abs_error = state["err"]
+    job.plan.status = fallbacks.status(meter.error)
+    job.plan.max_abs_error = meter.error
     job.plan.mapping = f"{fallback} (fallback)"
     job.plan.reason = f"{reason}; stored dequantized by gguf-py's reference dequantizer"
     job.plan.bytes_out = desc.buffers[0].byte_size
@@ -819,7 +748,7 @@ def _plan_only(report: ConversionReport, src: str, refusal: str, dst: Any, dry_r
     if report.refused and not dry_run:
         raise ConversionRefused(
             f"{len(report.refused)} tensor(s) {refusal}; nothing was written "
-            "(choose --fallback float32|float16|bfloat16 to store them dequantized)",
+            f"(choose --fallback {'|'.join(fallbacks.DTYPE_CHOICES)} to store them dequantized)",
             path=src,
             reasons=[(t.name, t.source_type, t.reason) for t in report.refused],
             report=report,
@@ -831,14 +760,11 @@ def _plan(info: "G.GGUFTensorInfo", *, fallback: str | None, q4_1: str) -> _Job:
     t = info.ggml_type
     plan = TensorPlan(name=info.name, source_type=t.name, mapping="", status=EXACT, bytes_in=info.nbytes)
     job = _Job(info=info, plan=plan)
-    row = _table()["types"].get(t.name)
+    c = codec(t.name)
     try:
-        if row is None:
+        if c is None:
             raise _Refuse(_refusal_reason(t.name, t.family))
-        if row["mapping"] == "plain":
-            _plan_plain(job, row)
-        else:
-            _plan_block(job, row, q4_1)
+        _PLANNERS[c.mapping](job, c, q4_1)
     except _Refuse as r:
         if fallback:
             _plan_fallback(job, fallback, r.reason)
@@ -873,11 +799,11 @@ def gguf_to_hurray(
     Raises :class:`ConversionRefused` (with the report in ``details['report']``)
     when any tensor is not exactly representable and no ``fallback`` was chosen;
     nothing is written then.  With ``dry_run`` the plan is returned instead and
-    nothing is written.  ``jobs``: threads converting chunks (default :data:`JOBS`).
+    nothing is written.  ``jobs``: threads converting chunks (default: :func:`hurray_interop.parallel.jobs`).
     """
-    _check_fallback(fallback, q4_1)
+    _check_options(fallback, q4_1)
     src = os.fspath(src)
-    with _jobs(jobs), G.read_gguf(src) as gf:
+    with use_jobs(jobs), G.read_gguf(src) as gf:
         return _gguf_to_hurray_open(gf, src, dst, fallback=fallback, q4_1=q4_1, dry_run=dry_run, force=force,
                                     progress=progress)
 
@@ -906,7 +832,7 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
     if any(j.plan.status == LOSSY for j in planned):
         report.notes.append("lossy tensors were stored as chosen; see max abs error per tensor")
     if any(j.plan.mapping.startswith("overlay") for j in planned):
-        report.notes.append("Q4_1/Q5_1 stored as the exact minimum overlay: 7 (Q5_1: 11) bits per weight against 5 (6)")
+        report.notes.append(_overlay_note())
     if _plan_only(report, src, "cannot be converted exactly", dst, dry_run):
         return report
 
@@ -951,7 +877,7 @@ def plan_gguf(src: str | os.PathLike[str], *, fallback: str | None = None, q4_1:
 
 def plan_gguf_open(gf: "G.GGUFFile", *, fallback: str | None = None, q4_1: str = "overlay") -> ConversionReport:
     """:func:`plan_gguf` of a GGUF file already open (``inspect`` parses a file once)."""
-    _check_fallback(fallback, q4_1)
+    _check_options(fallback, q4_1)
     src = gf.path or "<memory>"
     return _gguf_to_hurray_open(gf, src, None, fallback=fallback, q4_1=q4_1, dry_run=True, force=False, progress=None)
 
@@ -970,173 +896,127 @@ class _Export:
     chunks: Callable[[], Iterable[Any]] | None = None
 
 
-def _f16_scales(t: Tensor, kv: dict[str, KVValue], buffer_index: int = 1) -> np.ndarray:
-    s = t.data[buffer_index].view("<f2")
+def _scales_of(t: Tensor, kv: dict[str, KVValue], c: BlockCodec, buffer_index: int = 1) -> np.ndarray:
+    """The scales of ``t`` as ``c`` stores them, with recorded substitutions undone."""
+    s = t.data[buffer_index].view(c.scale.view)
     rec = kv.get(scale_record_key(t.name, buffer_index))
     return restore_scales(s, rec.value, key=t.name) if rec is not None else s
 
 
-def _is_block(d: Descriptor, storage: str, *, symmetric: bool) -> bool:
+def _fits(d: Descriptor, c: BlockCodec, *, storage: str | None = None, symmetric: bool | None = None) -> bool:
+    """Does ``d`` hold exactly the blocks of ``c`` (codes of ``storage``, default ``c.storage``),
+    row-major, blocked along the last axis?"""
     q = d.quantization
+    if not isinstance(q, (MXFP, PerBlockAffine)) or c.scale is None:
+        return False
+    if isinstance(q, PerBlockAffine) and (q.scale_type.name != c.scale.name or q.symmetric != symmetric):
+        return False
     return (
-        isinstance(q, PerBlockAffine)
-        and d.element_type.name == storage
+        (q.__class__ is MXFP) == (c.mapping == "mxfp")
+        and d.element_type.name == (storage or c.storage.name)
         and isinstance(d.layout, RowMajor)
         and d.byte_offset == 0
         and d.rank >= 1
         and q.axis == d.rank - 1
-        and q.block_size == 32
-        and q.scale_type.name == "float16"
-        and q.symmetric == symmetric
+        and q.block_size == c.block_size
         and all(x is not None for x in d.shape)
-        and (d.shape[-1] or 0) % 32 == 0
+        and (d.shape[-1] or 0) % c.block_size == 0
     )
 
 
-def _nblocks(d: Descriptor) -> int:
+def _choose(d: Descriptor, mapping: str, recorded: str | None, **kw: Any) -> BlockCodec | None:
+    """The codec of this mapping kind that ``d`` fits: the recorded source type if it is one
+    of them, else the one exported without a record (``export = "inferred"``)."""
+    fit = [c for c in codecs() if c.mapping == mapping and _fits(d, c, **kw)]
+    return next((c for c in fit if c.name == recorded), None) or next((c for c in fit if c.export == "inferred"), None)
+
+
+def _nblocks(d: Descriptor, c: BlockCodec) -> int:
     n = int(np.prod(d.shape, dtype=np.int64)) if d.shape else 1
-    return n // 32
+    return n // c.block_size
 
 
-def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tuple[str, Callable[[], Iterable[Any]]] | str:
+def _out_of_range(c: BlockCodec, data: np.ndarray, count: int) -> str | None:
+    """Why the Hurray codes ``data`` do not fit ``c``'s GGML codes, or None."""
+    st = c.storage
+    lo, hi = c.code_range()
+    top = 1 << (st.bits - 1) if st.kind == "int" else 1 << st.bits
+    slo = -top if st.kind == "int" else 0
+    if lo <= slo and top - 1 <= hi:
+        return None  # every code of the storage fits
+    v = unpack(data, st, count)
+    if st.packed and st.kind == "int":
+        v = sign_extend(v, st.bits)
+    if v.size and (int(v.min()) < lo or int(v.max()) > hi):
+        return f"{st.name} codes outside {c.name}'s range"
+    return None
+
+
+Chunks = Callable[[], Iterable[Any]]
+
+
+def _block_chunks(c: BlockCodec, codes: np.ndarray, scales: Callable[[], np.ndarray], nb: int,
+                  mins: np.ndarray | None = None) -> Chunks:
+    """GGML blocks of ``c`` from Hurray codes ``(nb, code_bytes)``, scales and minimums."""
+
+    def gen() -> Iterator[np.ndarray]:
+        s = scales()
+        yield from pmap(lambda sl: c.join(Parts(codes[sl], s[sl], None if mins is None else mins[sl])), nb, PAR_BLOCKS)
+
+    return gen
+
+
+def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tuple[str, Chunks] | str:
     """Find the GGML type this Hurray tensor matches exactly.  Returns (type, chunk source) or a refusal reason."""
     d = t.descriptor
-    types = _table()["types"]
     if d.is_composite:
-        return _export_overlay(t, kv)
+        return _export_overlay(t, kv, recorded)
     if d.shard is not None:
         return (
             f"a shard (offset {list(d.shard.offset)} of a {list(d.shard.parent_shape)} parent) "
             "has no GGUF equivalent"
         )
-    if d.quantization is None:
+    q = d.quantization
+    if q is None:
         if not isinstance(d.layout, RowMajor) or d.byte_offset != 0:
             return f"{_layout_name(d)} layout with byte offset {d.byte_offset} has no GGML equivalent"
-        for name, row in types.items():
-            if row["mapping"] == "plain" and row["element"] == d.element_type.name:
-                data = t.data[0]
-                return name, lambda: (data[i : i + CHUNK_BYTES] for i in range(0, data.size, CHUNK_BYTES))
-        return f"element type {d.element_type.name} has no GGML equivalent"
-    q = d.quantization
+        c = next((c for c in codecs() if c.mapping == "plain" and c.storage == d.element_type), None)
+        if c is None:
+            return f"element type {d.element_type.name} has no GGML equivalent"
+        data = t.data[0]
+        return c.name, lambda: (data[i : i + CHUNK_BYTES] for i in range(0, data.size, CHUNK_BYTES))
     if isinstance(q, MXFP):
-        if not (d.element_type.name == "float4_e2m1" and q.block_size == 32 and q.axis == d.rank - 1
-                and isinstance(d.layout, RowMajor) and d.byte_offset == 0):
-            return "MXFP other than float4_e2m1, block 32 along the last axis has no GGML equivalent"
-        return "MXFP4", _mxfp4_chunks(t, kv)
-    if _is_block(d, "int8", symmetric=True):
-        if recorded == "Q5_0":
-            codes = t.data[0].view(np.int8)
-            if codes.size and (codes.min() < -16 or codes.max() > 15):
-                return "int8 codes outside Q5_0's range"
-            return "Q5_0", _q5_0_chunks(t, kv)
-        return "Q8_0", _sym_chunks(t, kv, "Q8_0")
-    if _is_block(d, "int4", symmetric=True):
-        return "Q4_0", _sym_chunks(t, kv, "Q4_0")
-    for storage, gtype in (("uint4", "Q4_1"), ("uint8", "Q5_1")):
-        if _is_block(d, storage, symmetric=False):
-            return _asym_chunks(t, kv, gtype)
-    return "no GGML type matches this layout, scheme, block size or scale type exactly"
+        c = _choose(d, "mxfp", recorded)
+        if c is None:
+            forms = ", ".join(f"{c.storage.name}, block {c.block_size}" for c in codecs() if c.mapping == "mxfp")
+            return f"MXFP other than {forms} along the last axis has no GGML equivalent"
+    elif isinstance(q, PerBlockAffine):
+        c = _choose(d, "block" if q.symmetric else "block_min", recorded, symmetric=q.symmetric)
+    else:
+        c = None
+    if c is None:
+        return "no GGML type matches this layout, scheme, block size or scale type exactly"
+    nb = _nblocks(d, c)
+    problem = _out_of_range(c, t.data[0], nb * c.block_size)
+    if problem:
+        return problem
+    codes = t.data[0].reshape(nb, c.code_bytes)
+    if isinstance(q, PerBlockAffine) and not q.symmetric:
+        return _asym_chunks(t, kv, c, codes)
+    return c.name, _block_chunks(c, codes, lambda: _scales_of(t, kv, c), nb)
 
 
 def _layout_name(d: Descriptor) -> str:
     return {RowMajor: "row-major"}.get(type(d.layout), type(d.layout).__name__)
 
 
-def _blocks_out(nb: int, size: int) -> np.ndarray:
-    return np.empty((nb, size), dtype=np.uint8)
-
-
-def _sym_chunks(t: Tensor, kv: dict[str, KVValue], gtype: str) -> Callable[[], Iterator[np.ndarray]]:
-    row = _table()["types"][gtype]
-    f = row["fields"]
-    size = 34 if gtype == "Q8_0" else 18
-    nb = _nblocks(t.descriptor)
-    per = 32 if gtype == "Q8_0" else 16
-
-    def gen() -> Iterator[np.ndarray]:
-        scales = _f16_scales(t, kv)
-        codes = t.data[0].reshape(nb, per) if nb else t.data[0].reshape(0, per)
-
-        def one(sl: slice) -> np.ndarray:
-            out = _blocks_out(sl.stop - sl.start, size)
-            out[:, f["d"] : f["d"] + 2] = scales[sl].reshape(-1, 1).view(np.uint8)
-            c = codes[sl]
-            out[:, f["qs"] : f["qs"] + per] = c if gtype == "Q8_0" else B.pairs_to_split(c ^ 0x88)
-            return out
-
-        yield from _pmap(one, nb)
-
-    return gen
-
-
-def _q5_0_chunks(t: Tensor, kv: dict[str, KVValue]) -> Callable[[], Iterator[np.ndarray]]:
-    f = _table()["types"]["Q5_0"]["fields"]
-    nb = _nblocks(t.descriptor)
-
-    def gen() -> Iterator[np.ndarray]:
-        scales = _f16_scales(t, kv)
-        codes = t.data[0].view(np.int8).reshape(nb, 32)
-        for sl in _chunks(nb):
-            out = _blocks_out(sl.stop - sl.start, 22)
-            out[:, f["d"] : f["d"] + 2] = scales[sl].reshape(-1, 1).view(np.uint8)
-            qs, qh = B.q5_pack((codes[sl].astype(np.int16) + 16).astype(np.uint8))
-            out[:, f["qh"] : f["qh"] + 4] = qh
-            out[:, f["qs"] : f["qs"] + 16] = qs
-            yield out
-
-    return gen
-
-
-def _mxfp4_chunks(t: Tensor, kv: dict[str, KVValue]) -> Callable[[], Iterator[np.ndarray]]:
-    f = _table()["types"]["MXFP4"]["fields"]
-    nb = int(np.prod(t.descriptor.shape, dtype=np.int64)) // 32
-
-    def gen() -> Iterator[np.ndarray]:
-        e = t.data[1]
-        rec = kv.get(scale_record_key(t.name))
-        if rec is not None:
-            e = restore_scales(e, rec.value, key=t.name)
-        codes = t.data[0].reshape(nb, 16)
-
-        def one(sl: slice) -> np.ndarray:
-            out = _blocks_out(sl.stop - sl.start, 17)
-            out[:, f["e"]] = e[sl]
-            out[:, f["qs"] : f["qs"] + 16] = B.pairs_to_split(codes[sl])
-            return out
-
-        yield from _pmap(one, nb)
-
-    return gen
-
-
-def _min_blocks(gtype: str, scales: np.ndarray, mins: np.ndarray, codes: np.ndarray, sl: slice) -> np.ndarray:
-    row = _table()["types"][gtype]
-    f = row["fields"]
-    size = 20 if gtype == "Q4_1" else 24
-    out = _blocks_out(sl.stop - sl.start, size)
-    out[:, f["d"] : f["d"] + 2] = scales[sl].reshape(-1, 1).view(np.uint8)
-    out[:, f["m"] : f["m"] + 2] = mins.reshape(-1, 1).view(np.uint8)
-    c = codes[sl]
-    if gtype == "Q4_1":
-        out[:, f["qs"] : f["qs"] + 16] = B.pairs_to_split(c)
-    else:
-        qs, qh = B.q5_pack(c)
-        out[:, f["qh"] : f["qh"] + 4] = qh
-        out[:, f["qs"] : f["qs"] + 16] = qs
-    return out
-
-
-def _asym_chunks(t: Tensor, kv: dict[str, KVValue], gtype: str) -> tuple[str, Callable[[], Iterator[np.ndarray]]] | str:
-    """uint4/uint8 with integer zero points → Q4_1/Q5_1 when m = −z·d is f16-exact."""
+def _asym_chunks(t: Tensor, kv: dict[str, KVValue], c: BlockCodec, codes: np.ndarray) -> tuple[str, Chunks] | str:
+    """Codes with integer zero points → ``d·q + m`` blocks when m = −z·d is exact in the scale type."""
     d = t.descriptor
-    nb = _nblocks(d)
-    per = 16 if gtype == "Q4_1" else 32
-    qmax = 15 if gtype == "Q4_1" else 31
-    codes = t.data[0].reshape(nb, per)
-    if gtype == "Q5_1" and codes.size and codes.max() > 31:
-        return "uint8 codes above 31 do not fit Q5_1"
-    scales = _f16_scales(t, kv)
-    zp = t.data[d.quantization.zero_point_buffer_index].view("<i4")  # type: ignore[union-attr]
+    nb = codes.shape[0]
+    qmax = c.code_range()[1]
+    scales = _scales_of(t, kv, c)
+    zp = t.data[d.quantization.zero_point_buffer_index].view(_ZP)  # type: ignore[union-attr]
     mins = np.empty(nb, dtype=np.float16)
     for sl in _chunks(nb):
         d32 = scales[sl].astype(np.float32)
@@ -1148,21 +1028,18 @@ def _asym_chunks(t: Tensor, kv: dict[str, KVValue], gtype: str) -> tuple[str, Ca
             b = sl.start + int(np.argmax(np.any(lhs.view(np.uint32) != rhs.view(np.uint32), axis=1)))
             return f"block {b}: zero point × scale is not an f16-exact minimum"
         mins[sl] = m
-
-    def gen() -> Iterator[np.ndarray]:
-        yield from _pmap(lambda sl: _min_blocks(gtype, scales, mins[sl], codes, sl), nb)
-
-    return gtype, gen
+    return c.name, _block_chunks(c, codes, lambda: scales, nb, mins)
 
 
-def _export_overlay(t: Tensor, kv: dict[str, KVValue]) -> tuple[str, Callable[[], Iterable[Any]]] | str:
+def _overlay_members(t: Tensor) -> tuple[Tensor, Tensor] | str:
+    """The base and correction members of an exact minimum overlay, or why ``t`` is none."""
     head = t.descriptor
     lay = head.layout
     assert isinstance(lay, CompositeHead)
     if lay.composition_rule != RULE_OVERLAY or lay.combine_op != OP_ADD or len(t.members) != 2:
         return "only the exact minimum overlay (overlay, add, two members) has a GGML equivalent"
-    base = next((m for m in t.members if m.descriptor.composite_member and m.descriptor.composite_member.role == ROLE_BASE), None)
-    corr = next((m for m in t.members if m.descriptor.composite_member and m.descriptor.composite_member.role == ROLE_CORRECTION), None)
+    by_role = {m.descriptor.composite_member.role: m for m in t.members if m.descriptor.composite_member}
+    base, corr = by_role.get(ROLE_BASE), by_role.get(ROLE_CORRECTION)
     if base is None or corr is None:
         return "overlay without one base and one correction member"
     for m in (base, corr):
@@ -1171,30 +1048,36 @@ def _export_overlay(t: Tensor, kv: dict[str, KVValue]) -> tuple[str, Callable[[]
             return f"overlay member {m.name!r} does not cover the whole tensor"
     if head.element_type.name != "float32":
         return "overlay head is not float32"
-    gtype = {"uint4": "Q4_1", "uint8": "Q5_1"}.get(base.descriptor.element_type.name)
-    if gtype is None or not _is_block(base.descriptor, base.descriptor.element_type.name, symmetric=True):
-        return "overlay base is not uint4/uint8 per-block affine K=32 f16 along the last axis"
-    if not _is_block(corr.descriptor, "uint2", symmetric=True):
-        return "overlay correction is not uint2 per-block affine K=32 f16 along the last axis"
-    nb = _nblocks(base.descriptor)
-    per = 16 if gtype == "Q4_1" else 32
-    codes = base.data[0].reshape(nb, per)
-    if gtype == "Q5_1" and codes.size and codes.max() > 31:
-        return "uint8 base codes above 31 do not fit Q5_1"
-    ccodes = corr.data[0].reshape(nb, 8)
-    ones = np.all(ccodes == 0x55, axis=1)
+    return base, corr
+
+
+def _export_overlay(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tuple[str, Chunks] | str:
+    members = _overlay_members(t)
+    if isinstance(members, str):
+        return members
+    base, corr = members
+    c = _choose(base.descriptor, "block_min", recorded, symmetric=True)
+    if c is None or c.scale is None:
+        forms = " or ".join(f"{c.storage.name} per-block affine K={c.block_size} {c.scale.abbrev}"  # type: ignore[union-attr]
+                            for c in codecs() if c.mapping == "block_min")
+        return f"overlay base is not {forms} along the last axis"
+    if not _fits(corr.descriptor, c, storage=CORRECTION_STORAGE, symmetric=True):
+        return (f"overlay correction is not {CORRECTION_STORAGE} per-block affine K={c.block_size} "
+                f"{c.scale.abbrev} along the last axis")
+    nb = _nblocks(base.descriptor, c)
+    problem = _out_of_range(c, base.data[0], nb * c.block_size)
+    if problem:
+        return problem
+    ccodes = corr.data[0].reshape(nb, buffer_size(CORRECTION_STORAGE, c.block_size))
+    ones = np.all(ccodes == _CORRECTION_ONES, axis=1)
     zeros = np.all(ccodes == 0x00, axis=1)
     if not np.all(ones | zeros):
         b = int(np.argmin(ones | zeros))
         return f"block {b}: overlay correction is not a constant minimum"
-    cs = corr.data[1].view("<f2")
-    mins = np.where(ones, cs, np.where(np.signbit(cs), np.float16(-0.0), np.float16(0.0))).astype(np.float16)
-    scales = _f16_scales(base, kv)
-
-    def gen() -> Iterator[np.ndarray]:
-        yield from _pmap(lambda sl: _min_blocks(gtype, scales, mins[sl], codes, sl), nb)
-
-    return gtype, gen
+    cs = corr.data[1].view(c.scale.view)
+    mins = np.where(ones, cs, np.copysign(np.zeros(1, cs.dtype), cs)).astype(cs.dtype)
+    codes = base.data[0].reshape(nb, c.code_bytes)
+    return c.name, _block_chunks(c, codes, lambda: _scales_of(base, kv, c), nb, mins)
 
 
 @dataclass
@@ -1334,9 +1217,9 @@ def hurray_to_gguf(
     jobs: int | None = None,
 ) -> ConversionReport:
     """Convert a .hrry file into GGUF (exact, or refused; see the module docstring).
-    ``jobs``: threads converting chunks (default :data:`JOBS`)."""
-    _check_fallback(fallback)
-    with _jobs(jobs):
+    ``jobs``: threads converting chunks (default: :func:`hurray_interop.parallel.jobs`)."""
+    _check_options(fallback)
+    with use_jobs(jobs):
         return _hurray_to_gguf(os.fspath(src), dst, fallback=fallback, dry_run=dry_run, force=force, progress=progress)
 
 
@@ -1440,28 +1323,19 @@ def _hurray_to_gguf(
 def _export_fallback(ex: _Export, t: Tensor, fallback: str, reason: str) -> None:
     from ..dequant import iter_dequantize
 
-    gtype = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}[fallback]
-    out_dt = np.dtype(_FALLBACK_TYPES[fallback])
+    gtype = next(c.name for c in codecs() if c.mapping == "plain" and c.storage.name == fallback)
     ex.type_name = gtype
     ex.plan.mapping = f"{gtype} (fallback)"
-    ex.plan.status = VALUE_EXACT if fallback == "float32" else LOSSY
     ex.plan.reason = reason + "; stored dequantized"
 
     def gen() -> Iterator[np.ndarray]:
         for _, vals in iter_dequantize(t):
-            yield np.asarray(vals, dtype=np.float32).astype(out_dt).reshape(-1).view(np.uint8)
+            yield fallbacks.cast(vals, fallback).reshape(-1).view(np.uint8)
 
-    if fallback != "float32":
-        err = 0.0
+    meter = fallbacks.ErrorMeter()
+    if not fallbacks.lossless(np.float32, fallback):  # the dequantizer's values are float32
         for _, vals in iter_dequantize(t):
-            v = np.asarray(vals, dtype=np.float32)
-            diff = np.abs(v.astype(out_dt).astype(np.float32) - v)
-            fin = np.isfinite(diff)
-            if fin.any():
-                err = max(err, float(diff[fin].max()))
-        ex.plan.max_abs_error = err
-        if err == 0:
-            ex.plan.status = VALUE_EXACT
-    else:
-        ex.plan.max_abs_error = 0.0
+            meter.add(vals, fallbacks.cast(vals, fallback))
+    ex.plan.max_abs_error = meter.error
+    ex.plan.status = fallbacks.status(meter.error)
     ex.chunks = gen

@@ -63,6 +63,7 @@ from ..core.model import MXFP, BufferHandle, Descriptor, RowMajor, Tensor
 from ..core.records import decode_scale_record, encode_scale_record, restore_scales, scale_record_key
 from ..errors import ConversionRefused, FormatError, InconsistentError, UnsupportedError, UsageError
 from ..tables import load_table
+from . import fallback as fallbacks
 
 __all__ = [
     "MXElement",
@@ -70,7 +71,6 @@ __all__ = [
     "mx_element",
     "MXImport",
     "MXCodes",
-    "FALLBACK_TYPES",
     "SUBSTITUTE_SCALE",
     "from_codes",
     "from_torch",
@@ -93,8 +93,6 @@ __all__ = [
 EXACT = "exact"
 VALUE_EXACT = "value-exact"
 LOSSY = "lossy"
-
-FALLBACK_TYPES = ("float32", "float16", "bfloat16")
 
 
 # ---------------------------------------------------------------------------
@@ -493,24 +491,12 @@ def _fallback_import(
     name: str, el: MXElement, codes: np.ndarray, scales_nat: np.ndarray, block_size: int, axis: int,
     fallback: str, reason: str, int8: str,
 ) -> MXImport:
-    if fallback not in FALLBACK_TYPES:
-        raise UsageError(f"fallback must be one of {', '.join(FALLBACK_TYPES)}, not {fallback!r}", tensor=name)
+    fallbacks.check(fallback, tensor=name)
     exact = _source_values64(codes, scales_nat, el, block_size, axis, int8)
-    et = element_type(fallback)
-    with np.errstate(over="ignore"):
-        stored = exact.astype(np.float32).astype(et.dtype)
-    back = stored.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        diff = np.abs(back - exact)
-    both_nan = np.isnan(back) & np.isnan(exact)
-    same_inf = np.isinf(back) & (back == exact)
-    diff = np.where(both_nan | same_inf, 0.0, diff)
-    err = float(np.max(diff)) if diff.size else 0.0
-    if np.isnan(err):
-        err = float("inf")
-    status = VALUE_EXACT if err == 0.0 else LOSSY
+    stored = fallbacks.cast(exact, fallback)
+    err = fallbacks.max_abs_error(exact, stored)
     t = _plain_tensor(name, stored, fallback)
-    return MXImport(t, el, status, max_abs_error=err, reason=f"{reason}; stored dequantized as {fallback}")
+    return MXImport(t, el, fallbacks.status(err), max_abs_error=err, reason=f"{reason}; stored dequantized as {fallback}")
 
 
 # ---------------------------------------------------------------------------

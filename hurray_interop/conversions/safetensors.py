@@ -55,6 +55,7 @@ from ..core.hrry import HrryFile, HrryWriter
 from ..core.model import MXFP, BufferHandle, Descriptor, RowMajor, Tensor
 from ..core.records import decode_scale_record, scale_record_key
 from ..errors import ConversionRefused, FormatError, InconsistentError, UnsupportedError, UsageError, errors_name_source
+from . import fallback as fallbacks
 from . import mx
 from ..formats.safetensors import (
     CONVENTIONS,
@@ -114,8 +115,7 @@ def safetensors_to_hurray(
     given.  ``dry_run`` (or ``dst=None``): return the plan -- refused tensors included --
     and write nothing.  ``progress(done_bytes, total_bytes)`` is called after each tensor.
     """
-    if fallback is not None and fallback not in mx.FALLBACK_TYPES:
-        raise UsageError(f"fallback must be one of {', '.join(mx.FALLBACK_TYPES)}, not {fallback!r}")
+    fallbacks.check(fallback)
     rep = report.ConversionReport(
         str(src), None if dry_run or dst is None else str(dst), "safetensors", "hurray", dry_run=dry_run
     )
@@ -280,8 +280,7 @@ def hurray_to_safetensors(
     """
     if convention is not None and convention not in CONVENTIONS:
         raise UsageError(f"unknown convention {convention!r} (one of: {', '.join(CONVENTIONS)})")
-    if fallback is not None and fallback not in mx.FALLBACK_TYPES:
-        raise UsageError(f"fallback must be one of {', '.join(mx.FALLBACK_TYPES)}, not {fallback!r}")
+    fallbacks.check(fallback)
     rep = report.ConversionReport(
         str(src), None if dst is None else str(dst), "hurray", "safetensors", dry_run=dry_run
     )
@@ -316,18 +315,11 @@ def hurray_to_safetensors(
 
             vals = dequantize(t)
             et = element_type(fallback)
-            with np.errstate(over="ignore"):
-                stored = vals.astype(et.dtype)
-            back = stored.astype(np.float32)
-            same = (back.view(np.uint32) == vals.view(np.uint32)) | (np.isnan(back) & np.isnan(vals))
-            with np.errstate(invalid="ignore", over="ignore"):
-                d = np.abs(back.astype(np.float64) - vals.astype(np.float64))
-            err = float(np.max(np.where(same, 0.0, d))) if d.size else 0.0
-            if np.isnan(err):
-                err = float("inf")
+            stored = fallbacks.cast(vals, fallback)
+            err = fallbacks.max_abs_error(vals, stored)
             rep.tensors.append(report.TensorPlan(
                 hname, src_type, f"{safetensors_dtype_for(et)} (fallback)",
-                report.VALUE_EXACT if err == 0.0 else report.LOSSY, bytes_in=t.nbytes, bytes_out=stored.nbytes,
+                fallbacks.status(err), bytes_in=t.nbytes, bytes_out=stored.nbytes,
                 reason=f"{why}; written dequantized as {fallback}", max_abs_error=err,
             ))
             return (hname, safetensors_dtype_for(et), tuple(int(x) for x in vals.shape), stored.reshape(-1).view(np.uint8))

@@ -1,0 +1,99 @@
+"""Fallbacks: storing a tensor dequantized when no exact form exists, and one rule for the report.
+
+Every path that stores values instead of codes -- GGUF import and export
+(:mod:`.gguf`), safetensors import and export (:mod:`.safetensors`), in-memory MX
+(:mod:`.mx`) -- casts with :func:`cast` and measures with :func:`max_abs_error` /
+:class:`ErrorMeter`, so the same values get the same report whatever the formats:
+
+* the values are cast to float32 (the dequantizer's type) and then to the chosen
+  type, under ``np.errstate``: an overflow becomes ±inf and never a RuntimeWarning;
+* per value, the error is ``|reference − stored|`` (float64); equal values (±0 and
+  equal infinities included) and NaN against NaN cost 0; overflow to ±inf, opposite
+  infinities and NaN against a number cost ``inf``;
+* the tensor's max abs error is the max over its values; 0 means value-exact, anything
+  else (``inf`` included) lossy (:func:`status`).
+
+:data:`CHOICES` is what ``--fallback`` offers.  A choice is a dtype name
+(:data:`DTYPE_CHOICES`) today; a later choice that is not a dtype (``exact``) adds
+itself to :data:`CHOICES` and is handled before :func:`dtype` is asked.
+
+numpy is imported inside the functions, so that the command line can read
+:data:`CHOICES` without loading it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UsageError
+from ..report import LOSSY, VALUE_EXACT
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["DTYPE_CHOICES", "CHOICES", "check", "dtype", "cast", "lossless", "max_abs_error", "ErrorMeter", "status"]
+
+#: fallbacks that store the values as this Hurray element type
+DTYPE_CHOICES = ("float32", "float16", "bfloat16")
+#: every ``--fallback`` choice
+CHOICES = DTYPE_CHOICES
+
+
+def check(fallback: str | None, **where: Any) -> None:
+    """Raise :class:`UsageError` unless ``fallback`` is ``None`` or one of :data:`CHOICES`."""
+    if fallback is not None and fallback not in CHOICES:
+        raise UsageError(f"unknown fallback {fallback!r} (one of: {', '.join(CHOICES)})", **where)
+
+
+def dtype(fallback: str) -> "np.dtype":
+    """The numpy dtype a dtype fallback stores."""
+    from ..core.elements import element_type
+
+    check(fallback)
+    return element_type(fallback).dtype
+
+
+def cast(values: Any, fallback: str) -> "np.ndarray":
+    """``values`` as float32, then as the fallback's dtype: overflow gives ±inf, silently."""
+    import numpy as np
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(values, dtype=np.float32).astype(dtype(fallback))
+
+
+def lossless(source: Any, fallback: str) -> bool:
+    """True when every value of dtype ``source`` survives :func:`cast` unchanged (error 0
+    without measuring): a float32 source and a float32 fallback."""
+    import numpy as np
+
+    return np.dtype(source) == np.dtype(np.float32) == dtype(fallback)
+
+
+def max_abs_error(reference: Any, stored: Any) -> float:
+    """The max abs error of ``stored`` against ``reference`` under the module's rule."""
+    import numpy as np
+
+    a = np.asarray(reference).astype(np.float64, copy=False).reshape(-1)
+    b = np.asarray(stored).astype(np.float64).reshape(-1)
+    if a.size == 0:
+        return 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(a - b)  # NaN for NaN operands and for inf − inf
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    err = float(np.max(np.where(same, 0.0, d)))
+    return float("inf") if np.isnan(err) else err  # NaN against a number: unbounded
+
+
+class ErrorMeter:
+    """:func:`max_abs_error` over a tensor given chunk by chunk."""
+
+    def __init__(self) -> None:
+        self.error = 0.0
+
+    def add(self, reference: Any, stored: Any) -> None:
+        self.error = max(self.error, max_abs_error(reference, stored))
+
+
+def status(error: float) -> str:
+    """The report status of a fallback with this max abs error."""
+    return VALUE_EXACT if error == 0.0 else LOSSY
