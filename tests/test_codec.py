@@ -106,12 +106,13 @@ def test_join_of_expanded_parts_uses_the_kind_hooks() -> None:
         seen["join"] = c.name
         return np.concatenate([parts.restore, parts.codes], axis=1)
 
-    kind = dataclasses.replace(base.kind, name="test_expanded", split=split, join=join)
+    kind = dataclasses.replace(base.kind, name="test_expanded", unpack=None, pack=None, split=split, join=join)
     c = dataclasses.replace(base, kind=kind)
     blocks = np.arange(2 * 34, dtype=np.uint8).reshape(2, 34)
     parts = c.split(blocks)
     assert parts.scales.shape == (2, 2) and parts.scales.dtype == np.float32
     assert c.join(parts).tobytes() == blocks.tobytes() and seen == {"split": "Q8_0", "join": "Q8_0"}
+    assert c.codes(blocks).tobytes() == blocks[:, 2:].tobytes() and c.scales(blocks).shape == (2, 2)
 
 
 # ---------------------------------------------------------------------------

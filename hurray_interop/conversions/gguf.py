@@ -912,7 +912,7 @@ def _fits(d: Descriptor, c: BlockCodec, *, storage: str | None = None, symmetric
     if isinstance(q, PerBlockAffine) and (q.scale_type.name != c.scale.name or q.symmetric != symmetric):
         return False
     return (
-        (q.__class__ is MXFP) == (c.mapping == "mxfp")
+        isinstance(q, MXFP) == (c.mapping == "mxfp")
         and d.element_type.name == (storage or c.storage.name)
         and isinstance(d.layout, RowMajor)
         and d.byte_offset == 0
@@ -980,7 +980,7 @@ def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tu
     if q is None:
         if not isinstance(d.layout, RowMajor) or d.byte_offset != 0:
             return f"{_layout_name(d)} layout with byte offset {d.byte_offset} has no GGML equivalent"
-        c = next((c for c in codecs() if c.mapping == "plain" and c.storage == d.element_type), None)
+        c = next((c for c in codecs() if c.mapping == "plain" and c.storage.name == d.element_type.name), None)
         if c is None:
             return f"element type {d.element_type.name} has no GGML equivalent"
         data = t.data[0]

@@ -39,9 +39,12 @@ today the fields do it: the scale field named by the scale type (:data:`SCALE_TY
 ``d`` for float16, ``e`` for E8M0), ``m`` for the minimum, the kind for the codes.  A
 kind whose blocks hold more than that (K-quants' sub-block scales and minimums, stored
 expanded as float32, several per block) sets ``CodeKind.split`` / ``CodeKind.join``
-instead: they receive the codec and return/accept the same :class:`Parts`, so the
-converter does not change.  Adding a GGML type is one table row, plus one code kind if
-its codes are laid out in a way no registered kind knows.
+instead: they receive the codec and return/accept the same :class:`Parts`, and
+:meth:`BlockCodec.codes`, :meth:`~BlockCodec.scales` and :meth:`~BlockCodec.minimums`
+answer from ``split``.  What the converter then adds for such a kind is the Hurray
+geometry of ``s`` scales per block (Hurray block size ``K / s``, scale type from
+``Parts.scales``) and a record for ``Parts.restore``.  Adding a GGML type is one table
+row, plus one code kind if its codes are laid out in a way no registered kind knows.
 """
 
 from __future__ import annotations
@@ -163,9 +166,11 @@ class CodeKind:
     name: str
     bits: int
     signed: bool
-    unpack: Callable[["BlockCodec", np.ndarray], np.ndarray]
-    pack: Callable[["BlockCodec", np.ndarray, np.ndarray], None]
-    #: expanded kinds: take a whole chunk apart / put it together (None: by the fields)
+    #: codes only (the codec reads and writes the scale and minimum fields itself)
+    unpack: Callable[["BlockCodec", np.ndarray], np.ndarray] | None
+    pack: Callable[["BlockCodec", np.ndarray, np.ndarray], None] | None
+    #: expanded kinds: take a whole chunk apart / put it together (then ``unpack`` and
+    #: ``pack`` may be None; the codec's codes/scales/minimums come from ``split``)
     split: Callable[["BlockCodec", np.ndarray], "Parts"] | None = None
     join: Callable[["BlockCodec", "Parts"], np.ndarray] | None = None
 
@@ -325,6 +330,8 @@ class BlockCodec:
 
     def codes(self, blocks: np.ndarray) -> np.ndarray:
         assert self.kind is not None
+        if self.kind.split is not None:
+            return self.kind.split(self, blocks).codes
         return self.kind.unpack(self, blocks)
 
     def field_values(self, blocks: np.ndarray, name: str) -> np.ndarray:
@@ -334,10 +341,17 @@ class BlockCodec:
         return np.ascontiguousarray(_field(blocks, self.fields[name], view.itemsize)).view(view).reshape(-1)
 
     def scales(self, blocks: np.ndarray) -> np.ndarray:
-        assert self.scale is not None
+        assert self.scale is not None and self.kind is not None
+        if self.kind.split is not None:
+            return self.kind.split(self, blocks).scales
         return self.field_values(blocks, self.scale.field)
 
     def minimums(self, blocks: np.ndarray) -> np.ndarray:
+        assert self.kind is not None
+        if self.kind.split is not None:
+            m = self.kind.split(self, blocks).minimum
+            assert m is not None, f"{self.name}: its code kind gives no minimum"
+            return m
         return self.field_values(blocks, "m")
 
     def split(self, blocks: np.ndarray) -> Parts:
