@@ -287,8 +287,9 @@ def _name_vs_keys(files):
 
 
 def _misplaced_metadata(files):
-    hand_shard(files[2], split_kv(2, 3, 8)[:2] + [("general.name", G.GGUFValue.of(VT.STRING, "x"))] + split_kv(2, 3, 8)[2:],
-               ["output_norm.weight", "output.weight"])
+    kv = split_kv(2, 3, 8)
+    name = ("general.name", G.GGUFValue.of(VT.STRING, "x"))
+    hand_shard(files[2], kv[:2] + [name] + kv[2:], ["output_norm.weight", "output.weight"])
     return files[0], "tiny-split-00003-of-00003.gguf", "metadata 'general.name' in shard 3"
 
 
@@ -317,7 +318,8 @@ def test_split_keys_must_have_their_gguf_types(tmp_path):
     kv = [("split.no", G.GGUFValue.of(VT.UINT16, 0)), ("split.count", G.GGUFValue.of(VT.UINT32, 2)),
           ("split.tensors.count", G.GGUFValue.of(VT.INT32, 1))]
     hand_shard(tmp_path / "m-00001-of-00002.gguf", kv, ["a"])
-    with pytest.raises(FormatError, match=r"m-00001-of-00002\.gguf: split\.count at offset \d+: split\.count must be UINT16, found UINT32"):
+    where = r"m-00001-of-00002\.gguf: split\.count at offset \d+: split\.count must be UINT16, found UINT32"
+    with pytest.raises(FormatError, match=where):
         S.open_split_set(tmp_path / "m-00001-of-00002.gguf")
     hand_shard(tmp_path / "n-00001-of-00002.gguf", kv[:1], ["a"])
     with pytest.raises(SplitSetError, match=r"n-00001-of-00002\.gguf: split\.count: has split keys but no split\.count"):
@@ -421,6 +423,9 @@ def _corrupt(lay, how):
         sh[1]["tensors"][1][3] = 1090
     elif how == "gap":
         sh[1]["tensors"][3][3] = 1 << 40
+    elif how == "empty-far":
+        sh[1]["tensors"].append(["empty", "F32", [0], 1 << 40])
+        lay["tensors_count"] += 1
     elif how == "dup":
         sh[2]["tensors"][0][0] = sh[1]["tensors"][0][0]
     elif how == "total":
@@ -429,12 +434,13 @@ def _corrupt(lay, how):
 
 
 @pytest.mark.parametrize("how", ["count", "file", "version", "alignment", "tail", "kv-extra", "kv-missing", "row", "type",
-                                 "blocks", "overlap", "unaligned", "gap", "dup", "total"])
+                                 "blocks", "overlap", "unaligned", "gap", "empty-far", "dup", "total"])
 def test_corrupt_layout_records_are_located_format_errors(fixtures_dir, how):
     with S.open_split_set(shard_files(fixtures_dir, "nofirst", 3)[0]) as s:
         lay = s.layout()
     assert S.SplitLayout.from_json(lay).to_json() == lay
-    with pytest.raises(FormatError, match=r"^m\.hrry: (tensor '[^']+': )?hurray_interop\.gguf\.split: corrupt split layout record") as ei:
+    where = r"^m\.hrry: (tensor '[^']+': )?hurray_interop\.gguf\.split: corrupt split layout record"
+    with pytest.raises(FormatError, match=where) as ei:
         S.SplitLayout.from_json(_corrupt(lay, how), path="m.hrry", field="hurray_interop.gguf.split")
     assert "\n" not in str(ei.value)
 
@@ -454,7 +460,7 @@ def test_layout_from_json_text():
 def _rewrite(src_first: Path, out: Path, **kw) -> tuple[list[Path], list[Path]]:
     with S.open_split_set(src_first) as s:
         record = json.loads(json.dumps(s.layout()))  # through JSON, as a .hrry stores it
-        paths = S.write_split_set(out, record, s.model_kv(), data_from(s), **kw)
+        paths = S.write_set(out, record, s.model_kv(), data_from(s), **kw)
         return s.paths, paths
 
 
@@ -501,7 +507,7 @@ def test_merge_loads_in_gguf_py_with_identical_tensors_and_metadata(fixtures_dir
     for prefix in SETS:
         paths = shard_files(fixtures_dir, prefix, 3)
         with S.open_split_set(paths[0]) as s:
-            out = S.write_merged(tmp_path / f"{prefix}.gguf", s.layout(), s.model_kv(), data_from(s))
+            (out,) = S.write_set(tmp_path / f"{prefix}.gguf", s.layout(), s.model_kv(), data_from(s), merge=True)
         assert reader_tensors([out]) == reader_tensors(paths)
         merged, first = reader_fields(out), reader_fields(paths[0])
         # gguf-split --merge: the first shard's metadata, split.count set to 0 and moved to the end
@@ -520,7 +526,7 @@ def test_single_file_to_new_set_and_back(fixtures_dir, tmp_path):
         plan = S.plan_split([t.nbytes for t in gf.tensors], max_size=S.parse_split_size("1M") // 40)
         lay = S.new_split_layout(gf.kv, rows, plan, alignment=gf.alignment, prefix="tiny")
         by_name = {t.name: t.data for t in gf.tensors}
-        paths = S.write_split_set(tmp_path / "tiny.gguf", lay, dict(gf.kv), by_name.__getitem__)
+        paths = S.write_set(tmp_path / "tiny.gguf", lay, dict(gf.kv), by_name.__getitem__)
     assert len(paths) == len(plan) > 2
     assert reader_tensors(paths) == reader_tensors([src])
     for i, p in enumerate(paths):  # every shard loads on its own, with gguf-split's key order
@@ -528,7 +534,7 @@ def test_single_file_to_new_set_and_back(fixtures_dir, tmp_path):
         assert keys[-3:] == ["split.no", "split.tensors.count", "split.count"] and (i == 0 or len(keys) == 3)
     with S.open_split_set(paths[1]) as s:
         assert s.count == len(plan) and [len(gf.tensors) for gf in s.shards] == [len(a) for a in plan]
-        merged = S.write_merged(tmp_path / "merged.gguf", s.layout(), s.model_kv(), data_from(s))
+        (merged,) = S.write_set(tmp_path / "merged.gguf", s.layout(), s.model_kv(), data_from(s), merge=True)
     assert reader_tensors([merged]) == reader_tensors([src])
     fields, orig = reader_fields(merged), reader_fields(src)
     assert {k: v for k, v in fields.items() if not k.startswith("split.")} == orig
@@ -540,12 +546,12 @@ def test_model_metadata_must_match_the_layout(fixtures_dir, tmp_path):
         kv = s.model_kv()
         extra = dict(kv, **{"general.extra": G.GGUFValue.of(VT.UINT8, 1)})
         with pytest.raises(UsageError, match="'general.extra' has no place in the recorded layout"):
-            S.write_split_set(tmp_path / "o.gguf", s.layout(), extra, data_from(s))
+            S.write_set(tmp_path / "o.gguf", s.layout(), extra, data_from(s))
         with pytest.raises(UsageError, match="must not hold 'split.no'"):
-            S.write_merged(tmp_path / "o.gguf", s.layout(), dict(kv, **dict(S.split_entries(0, 1, 1))), data_from(s))
+            S.write_set(tmp_path / "o.gguf", s.layout(), dict(kv, **dict(S.split_entries(0, 1, 1))), data_from(s), merge=True)
         kv.pop("general.name")
         with pytest.raises(UsageError, match="places metadata 'general.name', which the model does not have"):
-            S.write_split_set(tmp_path / "o.gguf", s.layout(), kv, data_from(s))
+            S.write_set(tmp_path / "o.gguf", s.layout(), kv, data_from(s))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -567,7 +573,7 @@ def test_interrupted_set_write_leaves_no_shard(fixtures_dir, tmp_path, exc):
         out = tmp_path / "out"
         out.mkdir()
         with pytest.raises(type(exc)):
-            S.write_split_set(out / "m.gguf", s.layout(), s.model_kv(), data_for)
+            S.write_set(out / "m.gguf", s.layout(), s.model_kv(), data_for)
     assert list(out.iterdir()) == []  # no shard under its final name, no temporary file
 
 
@@ -578,11 +584,11 @@ def test_existing_set_is_kept_unless_forced(fixtures_dir, tmp_path, count_opens)
     with S.open_split_set(shard_files(fixtures_dir, "tiny-split", 3)[0]) as s:
         written = []
         with pytest.raises(OutputExistsError, match=r"m-00003-of-00003\.gguf: output exists"):
-            S.write_split_set(out / "m.gguf", s.layout(), s.model_kv(), lambda n: written.append(n) or s.tensor_data(n))
+            S.write_set(out / "m.gguf", s.layout(), s.model_kv(), lambda n: written.append(n) or s.tensor_data(n))
         assert written == []  # every destination was checked before anything was written
         assert sorted(p.name for p in out.iterdir()) == ["m-00003-of-00003.gguf"]
         assert (out / "m-00003-of-00003.gguf").read_bytes() == b"keep me"
-        S.write_split_set(out / "m.gguf", s.layout(), s.model_kv(), data_from(s), force=True)
+        S.write_set(out / "m.gguf", s.layout(), s.model_kv(), data_from(s), force=True)
         assert (out / "m-00003-of-00003.gguf").read_bytes() == s.paths[2].read_bytes()
 
 
@@ -590,13 +596,13 @@ def test_writing_beside_another_set_with_the_same_prefix_is_refused(fixtures_dir
     (tmp_path / "m-00001-of-00002.gguf").write_bytes(b"other set")
     with S.open_split_set(shard_files(fixtures_dir, "tiny-split", 3)[0]) as s:
         with pytest.raises(UsageError, match=r"m-00001-of-00002\.gguf: belongs to another set"):
-            S.write_split_set(tmp_path / "m.gguf", s.layout(), s.model_kv(), data_from(s), force=True)
+            S.write_set(tmp_path / "m.gguf", s.layout(), s.model_kv(), data_from(s), force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m-00001-of-00002.gguf"]
 
 
 def test_progress_covers_the_whole_set(fixtures_dir, tmp_path):
     seen = []
     with S.open_split_set(shard_files(fixtures_dir, "tiny-split", 3)[0]) as s:
-        S.write_split_set(tmp_path / "m.gguf", s.layout(), s.model_kv(), data_from(s), progress=lambda d, t: seen.append((d, t)))
+        S.write_set(tmp_path / "m.gguf", s.layout(), s.model_kv(), data_from(s), progress=lambda d, t: seen.append((d, t)))
         total = sum(t.nbytes for _, t in s.tensors)
     assert len(seen) == 8 and seen[-1] == (total, total) and all(a[0] < b[0] for a, b in zip(seen, seen[1:]))

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..errors import FormatError, SplitSetError, UnsupportedError, UsageError
-from ..files.atomic import AtomicOutput, AtomicOutputSet
+from ..files.atomic import AtomicOutputSet
 from . import gguf as G
 
 __all__ = [
@@ -72,8 +72,7 @@ __all__ = [
     "split_set_of",
     "shard_kv",
     "write_shard",
-    "write_split_set",
-    "write_merged",
+    "write_set",
 ]
 
 KEY_NO = "split.no"
@@ -415,15 +414,18 @@ class _LayoutParser:
     def offsets(self, rows: Sequence[TensorRow], alignment: int, i: int) -> None:
         """Aligned, disjoint, and gaps no larger than the data (a lying record must
         not make the writer produce an arbitrarily large file)."""
-        end = total = 0
+        end = reach = total = 0
         for r in sorted(rows, key=lambda r: r.offset):
-            if r.offset % alignment or r.offset < end:
-                raise self.bad(f"shard {i + 1}: offset {r.offset} is unaligned or overlaps (previous data ends at {end})", tensor=r.name)
             n = r.nbytes
+            if r.offset % alignment or (n and r.offset < end):  # empty tensors occupy nothing
+                raise self.bad(
+                    f"shard {i + 1}: offset {r.offset} is unaligned or overlaps (previous data ends at {end})", tensor=r.name
+                )
             end = r.offset + n if n else end
+            reach = max(reach, r.offset + n)  # empty tensors still place the end of the data
             total += n
-        if end - total > max(total, 1 << 20) + len(rows) * alignment:
-            raise self.bad(f"shard {i + 1}: offsets describe {end - total} bytes of gaps for {total} bytes of data")
+        if reach - total > max(total, 1 << 20) + len(rows) * alignment:
+            raise self.bad(f"shard {i + 1}: offsets describe {reach - total} bytes of gaps for {total} bytes of data")
 
 
 def _shard_layout_of(gf: G.GGUFFile, no: int, count: int, tensors_count: int) -> ShardLayout:
@@ -786,52 +788,48 @@ def _progress_counter(total: int, progress: Progress) -> Callable[[int], None] |
     return step
 
 
-def write_split_set(
+def write_set(
     dst: "str | os.PathLike[str]",
     layout: "SplitLayout | Mapping[str, Any] | str",
     model_kv: Mapping[str, G.GGUFValue],
     data_for: DataFor,
     *,
+    merge: bool = False,
     force: bool = False,
     inputs: Iterable["str | os.PathLike[str]"] = (),
     progress: Progress = None,
 ) -> list[Path]:
-    """Write every shard of ``layout`` as gguf-split names them (see :func:`set_paths`),
-    all or nothing (:class:`~hurray_interop.files.atomic.AtomicOutputSet`).
+    """Write the set ``layout`` describes; returns the paths written.
 
-    Shards of another set under the same prefix in that folder are refused
-    (even with ``force``): the folder would hold two sets at once."""
+    Without ``merge``: every shard, named as gguf-split names them (see
+    :func:`set_paths`), all or nothing
+    (:class:`~hurray_interop.files.atomic.AtomicOutputSet`); shards of another
+    set under the same prefix in that folder are refused (even with ``force``):
+    the folder would hold two sets at once.  With ``merge``: one file ``dst``
+    holding every tensor, as ``gguf-split --merge`` writes it (:func:`merged_layout`).
+    ``progress(done, total)`` counts tensor bytes over the whole output.
+    """
     lay = _as_layout(layout)
     _check_model_kv(lay.shards[0], model_kv)
-    paths = set_paths(dst, lay.count)
-    first = paths[0]
-    for other, p in _shards_beside(first.parent, parse_shard_name(first.name).prefix):  # type: ignore[union-attr]
-        if other.count != lay.count:
-            raise UsageError(f"belongs to another set with the same prefix; writing {first.name} would mix two sets in one folder", path=p)
-    step = _progress_counter(sum(s.nbytes for s in lay.shards), progress)
+    if merge:
+        shards: Sequence[ShardLayout] = (merged_layout(lay),)
+        paths = [Path(os.fspath(dst))]
+    else:
+        shards = lay.shards
+        paths = set_paths(dst, lay.count)
+        _refuse_other_sets(paths[0], lay.count)
+    step = _progress_counter(sum(s.nbytes for s in shards), progress)
     with AtomicOutputSet(paths, force=force, inputs=inputs) as outs:
-        for i, shard in enumerate(lay.shards):
+        for i, shard in enumerate(shards):
             write_shard(outs.open(i), shard, model_kv, data_for, on_tensor=step)
             outs.close(i)
-        outs.commit()
-    return paths
+        return outs.commit()
 
 
-def write_merged(
-    dst: "str | os.PathLike[str]",
-    layout: "SplitLayout | Mapping[str, Any] | str",
-    model_kv: Mapping[str, G.GGUFValue],
-    data_for: DataFor,
-    *,
-    force: bool = False,
-    inputs: Iterable["str | os.PathLike[str]"] = (),
-    progress: Progress = None,
-) -> Path:
-    """Write the whole set as one GGUF file, as ``gguf-split --merge`` does (:func:`merged_layout`)."""
-    lay = _as_layout(layout)
-    _check_model_kv(lay.shards[0], model_kv)
-    shard = merged_layout(lay)
-    step = _progress_counter(shard.nbytes, progress)
-    with AtomicOutput(dst, force=force, inputs=inputs) as out:
-        write_shard(out, shard, model_kv, data_for, on_tensor=step)
-        return out.commit()
+def _refuse_other_sets(first: Path, count: int) -> None:
+    prefix = first.name[: -len(shard_suffix(0, count))]
+    for other, p in _shards_beside(first.parent, prefix):
+        if other.count != count:
+            raise UsageError(
+                f"belongs to another set with the same prefix; writing {first.name} would mix two sets in one folder", path=p
+            )
