@@ -445,6 +445,17 @@ def test_corrupt_layout_records_are_located_format_errors(fixtures_dir, how):
     assert "\n" not in str(ei.value)
 
 
+def test_tensor_rows():
+    assert S.tensor_row(["s", "F32", [], 0]) == S.TensorRow("s", "F32", (), 0)  # GGUF allows n_dims 0
+    assert S.tensor_row(["q", "Q4_0", [64, 2], 32]).nbytes == 72
+    for bad in (["s", "F32", [], 0, 1], ["s", "F32", [1, 1, 1, 1, 1], 0], ["s", "F32", [True], 0], ["s", "F32", [4], -32],
+                ["q", "Q4_0", [48], 0], ["x", "NOPE", [4], 0], "s"):
+        with pytest.raises(ValueError):
+            S.tensor_row(bad)
+    with pytest.raises(ValueError, match=r"ne \(1-4 sizes\)"):
+        S.tensor_row(["s", "F32", [], 0], min_dims=1)
+
+
 def test_layout_from_json_text():
     with pytest.raises(FormatError, match="not valid JSON"):
         S.SplitLayout.from_json("{")
@@ -539,6 +550,25 @@ def test_single_file_to_new_set_and_back(fixtures_dir, tmp_path):
     fields, orig = reader_fields(merged), reader_fields(src)
     assert {k: v for k, v in fields.items() if not k.startswith("split.")} == orig
     assert list(fields)[: len(orig)] == list(orig)
+
+
+def test_retyped_tensor_relays_only_its_shard(fixtures_dir, tmp_path):
+    paths = shard_files(fixtures_dir, "tiny-split", 3)
+    with S.open_split_set(paths[0]) as s:
+        _, t = s.tensor("blk.0.attn_k.weight")  # F16 in shard 2
+        as_f32 = t.array().astype(np.float32)
+        lay = S.SplitLayout.from_json(s.layout()).with_tensor_types({t.name: ("F32", t.ne)})
+
+        def data_for(name):
+            return as_f32 if name == t.name else s.tensor_data(name)
+
+        written = S.write_set(tmp_path / "m.gguf", lay, s.model_kv(), data_for)
+    assert [written[i].read_bytes() == paths[i].read_bytes() for i in range(3)] == [True, False, True]
+    got = {n: (ty, data) for n, ty, _, data in reader_tensors(written)}
+    assert got[t.name] == ("F32", as_f32.tobytes())
+    assert {n: v for n, v in got.items() if n != t.name} == {n: (ty, d) for n, ty, _, d in reader_tensors(paths) if n != t.name}
+    with pytest.raises(UsageError, match="no tensor named 'nope'"):
+        lay.with_tensor_types({"nope": ("F32", (1,))})
 
 
 def test_model_metadata_must_match_the_layout(fixtures_dir, tmp_path):

@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
@@ -63,6 +63,7 @@ __all__ = [
     "parse_split_size",
     "plan_split",
     "TensorRow",
+    "tensor_row",
     "ShardLayout",
     "SplitLayout",
     "new_split_layout",
@@ -248,6 +249,33 @@ class TensorRow(NamedTuple):
         return G.TensorSpec(self.name, G.ggml_type(self.type).id, self.ne, self.offset if offset is None else offset)
 
 
+def tensor_row(row: Any, *, min_dims: int = 0) -> TensorRow:
+    """Parse one JSON tensor row ``[name, GGML type name, ne, offset]`` (the form the
+    layout and the .hrry conversion records use); :class:`ValueError` says what is wrong."""
+    ok = (
+        isinstance(row, list)
+        and len(row) == 4
+        and isinstance(row[0], str)
+        and isinstance(row[1], str)
+        and isinstance(row[2], list)
+        and min_dims <= len(row[2]) <= G.MAX_DIMS
+        and all(_is_int(x) for x in row[2])
+        and _is_int(row[3])
+    )
+    if not ok:
+        raise ValueError(f"a tensor is not [name, GGML type, ne ({min_dims}-{G.MAX_DIMS} sizes), offset]")
+    r = TensorRow(row[0], row[1], tuple(row[2]), row[3])
+    try:
+        r.nbytes  # a known type, whole blocks
+    except (UnsupportedError, UsageError) as e:
+        raise ValueError(e.message) from None
+    return r
+
+
+def _is_int(x: Any, lo: int = 0, hi: int = (1 << 62) - 1) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi
+
+
 @dataclass(frozen=True)
 class ShardLayout:
     """Everything about one GGUF file of a set but the model metadata values and tensor bytes.
@@ -320,15 +348,30 @@ class SplitLayout:
         """Compact JSON text of :meth:`to_json`."""
         return json.dumps(self.to_json(), separators=(",", ":"))
 
+    def with_tensor_types(self, types: Mapping[str, tuple[str, Sequence[int]]]) -> "SplitLayout":
+        """The same set with some tensors stored as other GGML types (``{name: (type, ne)}``),
+        as an exporter writes it when a tensor cannot come back in its recorded type: shard
+        assignment and metadata order stay; a shard whose tensor sizes changed is laid out
+        again back to back and padded at the end."""
+        unknown = set(types) - {r.name for r in self.tensor_rows}
+        if unknown:
+            raise UsageError(f"no tensor named {sorted(unknown)[0]!r} in the layout")
+        shards = []
+        for s in self.shards:
+            rows = [r._replace(type=types[r.name][0], ne=tuple(types[r.name][1])) if r.name in types else r for r in s.tensors]
+            if any(a.nbytes != b.nbytes for a, b in zip(rows, s.tensors)):
+                offs = G.layout_offsets((r.nbytes for r in rows), s.alignment)
+                s = replace(s, tensors=tuple(r._replace(offset=o) for r, o in zip(rows, offs)), tail_bytes=None)
+            else:
+                s = replace(s, tensors=tuple(rows))
+            shards.append(s)
+        return SplitLayout(self.prefix, tuple(shards))
+
     @classmethod
     def from_json(cls, obj: Any, *, path: "str | os.PathLike[str] | None" = None, field: str | None = None) -> "SplitLayout":
         """Parse and check a layout record (it is input: a bad one raises a located
         :class:`FormatError`).  ``obj`` may be the JSON text or the decoded object."""
         return _LayoutParser(path, field).layout(obj)
-
-
-def _is_int(x: Any, lo: int = 0, hi: int = (1 << 62) - 1) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi
 
 
 class _LayoutParser:
@@ -391,25 +434,11 @@ class _LayoutParser:
         return ShardLayout(i, count, total, version, alignment, tail, tuple(kv), parsed)
 
     def row(self, row: Any, i: int) -> TensorRow:
-        ok = (
-            isinstance(row, list)
-            and len(row) == 4
-            and isinstance(row[0], str)
-            and isinstance(row[1], str)
-            and isinstance(row[2], list)
-            and len(row[2]) <= G.MAX_DIMS
-            and all(_is_int(x) for x in row[2])
-            and _is_int(row[3])
-        )
-        who = row[0] if isinstance(row, list) and row and isinstance(row[0], str) else None
-        if not ok:
-            raise self.bad(f"shard {i + 1}: a tensor is not [name, GGML type, ne (0-4 sizes), offset]", tensor=who)
-        r = TensorRow(row[0], row[1], tuple(row[2]), row[3])
         try:
-            r.nbytes  # known type, whole blocks
-        except (UnsupportedError, UsageError) as e:
-            raise self.bad(f"shard {i + 1}: {e.message}", tensor=who) from None
-        return r
+            return tensor_row(row)
+        except ValueError as e:
+            who = row[0] if isinstance(row, list) and row and isinstance(row[0], str) else None
+            raise self.bad(f"shard {i + 1}: {e}", tensor=who) from None
 
     def offsets(self, rows: Sequence[TensorRow], alignment: int, i: int) -> None:
         """Aligned, disjoint, and gaps no larger than the data (a lying record must
