@@ -28,6 +28,7 @@ __all__ = [
     "TruncatedError",
     "BadMagicError",
     "InconsistentError",
+    "SplitSetError",
     "ChecksumError",
     "UnsupportedError",
     "ConversionRefused",
@@ -118,6 +119,11 @@ class BadMagicError(FormatError):
 
 class InconsistentError(FormatError):
     """Fields disagree: overlapping ranges, sizes that do not match shapes, duplicates."""
+
+
+class SplitSetError(InconsistentError):
+    """The shards of a split GGUF set do not form one complete set (missing,
+    duplicated, extra or mixed shards, counts that disagree, misplaced metadata)."""
 
 
 class ChecksumError(FormatError):

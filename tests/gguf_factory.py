@@ -201,9 +201,18 @@ def write_gguf_py(
     alignment: int | None = None,
     arch: str = "llama",
     seed: int = 0,
+    split_max_tensors: int = 0,
+    split_max_size: int = 0,
+    small_first_shard: bool = False,
 ) -> Path:
-    """Write a GGUF with gguf-py's ``GGUFWriter`` (llama.cpp's layout: v3, padded end)."""
-    w = gguf.GGUFWriter(str(path), arch)
+    """Write a GGUF with gguf-py's ``GGUFWriter`` (llama.cpp's layout: v3, padded end).
+
+    With ``split_max_tensors`` / ``split_max_size`` / ``small_first_shard`` gguf-py writes
+    a split set named ``{path.stem}-0000N-of-0000M.gguf`` beside ``path`` instead."""
+    w = gguf.GGUFWriter(
+        str(path), arch, split_max_tensors=split_max_tensors, split_max_size=split_max_size,
+        small_first_shard=small_first_shard,
+    )
     if alignment is not None:
         w.add_custom_alignment(alignment)
     for entry in kv:

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from hurray_interop.files.atomic import AtomicOutput
+from hurray_interop.files.atomic import AtomicOutput, AtomicOutputSet
 from hurray_interop.errors import OutputExistsError, UsageError
 
 
@@ -136,3 +136,76 @@ def test_permission_error_mapped_without_root_privileges(tmp_path, monkeypatch):
     monkeypatch.setattr(atomic.os, "open", deny)
     with pytest.raises(UsageError, match=r"x\.bin: cannot create a file in .*: permission denied$"):
         AtomicOutput(tmp_path / "x.bin").open()
+
+
+# --------------------------------------------------------------------------
+# AtomicOutputSet: several files, all or none
+# --------------------------------------------------------------------------
+
+
+def _write_all(outs, payloads):
+    for i, data in enumerate(payloads):
+        outs.open(i).write(data)
+        outs.close(i)
+
+
+def test_set_commit_moves_every_member_into_place(tmp_path):
+    paths = [tmp_path / f"s{i}.bin" for i in range(3)]
+    with AtomicOutputSet(paths) as outs:
+        _write_all(outs, [b"a", b"bb", b"ccc"])
+        assert not any(p.exists() for p in paths)  # nothing visible before commit
+        assert len(leftovers(tmp_path)) == 3
+        assert outs.commit() == paths
+    assert [p.read_bytes() for p in paths] == [b"a", b"bb", b"ccc"]
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt()])
+def test_set_failure_on_second_member_leaves_nothing(tmp_path, exc):
+    paths = [tmp_path / f"s{i}.bin" for i in range(3)]
+    with pytest.raises(type(exc)):
+        with AtomicOutputSet(paths) as outs:
+            outs.open(0).write(b"first")
+            outs.close(0)
+            outs.open(1).write(b"half")
+            raise exc
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_set_checks_every_destination_before_creating_anything(tmp_path):
+    paths = [tmp_path / f"s{i}.bin" for i in range(3)]
+    paths[2].write_bytes(b"keep")
+    with pytest.raises(OutputExistsError, match=r"s2\.bin: output exists"):
+        with AtomicOutputSet(paths):
+            pass  # pragma: no cover - never entered
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s2.bin"] and paths[2].read_bytes() == b"keep"
+    with pytest.raises(UsageError, match="same output path is given twice"):
+        AtomicOutputSet([paths[0], tmp_path / "x" / ".." / "s0.bin"]).__enter__()
+    with pytest.raises(UsageError, match="same file as the input"):
+        AtomicOutputSet([paths[0], paths[2]], force=True, inputs=[paths[2]]).__enter__()
+    with AtomicOutputSet(paths, force=True) as outs:
+        _write_all(outs, [b"x", b"y", b"z"])
+        outs.commit()
+    assert paths[2].read_bytes() == b"z"
+
+
+def test_set_publish_failure_removes_members_already_in_place(tmp_path):
+    paths = [tmp_path / f"s{i}.bin" for i in range(3)]
+    with pytest.raises(OutputExistsError, match=r"s1\.bin: output appeared while writing"):
+        with AtomicOutputSet(paths) as outs:
+            _write_all(outs, [b"a", b"b", b"c"])
+            paths[1].write_bytes(b"theirs")  # appears after the checks: member 1 cannot be linked
+            outs.commit()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s1.bin"]  # s0 was moved in, then removed again
+    assert paths[1].read_bytes() == b"theirs"
+
+
+def test_set_needs_every_member_written(tmp_path):
+    paths = [tmp_path / f"s{i}.bin" for i in range(2)]
+    with pytest.raises(UsageError, match=r"s1\.bin: output was never written"):
+        with AtomicOutputSet(paths) as outs:
+            outs.open(0).write(b"a")
+            outs.commit()
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(UsageError, match="not open"):
+        AtomicOutputSet(paths).open(0)

@@ -34,6 +34,8 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf import GGUFValueType as V  # noqa: E402
 
 FIXTURES = ["tiny-llama.gguf", "tiny-llama-kquant.gguf", "kv-types.gguf"]
+#: the shards of the two split-set fixtures (tests/test_gguf_split.py uses them as sets)
+SPLIT_FIXTURES = [f"{stem}-{i:05d}-of-00003.gguf" for stem in ("tiny-split", "nofirst") for i in (1, 2, 3)]
 SAMPLES_FAST = ["ggml-vocab-llama-spm.gguf"]
 # gguf-py needs ~6 s for gpt-2 and ~15 s for aquila, so aquila is only round-tripped
 SAMPLES_SLOW = ["ggml-vocab-gpt-2.gguf"]
@@ -184,7 +186,7 @@ def test_ggml_type_table_matches_gguf_py_except_known_errata():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("name", FIXTURES + SPLIT_FIXTURES)
 def test_reader_matches_gguf_py_on_fixtures(fixtures_dir, name):
     assert_matches_gguf_py(fixtures_dir / name)
 
@@ -676,5 +678,6 @@ def test_fixtures_regenerate_identically(fixtures_dir, tmp_path):
     if importlib.util.find_spec("gguf") is None:  # pragma: no cover
         pytest.skip("gguf-py is not installed")
     subprocess.run([sys.executable, str(fixtures_dir / "make_gguf_fixtures.py"), str(tmp_path)], check=True)
-    for name in FIXTURES:
+    for name in FIXTURES + SPLIT_FIXTURES:
         assert (tmp_path / name).read_bytes() == (fixtures_dir / name).read_bytes(), name
+    assert sorted(p.name for p in tmp_path.glob("*.gguf")) == sorted(FIXTURES + SPLIT_FIXTURES)  # nothing unchecked

@@ -1,4 +1,4 @@
-"""Atomic, crash-safe output files.
+"""Atomic, crash-safe output files (one, or a set that appears all at once).
 
 :class:`AtomicOutput` writes to a temporary file created in the destination's
 own directory (so the final rename never crosses a file system), and only
@@ -17,6 +17,13 @@ Safety checks happen before any byte is written:
   inode via :func:`os.path.samefile`) is refused even with ``force``;
 * permission and other OS errors become one-line
   :class:`~hurray_interop.errors.UsageError` naming the path.
+
+:class:`AtomicOutputSet` does the same for several files that belong together
+(the shards of a split GGUF): every destination is checked before any byte is
+written, each member is written to its own temporary file, and only when all
+are complete are they moved into place; a failure at any point removes every
+temporary file and every member already moved, so no member is ever left under
+its final name without the others.
 """
 
 from __future__ import annotations
@@ -29,8 +36,7 @@ from typing import IO, Any, Iterable
 
 from ..errors import OutputExistsError, UsageError
 
-__all__ = ["AtomicOutput", "check_output_path"]
-
+__all__ = ["AtomicOutput", "AtomicOutputSet", "check_output_path"]
 
 
 def _os_error(e: OSError, path: Path, doing: str) -> UsageError:
@@ -160,15 +166,38 @@ class AtomicOutput:
 
     def commit(self) -> Path:
         """Flush, fsync, and move the temporary file into place; returns the path."""
+        self.prepare()
+        return self.publish()
+
+    def prepare(self) -> None:
+        """First half of :meth:`commit`: flush, set the mode, fsync and close the
+        temporary file (it stays under its temporary name until :meth:`publish`).
+        :class:`AtomicOutputSet` prepares every member before publishing any."""
+        if self.prepared:
+            return
         f = self.file
-        tmp = self.temp_path
-        assert tmp is not None
         try:
             f.flush()
             os.fchmod(f.fileno(), 0o666 & ~_umask())
             os.fsync(f.fileno())
             f.close()
             self._file = None
+        except OSError as e:
+            self.abort()
+            raise _os_error(e, self.path, "write the output") from None
+
+    @property
+    def prepared(self) -> bool:
+        """True once :meth:`prepare` has closed the complete temporary file."""
+        return self._file is None and self.temp_path is not None and not self.committed
+
+    def publish(self) -> Path:
+        """Second half of :meth:`commit`: move the prepared temporary file into place."""
+        if not self.prepared:
+            raise UsageError("AtomicOutput is not prepared", path=self.path)
+        tmp = self.temp_path
+        assert tmp is not None
+        try:
             if self.force:
                 os.replace(tmp, self.path)
             else:
@@ -220,6 +249,111 @@ class AtomicOutput:
                 self.abort()
         except Exception:  # pragma: no cover
             pass
+
+
+class AtomicOutputSet:
+    """All-or-nothing output of several files.
+
+    ::
+
+        with AtomicOutputSet([a, b, c], force=False, inputs=srcs) as outs:
+            for i in range(len(outs)):
+                out = outs.open(i)      # an opened AtomicOutput (temporary file)
+                out.write(...)
+                outs.close(i)           # optional: fsync and close now (bounds open files)
+            outs.commit()               # all members appear, or none
+
+    Entering checks every destination (as :func:`check_output_path`; the same
+    path twice is refused) before any temporary file exists.  Members are
+    opened when first asked for, so at most the members being written hold a
+    file descriptor.  :meth:`commit` needs every member opened; it closes them
+    all, then moves them into place one by one; if one move fails, the members
+    already moved are removed again (with ``force``, what they replaced is gone:
+    no half-old, half-new set is left either).  Leaving the block without
+    :meth:`commit` -- an exception, ``KeyboardInterrupt`` -- removes every
+    temporary file.
+    """
+
+    def __init__(
+        self,
+        paths: Iterable["str | os.PathLike[str]"],
+        *,
+        force: bool = False,
+        inputs: Iterable["str | os.PathLike[str]"] = (),
+    ) -> None:
+        self.paths = [Path(os.fspath(p)) for p in paths]
+        self.force = force
+        self.inputs = tuple(inputs)
+        self._members: list[AtomicOutput | None] = [None] * len(self.paths)
+        self._entered = False
+        self.committed = False
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __enter__(self) -> "AtomicOutputSet":
+        seen: dict[str, Path] = {}
+        for p in self.paths:
+            key = os.path.normcase(os.path.abspath(p))
+            if key in seen:
+                raise UsageError("the same output path is given twice", path=p)
+            seen[key] = p
+        for p in self.paths:  # every destination, before anything is created
+            check_output_path(p, force=self.force, inputs=self.inputs)
+        self._entered = True
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if not self.committed:
+            self.abort()
+        return False
+
+    def open(self, i: int) -> AtomicOutput:
+        """Member ``i`` as an open :class:`AtomicOutput` (opened on first use)."""
+        if not self._entered or self.committed:
+            raise UsageError("AtomicOutputSet is not open", path=self.paths[i] if self.paths else None)
+        m = self._members[i]
+        if m is None:
+            m = AtomicOutput(self.paths[i], force=self.force, inputs=self.inputs)
+            self._members[i] = m
+            m.open()
+        return m
+
+    def close(self, i: int) -> None:
+        """Finish member ``i`` now: flush, fsync and close its temporary file."""
+        m = self._members[i]
+        if m is None:
+            raise UsageError("output was never opened", path=self.paths[i])
+        m.prepare()
+
+    def commit(self) -> list[Path]:
+        """Move every member into place (all or none); returns the paths."""
+        missing = [p for p, m in zip(self.paths, self._members) if m is None]
+        if missing:
+            raise UsageError("output was never written", path=missing[0])
+        members = [m for m in self._members if m is not None]
+        for m in members:
+            m.prepare()
+        done: list[AtomicOutput] = []
+        try:
+            for m in members:
+                m.publish()
+                done.append(m)
+        except BaseException:
+            for m in done:
+                try:
+                    os.unlink(m.path)
+                except FileNotFoundError:
+                    pass
+            raise
+        self.committed = True
+        return list(self.paths)
+
+    def abort(self) -> None:
+        """Remove every temporary file (idempotent)."""
+        for m in self._members:
+            if m is not None and not m.committed:
+                m.abort()
 
 
 def _fsync_dir(d: Path) -> None:
