@@ -42,10 +42,12 @@ def convert(src: str | _os.PathLike[str], dst: str | _os.PathLike[str], **option
     ``fallback`` was chosen (nothing written).
 
     >>> import os, tempfile, hurray_interop
-    >>> out = os.path.join(tempfile.mkdtemp(), "tiny-llama.hrry")
-    >>> report = hurray_interop.convert("fixtures/tiny-llama.gguf", out)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     report = hurray_interop.convert("fixtures/tiny-llama.gguf", os.path.join(tmp, "tiny-llama.hrry"))
     >>> report.counts(), report.destination_format
     ({'exact': 27}, 'hurray')
+    >>> report.tensors[0].name, report.tensors[0].source_type, report.tensors[0].status
+    ('token_embd.weight', 'Q8_0', 'exact')
     """
     from ._convert import convert as _convert
 
@@ -116,12 +118,13 @@ def dequantize(tensor: "Tensor", **options: Any) -> "np.ndarray":
     see :func:`hurray_interop.dequant.dequantize`).
 
     >>> import os, tempfile, hurray_interop
-    >>> out = os.path.join(tempfile.mkdtemp(), "tiny-llama.hrry")
-    >>> _ = hurray_interop.convert("fixtures/tiny-llama.gguf", out)
-    >>> with hurray_interop.open(out) as f:
-    ...     w = hurray_interop.dequantize(f.tensor("blk.0.attn_k.weight"))
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     out = os.path.join(tmp, "tiny-llama.hrry")
+    ...     _ = hurray_interop.convert("fixtures/tiny-llama.gguf", out)
+    ...     with hurray_interop.open(out) as f:
+    ...         w = hurray_interop.dequantize(f.tensor("blk.0.attn_k.weight"))  # Q4_0 in the GGUF
     >>> w.dtype, w.shape
-    (dtype('float32'), (64, 64))
+    (dtype('float32'), (32, 64))
     """
     from .dequant import dequantize as _dequantize
 
