@@ -1,5 +1,131 @@
-"""hurray-interop: byte-exact conversion between GGUF, OCP MX and Hurray, with proof."""
+"""hurray-interop: byte-exact conversion between GGUF, OCP MX and Hurray, with proof.
+
+The public API is five verbs, the same for every format (the format of a file is
+told by its magic bytes, through :mod:`hurray_interop.registry`):
+
+* :func:`convert` — one file into another (``.gguf``, ``.hrry``, ``.safetensors``);
+* :func:`verify` — a round trip through Hurray, or two files compared;
+* :func:`inspect` — what a file holds, as plain data;
+* :func:`open` — a file's reader (a context manager);
+* :func:`dequantize` — a Hurray tensor's float32 values (the one shared dequantizer).
+
+Each imports what it needs when first called, so ``import hurray_interop`` stays cheap.
+The examples run from the repository root (``python -m pytest`` runs them).
+"""
 
 from __future__ import annotations
 
+import os as _os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+    from .core.model import Tensor
+    from .report import ConversionReport
+    from .verification.common import VerifyResult
+
 __version__ = "0.1.0"
+
+__all__ = ["__version__", "convert", "verify", "inspect", "open", "dequantize"]
+
+
+def convert(src: str | _os.PathLike[str], dst: str | _os.PathLike[str], **options: Any) -> "ConversionReport":
+    """Convert ``src`` into ``dst`` (formats from the extensions, the source's confirmed by its
+    magic bytes; GGUF ⇄ safetensors goes through Hurray) and return the per-tensor report.
+
+    ``options``: ``src_format``, ``dst_format``, ``fallback`` (``"float32"``, ``"float16"``,
+    ``"bfloat16"``), ``q4_1`` (``"overlay"``/``"requantize"``, GGUF input), ``convention``
+    (safetensors output), ``dry_run``, ``force``, ``progress``, ``jobs`` -- see
+    :func:`hurray_interop._convert.convert`.  Raises
+    :class:`~hurray_interop.errors.ConversionRefused` when a tensor has no exact form and no
+    ``fallback`` was chosen (nothing written).
+
+    >>> import os, tempfile, hurray_interop
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     report = hurray_interop.convert("fixtures/tiny-llama.gguf", os.path.join(tmp, "tiny-llama.hrry"))
+    >>> report.counts(), report.destination_format
+    ({'exact': 27}, 'hurray')
+    >>> report.tensors[0].name, report.tensors[0].source_type, report.tensors[0].status
+    ('token_embd.weight', 'Q8_0', 'exact')
+    """
+    from ._convert import convert as _convert
+
+    return _convert(src, dst, **options)
+
+
+def verify(
+    path: str | _os.PathLike[str], other: str | _os.PathLike[str] | None = None, *, jobs: int | None = None
+) -> "VerifyResult":
+    """Prove that nothing changes: with one file, convert it to Hurray and back in a temporary
+    directory and compare bytes, and values against the source ecosystem's own decoder; with
+    ``other``, compare the two files (a foreign file with a .hrry, or two of one format).
+    Failures are in the result (``ok``, ``tensors``, ``problems``, ``error``), not raised.
+
+    >>> import hurray_interop
+    >>> result = hurray_interop.verify("fixtures/tiny-llama.gguf")
+    >>> result.ok, result.file_bytes_equal, len(result.tensors)
+    (True, True, 27)
+    >>> print(result.summary_line())
+    OK     fixtures/tiny-llama.gguf: round-trip, files byte-identical, 27 tensors exact (bytes and values)
+    """
+    from ._verify import verify_pair, verify_roundtrip
+
+    if other is None:
+        return verify_roundtrip(path, jobs=jobs)
+    return verify_pair(path, other, jobs=jobs)
+
+
+def inspect(path: str | _os.PathLike[str]) -> dict[str, Any]:
+    """Describe a .hrry, GGUF or safetensors file as plain data (what ``hurray-interop inspect
+    --json`` prints): header facts, tensors and metadata; for a foreign file also the
+    conversion plan per tensor.  Only headers, indexes and scales are read.
+
+    >>> import hurray_interop
+    >>> info = hurray_interop.inspect("fixtures/tiny-llama.gguf")
+    >>> info["format"], info["tensor_count"]
+    ('gguf', 27)
+    >>> row = info["tensors"][0]
+    >>> row["name"], row["ggml_type"], row["status"]
+    ('token_embd.weight', 'Q8_0', 'exact')
+    """
+    from ._inspect import inspect_file
+
+    return inspect_file(path)
+
+
+def open(path: str | _os.PathLike[str], format: str | None = None) -> Any:  # noqa: A001 - the verb is the API
+    """Open a .hrry, GGUF or safetensors file for reading: a
+    :class:`~hurray_interop.core.hrry.HrryFile`, :class:`~hurray_interop.formats.gguf.GGUFFile`
+    or :class:`~hurray_interop.formats.safetensors.SafetensorsFile`, memory-mapped and
+    usable as a context manager.  The format is the one the magic bytes say (``format``,
+    a registry name, insists on one).
+
+    >>> import hurray_interop
+    >>> with hurray_interop.open("fixtures/tiny-llama.gguf") as f:
+    ...     type(f).__name__, f.tensors[0].name, f.tensors[0].type_name
+    ('GGUFFile', 'token_embd.weight', 'Q8_0')
+    """
+    from .registry import detect_format
+
+    p = _os.fspath(path)
+    return detect_format(p, format).open(p)
+
+
+def dequantize(tensor: "Tensor", **options: Any) -> "np.ndarray":
+    """The float32 values of a Hurray tensor (numpy order, shape ``tensor.shape``), computed by
+    the one dequantizer every check shares (``options``: ``out``, ``strict``, ``threads`` --
+    see :func:`hurray_interop.dequant.dequantize`).
+
+    >>> import os, tempfile, hurray_interop
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     out = os.path.join(tmp, "tiny-llama.hrry")
+    ...     _ = hurray_interop.convert("fixtures/tiny-llama.gguf", out)
+    ...     with hurray_interop.open(out) as f:
+    ...         w = hurray_interop.dequantize(f.tensor("blk.0.attn_k.weight"))  # Q4_0 in the GGUF
+    >>> w.dtype, w.shape
+    (dtype('float32'), (32, 64))
+    """
+    from .dequant import dequantize as _dequantize
+
+    return _dequantize(tensor, **options)

@@ -22,16 +22,14 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence, TextIO
 
 from . import __version__
-from .conversions.fallback import CHOICES as FALLBACK_CHOICES
 from .errors import ConversionRefused, HurrayInteropError, UsageError
+from .registry import FALLBACK_CHOICES, format_names
 from .report import ConversionReport
 from .tables import load_table
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
-
-FORMATS = ("gguf", "hurray", "safetensors")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,8 +63,8 @@ def _build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("convert", help="convert SRC into DST (formats from extensions, confirmed by magic bytes)")
     c.add_argument("src", metavar="SRC")
     c.add_argument("dst", metavar="DST")
-    c.add_argument("--from", dest="src_format", choices=FORMATS, help="force the source format")
-    c.add_argument("--to", dest="dst_format", choices=FORMATS, help="force the destination format")
+    c.add_argument("--from", dest="src_format", choices=format_names(), help="force the source format")
+    c.add_argument("--to", dest="dst_format", choices=format_names(), help="force the destination format")
     c.add_argument(
         "--fallback",
         choices=FALLBACK_CHOICES,
@@ -227,7 +225,7 @@ def _cell(v: Any, limit: int = 60) -> str:
 
 
 def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
-    from .convert import convert
+    from ._convert import convert
 
     with _progress(not (args.quiet or args.json or args.dry_run), "convert") as progress:
         try:
@@ -264,7 +262,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
-    from .verify import verify_files
+    from ._verify import verify_files
 
     results = verify_files(args.files, pair=args.pair, each=args.each, jobs=args.jobs)
     status = EXIT_OK
@@ -287,7 +285,7 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    from .inspect import inspect_file
+    from ._inspect import inspect_file
 
     info = inspect_file(args.file)
     if args.json:

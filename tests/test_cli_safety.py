@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 
 from fuzzing import assert_cli_contract, run_cli
-from hurray_interop.convert import convert
+from hurray_interop import convert
 
 # -- inputs ------------------------------------------------------------------------------------
 

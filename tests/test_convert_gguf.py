@@ -430,4 +430,4 @@ def test_jobs_change_threads_not_bytes(fixtures_dir: Path, tmp_path: Path, monke
         gguf_to_hurray(src, tmp_path / "pool.hrry", jobs=2)
     assert not (tmp_path / "pool.hrry").exists()
     assert main(["convert", str(src), str(tmp_path / "zero.hrry"), "--jobs", "0"]) == 2
-    assert "--jobs takes a positive number" in capsys.readouterr().err
+    assert "--jobs must be positive" in capsys.readouterr().err

@@ -689,7 +689,7 @@ def test_native_hurray_file_with_general_alignment_exports(tmp_path: Path) -> No
 
 def test_exported_native_file_is_a_standard_gguf(tmp_path: Path) -> None:
     """What the exporter writes from a native .hrry round-trips through Hurray byte for byte."""
-    from hurray_interop.verify import verify_roundtrip
+    from hurray_interop._verify import verify_roundtrip
 
     src, out = tmp_path / "src.hrry", tmp_path / "out.gguf"
     build_exportable(src, seed=7)
@@ -895,7 +895,7 @@ def test_zero_blocks_across_the_chunk_boundary(tmp_path: Path) -> None:
     back = tmp_path / "back.gguf"
     hurray_to_gguf(mid, back)
     assert_same_bytes(back.read_bytes(), src.read_bytes())
-    from hurray_interop.verify import verify_roundtrip
+    from hurray_interop._verify import verify_roundtrip
 
     res = verify_roundtrip(src)
     assert res.ok and [(t.bytes_equal, t.values_equal) for t in res.tensors] == [(True, True)] * 2, res.summary_line()

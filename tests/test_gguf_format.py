@@ -665,8 +665,11 @@ def test_views_survive_close(fixtures_dir):
 
 
 def test_sniff(fixtures_dir):
-    assert G.sniff((fixtures_dir / "kv-types.gguf").read_bytes()[:16])
-    assert not G.sniff(b"HRRY\x00\x00") and not G.sniff(b"GG")
+    """Detection lives in the format registry (the reader's own magic check is for parsing)."""
+    from hurray_interop.registry import sniff_format
+
+    assert sniff_format((fixtures_dir / "kv-types.gguf").read_bytes()[:16]).name == "gguf"
+    assert sniff_format(b"HRRY\x00\x00") is None and sniff_format(b"GG") is None
 
 
 # --------------------------------------------------------------------------

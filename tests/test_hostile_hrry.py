@@ -46,7 +46,7 @@ def ref_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory, fixtures_dir) -> dict[str, Path]:
     """Our own .hrry files from the GGUF fixtures: KV-heavy, and one with Q4_1 overlay composites."""
-    from hurray_interop.convert import convert
+    from hurray_interop import convert
 
     d = tmp_path_factory.mktemp("conv")
     out = {}
@@ -428,7 +428,7 @@ def test_bug_corrupt_scale_record_error_names_the_file(tmp_path, fixtures_dir, o
     holds 29 bytes, 2 entries need 30`` (conversions/mx.py, the ``decode_scale_record(rec,
     key=...)`` call in the plan, line ~354, raises core/records.py's FormatError without
     re-locating it to the .hrry).  Expected: the one line names the .hrry (issue item 1)."""
-    from hurray_interop.convert import convert
+    from hurray_interop import convert
     from hurray_interop.core.hrry import load, save
     from hurray_interop.core.kv import KVValue
 

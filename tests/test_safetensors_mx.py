@@ -391,7 +391,7 @@ def test_dry_run_writes_nothing(fixtures_dir, tmp_path):
 
 @pytest.mark.parametrize("fixture", [GPT, CT, MX8])
 def test_verify_round_trip_of_fixtures(fixtures_dir, fixture):
-    from hurray_interop.verify import verify_roundtrip
+    from hurray_interop._verify import verify_roundtrip
 
     r = verify_roundtrip(fixtures_dir / fixture)
     assert r.ok and r.file_bytes_equal, r.summary_line()
@@ -400,7 +400,7 @@ def test_verify_round_trip_of_fixtures(fixtures_dir, fixture):
 
 
 def test_verify_pair_finds_a_changed_code(fixtures_dir, tmp_path):
-    from hurray_interop.verify import verify_pair
+    from hurray_interop._verify import verify_pair
 
     src = fixtures_dir / GPT
     safetensors_to_hurray(src, tmp_path / "m.hrry")
@@ -420,8 +420,8 @@ def test_verify_pair_finds_a_changed_code(fixtures_dir, tmp_path):
 
 
 def test_verify_and_inspect_report_refused_tensors(tmp_path):
-    from hurray_interop.inspect import inspect_file
-    from hurray_interop.verify import verify_roundtrip
+    from hurray_interop._inspect import inspect_file
+    from hurray_interop._verify import verify_roundtrip
 
     src = _pair_file(tmp_path, 0x00, True)
     r = verify_roundtrip(src)

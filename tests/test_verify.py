@@ -34,7 +34,7 @@ from gguf_factory import (
 from hurray_interop.cli import main
 from hurray_interop.conversions.gguf import gguf_to_hurray
 from hurray_interop.core.hrry import HrryFile
-from hurray_interop.verify import verify_files, verify_pair, verify_roundtrip
+from hurray_interop._verify import verify_files, verify_pair, verify_roundtrip
 
 REPO = Path(__file__).resolve().parents[1]
 Q8 = "blk.0.attn_q.weight"  # Q8_0 in tiny-llama.gguf: 34-byte blocks, f16 d then 32 int8 codes

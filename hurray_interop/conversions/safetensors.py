@@ -35,10 +35,11 @@ A .hrry file without these records (e.g. converted from GGUF) exports too: MXFP 
 as gpt-oss pairs (or the convention asked for), plain tensors under their own names;
 anything without a safetensors form is refused unless a fallback dtype is chosen.
 
-Hooks for the CLI: :func:`verify_safetensors_roundtrip`, :func:`verify_safetensors_pair`
-(file bytes, per-tensor bytes, and the shared dequantizer against ml_dtypes decoding of
-the source codes via :func:`hurray_interop.conversions.mx.source_values`) and
-:func:`inspect_safetensors` (a dry-run plan).
+The format registry's safetensors record points here for both directions; ``verify``'s
+safetensors checks are in :mod:`hurray_interop.verification.safetensors` (the shared
+dequantizer against ml_dtypes decoding of the source codes via
+:func:`hurray_interop.conversions.mx.source_values`) and ``inspect``'s in
+:func:`hurray_interop.inspection.inspect_safetensors` (a dry-run plan).
 """
 
 from __future__ import annotations

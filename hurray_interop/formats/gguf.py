@@ -88,7 +88,6 @@ __all__ = [
     "TensorSpec",
     "GGUFFile",
     "read_gguf",
-    "sniff",
     "layout_offsets",
     "GGUFWriterStream",
     "write_gguf_like",
@@ -528,11 +527,6 @@ class GGUFTensorInfo:
 # --------------------------------------------------------------------------
 # reader
 # --------------------------------------------------------------------------
-
-
-def sniff(first_bytes: bytes | bytearray | memoryview) -> bool:
-    """True when the data starts with the GGUF magic."""
-    return bytes(first_bytes[:4]) == MAGIC
 
 
 class _Parser:

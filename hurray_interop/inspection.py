@@ -1,4 +1,8 @@
-"""What ``hurray-interop inspect`` shows, as plain data (the CLI renders it).
+"""What ``hurray-interop inspect`` shows per format, as plain data (the CLI renders it).
+
+The registry's records call :func:`inspect_hurray`, :func:`inspect_gguf` and
+:func:`inspect_safetensors`; :func:`hurray_interop.inspect` picks one by the
+file's magic bytes.
 
 For a .hrry file: every tensor (name, shape, element type, layout,
 quantization scheme and parameters, stored bytes) and the KV metadata.
@@ -13,11 +17,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .convert import detect_format
 from .core.kv import KVValue
 from .core.model import MXFP, NF4, CompositeHead, Descriptor, PerBlockAffine, PerChannelAffine, PerTensorAffine
 
-__all__ = ["inspect_file", "describe_quantization", "describe_layout"]
+__all__ = ["inspect_hurray", "inspect_gguf", "inspect_safetensors", "describe_quantization", "describe_layout"]
 
 _LAYOUT_NAMES = {
     0x01: "row-major", 0x02: "column-major", 0x03: "strided", 0x04: "tiled", 0x05: "morton", 0x06: "coo",
@@ -88,7 +91,7 @@ def _kv_item(key: str, v: KVValue) -> dict[str, Any]:
     return {"key": key, "type": v.type, "value": v.value}
 
 
-def _inspect_hrry(path: str) -> dict[str, Any]:
+def inspect_hurray(path: str) -> dict[str, Any]:
     from .core.hrry import HrryFile
 
     with HrryFile(path) as hf:
@@ -140,7 +143,7 @@ def _gguf_value(v: Any) -> tuple[str, Any]:
     return t, v.to_python("replace")
 
 
-def _inspect_gguf(path: str) -> dict[str, Any]:
+def inspect_gguf(path: str) -> dict[str, Any]:
     from .conversions.gguf import plan_gguf_open
     from .formats import gguf as G
 
@@ -182,7 +185,7 @@ def _add_plan(info: dict[str, Any], plan: Any, source_key: str) -> None:
     info["notes"] = list(plan.notes)
 
 
-def _inspect_safetensors(path: "str | os.PathLike[str]") -> dict[str, Any]:
+def inspect_safetensors(path: "str | os.PathLike[str]") -> dict[str, Any]:
     """Describe a safetensors file: tensors, the MX convention detected, metadata, and the
     Hurray mapping planned for each tensor (a dry run: nothing is written)."""
     from .conversions.safetensors import safetensors_to_hurray
@@ -206,13 +209,3 @@ def _inspect_safetensors(path: "str | os.PathLike[str]") -> dict[str, Any]:
     _add_plan(info, safetensors_to_hurray(p, None, dry_run=True), "source_type")
     return info
 
-
-def inspect_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Describe a .hrry, .gguf or .safetensors file (format confirmed by magic bytes)."""
-    p = os.fspath(path)
-    fmt = detect_format(p)
-    if fmt == "hurray":
-        return _inspect_hrry(p)
-    if fmt == "gguf":
-        return _inspect_gguf(p)
-    return _inspect_safetensors(p)

@@ -1,0 +1,122 @@
+"""One entry point for every conversion: :func:`convert`.
+
+Formats are the records of :mod:`hurray_interop.registry` (``gguf``, ``hurray``,
+``safetensors``).  The source format comes from ``src_format`` or the file
+extension and is always confirmed by the file's magic bytes; the destination
+format from ``dst_format`` or the extension.  Every conversion goes through
+Hurray: a foreign source to a foreign destination is converted through a
+temporary .hrry beside the destination (formats never talk to each other
+directly).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Callable
+
+from .errors import HurrayInteropError, OutputExistsError, UsageError
+from .parallel import check_jobs
+from .registry import HURRAY, Format, detect_format, formats
+from .report import ConversionReport
+
+__all__ = ["convert"]
+
+Progress = Callable[[int, int], None] | None
+
+
+def _format_options(src: Format, dst: Format, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split the format-specific options between the import (source) and export (destination)
+    step; an option set away from its default for a format that does not take it is refused."""
+    for side, fmt, attr in (("output", dst, "export_options"), ("input", src, "import_options")):
+        for f in formats():
+            for opt, default in getattr(f, attr).items():
+                if f is not fmt and given.get(opt, default) != default:
+                    raise UsageError(f"--{opt.replace('_', '-')} applies to {f.title} {side} only")
+    return (
+        {k: given.get(k, d) for k, d in src.import_options.items()},
+        {k: given.get(k, d) for k, d in dst.export_options.items()},
+    )
+
+
+def convert(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    src_format: str | None = None,
+    dst_format: str | None = None,
+    fallback: str | None = None,
+    q4_1: str = "overlay",
+    convention: str | None = None,
+    dry_run: bool = False,
+    force: bool = False,
+    progress: Progress = None,
+    jobs: int | None = None,
+) -> ConversionReport:
+    """Convert ``src`` into ``dst``; return the per-tensor report.
+
+    ``q4_1`` (GGUF input: ``"overlay"`` or ``"requantize"``) and ``convention``
+    (safetensors output) are format options; ``jobs`` sets the threads that
+    convert GGUF blocks (default: up to two).
+
+    Raises :class:`~hurray_interop.errors.ConversionRefused` when a tensor is
+    not exactly representable and no ``fallback`` was chosen (nothing written),
+    :class:`~hurray_interop.errors.FormatError` for malformed input and
+    :class:`~hurray_interop.errors.UsageError` for impossible requests.
+    """
+    src_s, dst_s = os.fspath(src), os.fspath(dst)
+    sf = detect_format(src_s, src_format)
+    df = detect_format(dst_s, dst_format, must_exist=False)
+    if os.path.abspath(src_s) == os.path.abspath(dst_s) or (os.path.exists(dst_s) and os.path.samefile(src_s, dst_s)):
+        raise UsageError(f"{dst_s}: output is the input file")
+    if sf is df:
+        raise UsageError(f"{src_s} is already {sf.name}; nothing to convert")
+    if not force and not dry_run and os.path.exists(dst_s):
+        raise OutputExistsError(f"{dst_s}: exists (use --force to overwrite)")
+    import_opts, export_opts = _format_options(sf, df, {"q4_1": q4_1, "convention": convention})
+    check_jobs(jobs, "--jobs")
+    common: dict[str, Any] = dict(fallback=fallback, dry_run=dry_run, force=force, progress=progress, jobs=jobs)
+    if df.name == HURRAY:
+        return sf.to_hurray(src_s, dst_s, **common, **import_opts)  # type: ignore[misc]
+    if sf.name == HURRAY:
+        return df.from_hurray(src_s, dst_s, **common, **export_opts)  # type: ignore[misc]
+
+    # foreign -> foreign: through a temporary .hrry next to the destination
+    dst_dir = os.path.dirname(os.path.abspath(dst_s))
+    with tempfile.TemporaryDirectory(dir=dst_dir, prefix=".hurray-interop-") as tmp:
+        mid = os.path.join(tmp, "intermediate.hrry")
+        first_opts, second_opts = {**common, **import_opts}, {**common, **export_opts}
+        return _through_hurray(src_s, sf, dst_s, df, mid, first_opts, second_opts)
+
+
+def _renamed(exc: HurrayInteropError, old: str, new: str, note: str = "") -> HurrayInteropError:
+    """Name the user's file instead of the vanished intermediate one."""
+    if exc.path is not None and exc.path.startswith(os.path.dirname(old)):
+        exc.path = None
+        if note:
+            exc.message = f"{exc.message} ({note})"
+        exc.located(path=new)
+    report = exc.details.get("report")
+    if isinstance(report, ConversionReport) and report.source == old:
+        report.source = new
+    return exc
+
+
+def _through_hurray(
+    src_s: str, sf: Format, dst_s: str, df: Format, mid: str, first_opts: dict[str, Any], second_opts: dict[str, Any]
+) -> ConversionReport:
+    dry_run = first_opts["dry_run"]
+    try:
+        first = sf.to_hurray(src_s, None if dry_run else mid, **first_opts)  # type: ignore[misc]
+    except HurrayInteropError as exc:
+        raise _renamed(exc, mid, dst_s, "while writing the intermediate Hurray file") from None
+    if dry_run:
+        first.destination, first.destination_format = dst_s, df.name
+        return first
+    try:
+        second = df.from_hurray(mid, dst_s, **second_opts)  # type: ignore[misc]
+    except HurrayInteropError as exc:  # about the source's tensors, read back from the intermediate
+        raise _renamed(exc, mid, src_s) from None
+    second.source, second.source_format = src_s, sf.name
+    second.notes = first.notes + [f"converted through Hurray ({len(first.tensors)} tensors)"] + second.notes
+    return second

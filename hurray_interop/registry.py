@@ -1,0 +1,280 @@
+"""The format registry: one record per file format (after meshio's ``register_format``).
+
+A :class:`Format` record names a format and says how to recognise it
+(extensions, and a sniff predicate over the file's first bytes -- the one place
+the magic bytes are declared for detection), and what the tool can do with it:
+``to_hurray`` / ``from_hurray`` (its converters), ``open`` (its reader),
+``inspect`` (what ``inspect`` shows) and ``verifier`` (its round-trip and pair
+checks).  ``convert``, ``verify``, ``inspect``, :func:`hurray_interop.open` and
+the CLI's ``--from/--to`` choices all dispatch through :func:`get_format` and
+:func:`detect_format`.
+
+The callables of the built-in records are small shims that import their module
+when first called, so detecting a format (and inspecting a GGUF) loads only
+what that format needs.
+
+    >>> from hurray_interop import registry
+    >>> registry.format_names()
+    ('gguf', 'hurray', 'safetensors')
+    >>> registry.sniff_format(b"GGUF\\x03\\x00\\x00\\x00").name
+    'gguf'
+    >>> registry.format_for_extension("model.hrry").name
+    'hurray'
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .conversions.fallback import CHOICES as FALLBACK_CHOICES  # the --fallback vocabulary (no numpy)
+from .errors import BadMagicError, FormatError, UsageError
+
+__all__ = [
+    "FALLBACK_CHOICES",
+    "HURRAY",
+    "SNIFF_BYTES",
+    "Format",
+    "register_format",
+    "get_format",
+    "format_names",
+    "formats",
+    "sniff_format",
+    "format_for_extension",
+    "detect_format",
+]
+
+#: the name of the hub format every conversion goes through
+HURRAY = "hurray"
+
+#: how many leading bytes a sniff predicate is given
+SNIFF_BYTES = 16
+
+Converter = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Format:
+    """What the tool knows about one file format.
+
+    ``to_hurray(src, dst, *, jobs=None, **options)`` and ``from_hurray`` take the
+    common conversion options (``fallback``, ``dry_run``, ``force``, ``progress``)
+    plus the format's own ``import_options`` / ``export_options`` (option name ->
+    default; an option given away from its default to a format that does not take
+    it is a usage error).  The Hurray hub itself has neither converter.
+    ``verifier()`` returns the object that runs ``roundtrip(path, result, fmt)`` and
+    the pair checks (see :mod:`hurray_interop.verification.common`).
+    """
+
+    name: str
+    title: str
+    extensions: tuple[str, ...]
+    sniff: Callable[[bytes], bool]
+    open: Callable[[str], Any]
+    inspect: Callable[[str], dict[str, Any]]
+    verifier: Callable[[], Any]
+    to_hurray: Converter | None = None
+    from_hurray: Converter | None = None
+    import_options: Mapping[str, Any] = field(default_factory=dict)
+    export_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+_REGISTRY: dict[str, Format] = {}
+
+
+def register_format(fmt: Format) -> Format:
+    """Add ``fmt`` to the registry (a name or extension may be registered once)."""
+    if fmt.name in _REGISTRY:
+        raise ValueError(f"format {fmt.name!r} is already registered")
+    taken = {ext for f in _REGISTRY.values() for ext in f.extensions}
+    if taken & set(fmt.extensions):
+        raise ValueError(f"extension(s) {sorted(taken & set(fmt.extensions))} already registered")
+    _REGISTRY[fmt.name] = fmt
+    return fmt
+
+
+def format_names() -> tuple[str, ...]:
+    """The registered format names, in registration order (the CLI's ``--from/--to`` choices)."""
+    return tuple(_REGISTRY)
+
+
+def formats() -> tuple[Format, ...]:
+    return tuple(_REGISTRY.values())
+
+
+def get_format(name: str) -> Format:
+    """The record named ``name``; :class:`UsageError` for an unknown name."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UsageError(f"unknown format {name!r} (one of {', '.join(_REGISTRY)})") from None
+
+
+def sniff_format(head: bytes) -> Format | None:
+    """The format whose magic ``head`` (a file's first :data:`SNIFF_BYTES` bytes) carries."""
+    return next((f for f in _REGISTRY.values() if f.sniff(head)), None)
+
+
+def format_for_extension(path: str | os.PathLike[str]) -> Format | None:
+    ext = Path(os.fspath(path)).suffix.lower()
+    return next((f for f in _REGISTRY.values() if ext in f.extensions), None)
+
+
+def _read_head(p: str) -> bytes:
+    try:
+        with open(p, "rb") as fh:
+            return fh.read(SNIFF_BYTES)
+    except FileNotFoundError:
+        raise UsageError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{p}: is a directory") from None
+    except PermissionError:
+        raise UsageError(f"{p}: permission denied") from None
+
+
+def _list(words: list[str]) -> str:
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else "".join(words)
+
+
+def detect_format(path: str | os.PathLike[str], forced: str | None = None, *, must_exist: bool = True) -> Format:
+    """A file's format: ``forced`` (a name) > its extension, confirmed by its magic bytes
+    when the file must exist (inputs); for outputs (``must_exist=False``) the name or
+    extension alone."""
+    p = os.fspath(path)
+    claimed = get_format(forced) if forced is not None else format_for_extension(p)
+    if not must_exist:
+        if claimed is None:
+            exts = [e for f in _REGISTRY.values() for e in f.extensions]
+            raise UsageError(
+                f"{p}: cannot tell the output format from the extension "
+                f"(use {_list(exts)}, or --to {'|'.join(_REGISTRY)})"
+            )
+        return claimed
+    found = sniff_format(_read_head(p))
+    if claimed is None:
+        if found is None:
+            titles = [f.title for f in _REGISTRY.values()]
+            raise FormatError(f"not a {_list(titles)} file (unknown magic bytes)", path=p, field="magic", offset=0)
+        return found
+    if found is not claimed:
+        what = f"--from {forced}" if forced else f"the extension {Path(p).suffix!r}"
+        seen = f"looks like {found.name}" if found else "has no known magic bytes"
+        raise BadMagicError(f"{what} says {claimed.name} but the file {seen}", path=p, field="magic", offset=0)
+    return claimed
+
+
+# ---------------------------------------------------------------------------
+# the built-in formats; every shim imports its module on first call
+
+
+def _sniff_gguf(head: bytes) -> bool:
+    return head[:4] == b"GGUF"
+
+
+def _sniff_hurray(head: bytes) -> bool:
+    return head[:8] == b"HRRYFILE"
+
+
+def _sniff_safetensors(head: bytes) -> bool:
+    """An 8-byte little-endian header length, then the header's JSON object."""
+    if len(head) < 9:
+        return False
+    (n,) = struct.unpack_from("<Q", head, 0)
+    return 2 <= n < (1 << 31) and head[8:9] == b"{"
+
+
+def _gguf_to_hurray(src: str, dst: str | None, *, jobs: int | None = None, **options: Any) -> Any:
+    from .conversions.gguf import gguf_to_hurray
+
+    return gguf_to_hurray(src, dst, jobs=jobs, **options)
+
+
+def _hurray_to_gguf(src: str, dst: str | None, *, jobs: int | None = None, **options: Any) -> Any:
+    from .conversions.gguf import hurray_to_gguf
+
+    return hurray_to_gguf(src, dst, jobs=jobs, **options)
+
+
+def _safetensors_to_hurray(src: str, dst: str | None, *, jobs: int | None = None, **options: Any) -> Any:
+    from .conversions.safetensors import safetensors_to_hurray
+
+    return safetensors_to_hurray(src, dst, **options)  # single-threaded: ``jobs`` does not apply
+
+
+def _hurray_to_safetensors(src: str, dst: str | None, *, jobs: int | None = None, **options: Any) -> Any:
+    from .conversions.safetensors import hurray_to_safetensors
+
+    return hurray_to_safetensors(src, dst, **options)
+
+
+def _open_gguf(path: str) -> Any:
+    from .formats.gguf import read_gguf
+
+    return read_gguf(path)
+
+
+def _open_hurray(path: str) -> Any:
+    from .core.hrry import HrryFile
+
+    return HrryFile(path)
+
+
+def _open_safetensors(path: str) -> Any:
+    from .formats.safetensors import SafetensorsFile
+
+    return SafetensorsFile(path)
+
+
+def _inspect_gguf(path: str) -> dict[str, Any]:
+    from .inspection import inspect_gguf
+
+    return inspect_gguf(path)
+
+
+def _inspect_hurray(path: str) -> dict[str, Any]:
+    from .inspection import inspect_hurray
+
+    return inspect_hurray(path)
+
+
+def _inspect_safetensors(path: str) -> dict[str, Any]:
+    from .inspection import inspect_safetensors
+
+    return inspect_safetensors(path)
+
+
+def _gguf_verifier() -> Any:
+    from .verification.gguf import VERIFIER
+
+    return VERIFIER
+
+
+def _hurray_verifier() -> Any:
+    from .verification.hurray import VERIFIER
+
+    return VERIFIER
+
+
+def _safetensors_verifier() -> Any:
+    from .verification.safetensors import VERIFIER
+
+    return VERIFIER
+
+
+register_format(Format(
+    name="gguf", title="GGUF", extensions=(".gguf",), sniff=_sniff_gguf, open=_open_gguf, inspect=_inspect_gguf,
+    verifier=_gguf_verifier, to_hurray=_gguf_to_hurray, from_hurray=_hurray_to_gguf,
+    import_options={"q4_1": "overlay"},
+))
+register_format(Format(
+    name=HURRAY, title="Hurray", extensions=(".hrry",), sniff=_sniff_hurray, open=_open_hurray,
+    inspect=_inspect_hurray, verifier=_hurray_verifier,
+))
+register_format(Format(
+    name="safetensors", title="safetensors", extensions=(".safetensors",), sniff=_sniff_safetensors,
+    open=_open_safetensors, inspect=_inspect_safetensors, verifier=_safetensors_verifier,
+    to_hurray=_safetensors_to_hurray, from_hurray=_hurray_to_safetensors, export_options={"convention": None},
+))

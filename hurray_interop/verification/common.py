@@ -1,0 +1,404 @@
+"""The verification skeleton every foreign format shares.
+
+* Round trip: import the source to Hurray and export it back in a temporary
+  directory, compare the two files byte for byte, then per tensor compare the
+  exported bytes with the source's and the shared dequantizer's values on the
+  Hurray tensor with the source ecosystem's own decoder, bit for bit.
+* Pair with Hurray: export the .hrry to the foreign format, then the same checks.
+* Pair of two files of one format: bytes per tensor, metadata.
+
+What differs per format -- how to read it, name an offset, list its tensors and
+their reference decoders -- is a :class:`ForeignChecks` record, given to
+:class:`ForeignVerifier` by the format's module (``verification/gguf.py``,
+``verification/safetensors.py``); the registry hands the verifier out.
+
+Values are compared on their float32 bit patterns.  The one documented
+exception (docs/conversion-rules.md § 6): ggml decodes MXFP4 code 8 as +0 where
+OCP/Hurray decode −0; a unit may declare +0 and −0 equal.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..core.hrry import HrryFile
+from ..core.model import Tensor
+from ..dequant import iter_dequantize
+from ..errors import ConversionRefused, HurrayInteropError
+from ..parallel import prefetch_chunks
+
+__all__ = [
+    "TensorCheck",
+    "VerifyResult",
+    "compare_values",
+    "first_value_diff",
+    "first_byte_diff",
+    "RawEntry",
+    "Unit",
+    "ForeignChecks",
+    "ForeignVerifier",
+]
+
+#: elements compared per chunk (bounds memory for any tensor)
+CHUNK_ROWS_ELEMENTS = 1 << 22
+
+Rows = Callable[[int, int], np.ndarray]
+
+
+@dataclass
+class TensorCheck:
+    name: str
+    source_type: str
+    mapping: str
+    bytes_equal: bool | None = None
+    values_equal: bool | None = None
+    max_abs_diff: float | None = None
+    where: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.bytes_equal is not False and self.values_equal is not False
+
+
+@dataclass
+class VerifyResult:
+    kind: str  # "round-trip" or "pair"
+    source: str
+    other: str | None = None
+    source_format: str = ""
+    tensors: list[TensorCheck] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    file_bytes_equal: bool | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.problems and all(t.ok for t in self.tensors)
+
+    def summary_line(self) -> str:
+        what = self.source if self.other is None else f"{self.source} vs {self.other}"
+        if self.error is not None:
+            return f"ERROR  {self.error}" if self.error.startswith(self.source) else f"ERROR  {what}: {self.error}"
+        n = len(self.tensors)
+        bad = [t.name for t in self.tensors if not t.ok]
+        if self.ok:
+            files = "files byte-identical, " if self.file_bytes_equal else ""
+            tensors = f"{n} tensors exact (bytes and values)" if n else "no tensors (metadata only)"
+            return f"OK     {what}: {self.kind}, {files}{tensors}"
+        parts = []
+        refused = [t for t in self.tensors if t.mapping == "refused"]
+        if refused:
+            parts.append(f"{len(refused)} tensor(s) refused: no exact Hurray mapping (first: {refused[0].name}, {refused[0].source_type})")
+            bad = [t.name for t in self.tensors if not t.ok and t.mapping != "refused"]
+        if self.file_bytes_equal is False:
+            parts.append("files differ")
+        if bad:
+            parts.append(f"{len(bad)} of {n} tensors differ (first: {bad[0]})")
+        if self.problems and not bad and not refused:
+            parts.append(self.problems[0])
+        return f"FAILED {what}: {self.kind}, " + "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        d["summary"] = self.summary_line()
+        return d
+
+
+# ---------------------------------------------------------------------------
+# value comparison
+
+
+def first_value_diff(a: np.ndarray, b: np.ndarray, *, signed_zero_equal: bool) -> tuple[int, float | None]:
+    """Index of the first differing float32 bit pattern (−1 if none) and the max |a−b|."""
+    ab, bb = a.view(np.uint32), b.view(np.uint32)
+    diff = ab != bb
+    if signed_zero_equal:
+        diff &= ~((a == 0) & (b == 0))
+    if not diff.any():
+        return -1, 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    d = d[diff & np.isfinite(d)]
+    return int(np.argmax(diff)), (float(d.max()) if d.size else None)
+
+
+def compare_values(
+    name: str, ours: Tensor, reference_rows: Rows, *, block: int = 1, signed_zero_equal: bool = False
+) -> tuple[bool, float | None, str]:
+    """Compare the shared dequantizer on ``ours`` with a reference decoder, chunk by chunk.
+
+    ``reference_rows(start, stop)`` returns the reference float32 values of the
+    flattened outer rows ``start:stop`` (rows run along the last axis).  Memory
+    stays bounded by the chunk size whatever the tensor's size.
+    Returns ``(equal, max_abs_diff, where)``; ``where`` locates the first difference.
+    """
+    shape = tuple(int(x) for x in ours.shape)
+    ncols = max(shape[-1] if shape else 1, 1)
+    worst: float | None = 0.0
+    first = ""
+    flat = 0
+    # our dequantizer produces chunk k+1 in a worker thread while the reference decodes and
+    # compares chunk k (numpy releases the GIL: the two decoders share the cores)
+    chunks = iter_dequantize(ours, max_elements=CHUNK_ROWS_ELEMENTS)  # threads: parallel.use_jobs
+    for _, values in prefetch_chunks(chunks, 1):
+        a = values.reshape(-1)
+        lo, hi = flat, flat + a.size
+        flat = hi
+        if not a.size:
+            continue
+        r0, r1 = lo // ncols, -(-hi // ncols)
+        ref = np.asarray(reference_rows(r0, r1), dtype=np.float32).reshape(-1)[lo - r0 * ncols : hi - r0 * ncols]
+        idx, mad = first_value_diff(a, np.ascontiguousarray(ref), signed_zero_equal=signed_zero_equal)
+        if idx < 0:
+            continue
+        worst = None if (mad is None or worst is None) else max(worst, mad)
+        if not first:
+            at = lo + idx
+            row, col = divmod(at, ncols)
+            blk = f"block {at // block}, element {at % block}" if block > 1 else f"element {at}"
+            first = f"{blk} (row {row}, column {col}): ours {float(a[idx])!r} vs reference {float(ref[idx])!r}"
+    return (not first), worst, first
+
+
+# ---------------------------------------------------------------------------
+# byte comparison with located differences
+
+
+def first_byte_diff(a_path: str, b_path: str) -> tuple[int, int, int] | None:
+    """``(offset, size_a, size_b)`` of the first differing byte, or None if identical.
+
+    Reads both files in chunks (bounded memory, no mapping to leak)."""
+    sa, sb = os.path.getsize(a_path), os.path.getsize(b_path)
+    step = 16 << 20
+    with open(a_path, "rb") as fa, open(b_path, "rb") as fb:
+        off = 0
+        while True:
+            x, y = fa.read(step), fb.read(step)
+            if not x or not y:
+                break
+            if x != y:
+                n = min(len(x), len(y))
+                xa, ya = np.frombuffer(x, np.uint8, n), np.frombuffer(y, np.uint8, n)
+                ne = xa != ya
+                if ne.any():
+                    return off + int(np.argmax(ne)), sa, sb
+            off += min(len(x), len(y))
+    return None if sa == sb else (min(sa, sb), sa, sb)
+
+
+@dataclass(frozen=True)
+class RawEntry:
+    """One stored tensor of a foreign file, as bytes."""
+
+    label: str  # its type as the format names it
+    key: tuple[Any, ...]  # type and shape: entries with different keys differ
+    data: np.ndarray  # the stored bytes (uint8 view)
+    offset: int  # absolute file offset of ``data``
+    where: Callable[[int], str]  # names a byte offset inside ``data`` (e.g. block and byte)
+
+
+def compare_entries(a: RawEntry, b: RawEntry, *, same_offsets_equal: bool = False) -> tuple[bool, str]:
+    """Whether two stored tensors hold the same type, shape and bytes; where they first differ.
+    ``same_offsets_equal``: the files are known identical, so equal offsets mean equal bytes."""
+    if a.key != b.key:
+        return False, f"stored as {b.label} {list(b.key[1:])}, not {a.label} {list(a.key[1:])}"
+    if (same_offsets_equal and a.offset == b.offset) or np.array_equal(a.data, b.data):
+        return True, ""
+    return False, a.where(int(np.argmax(a.data != b.data)))
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A source's tensor as the Hurray file holds it: the stored entries ``parts`` it came
+    from, and ``reference()`` -- the source ecosystem's decoder over its rows, or None
+    when there is none to compare with."""
+
+    name: str
+    label: str
+    parts: tuple[str, ...]
+    reference: Callable[[], Rows | None]
+    block: int = 1
+    signed_zero_equal: bool = False
+
+
+@dataclass(frozen=True)
+class ForeignChecks:
+    """What the skeleton needs to know about one foreign format."""
+
+    title: str  # "re-exported GGUF differs ..."
+    exported_as: str  # "the Hurray file exports to a GGUF that differs ..."
+    no_exact: str  # "N tensor(s) have no exact GGUF equivalent"
+    open: Callable[[str], Any]  # the reader, a context manager
+    locate: Callable[[Any, int], str]  # what lies at a file offset
+    metadata_diffs: Callable[[Any, Any], list[str]]  # metadata differences of two opened files
+    entries: Callable[[Any], dict[str, RawEntry]]  # stored tensors by name, in file order
+    units: Callable[[Any], Iterator[Unit]]  # the tensors as imported to Hurray
+
+
+def _release_pages(*files: Any) -> None:
+    """Bounded resident memory while streaming (see GGUFFile.release_pages)."""
+    for f in files:
+        release = getattr(f, "release_pages", None)
+        if release is not None:
+            release()
+
+
+class ForeignVerifier:
+    """Round trip and pair checks of one foreign format (the registry's ``verifier``)."""
+
+    def __init__(self, checks: ForeignChecks) -> None:
+        self.checks = checks
+
+    def _where(self, f: Any, diff: tuple[int, int, int], end: str) -> str:
+        off, sa, sb = diff
+        return self.checks.locate(f, off) if off < sa else end.format(sa=sa, sb=sb)
+
+    def against_hurray(
+        self, src: Any, hf: HrryFile, result: VerifyResult, exported: Any, *, files_equal: bool, hurray_label: str
+    ) -> None:
+        """Per tensor: bytes of the export against the source, values of ours against the
+        reference decoder; tensors the Hurray file has beyond the source's are a problem."""
+        c = self.checks
+        src_entries = c.entries(src)
+        exp_entries = c.entries(exported) if exported is not None else {}
+        known: set[str] = set()
+        for u in c.units(src):
+            _release_pages(src, hf, exported)
+            known.add(u.name)
+            chk = TensorCheck(u.name, u.label, "-")
+            result.tensors.append(chk)
+            if u.name not in hf:
+                chk.values_equal, chk.where = False, "missing from the Hurray file"
+                continue
+            t = hf.tensor(u.name)
+            chk.mapping = t.describe()
+            if exported is not None:
+                chk.bytes_equal, chk.where = self._export_bytes(u, src_entries, exp_entries, files_equal)
+            ref = u.reference()
+            if ref is None:
+                continue
+            eq, mad, where = compare_values(u.name, t, ref, block=u.block, signed_zero_equal=u.signed_zero_equal)
+            chk.values_equal, chk.max_abs_diff = eq, mad
+            if where and not chk.where:
+                chk.where = where
+        extra = [n for n in hf.top_level_names() if n not in known]
+        if extra:
+            result.problems.append(f"tensors only in {hurray_label}: {', '.join(extra[:5])}")
+
+    @staticmethod
+    def _export_bytes(
+        u: Unit, src_entries: dict[str, RawEntry], exp_entries: dict[str, RawEntry], files_equal: bool
+    ) -> tuple[bool, str]:
+        for n in u.parts:
+            other = exp_entries.get(n)
+            eq, where = (False, "missing after export") if other is None else compare_entries(
+                src_entries[n], other, same_offsets_equal=files_equal
+            )
+            if not eq:
+                return False, (f"{n!r} {where}" if len(u.parts) > 1 else where)
+        return True, ""
+
+    def roundtrip(self, path: str, result: VerifyResult, fmt: Any) -> None:
+        """``fmt`` (the registry record) -> .hrry -> ``fmt`` in a temporary directory."""
+        c = self.checks
+
+        def check(mid: str, back: str, diff: tuple[int, int, int] | None) -> None:
+            with c.open(path) as src, c.open(back) as exported, HrryFile(mid) as hf:
+                if diff is not None:
+                    where = self._where(src, diff, "end of file (source {sa} bytes, result {sb} bytes)")
+                    result.problems.append(f"re-exported {c.title} differs from the source first at {where}")
+                    result.problems.extend(c.metadata_diffs(src, exported))
+                self.against_hurray(src, hf, result, exported, files_equal=diff is None, hurray_label="the Hurray file")
+
+        run_roundtrip(
+            path,
+            result,
+            to_hurray=fmt.to_hurray,  # threads: the enclosing parallel.use_jobs
+            from_hurray=fmt.from_hurray,
+            suffix=fmt.extensions[0],
+            check=check,
+        )
+
+    def pair_with_hurray(self, path: str, fmt: Any, hrry_path: str, result: VerifyResult) -> None:
+        """Compare a file of this format with a .hrry: export the .hrry, compare files and tensors."""
+        c = self.checks
+        with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
+            back = os.path.join(tmp, "export" + fmt.extensions[0])
+            try:
+                fmt.from_hurray(hrry_path, back)
+            except ConversionRefused as exc:
+                result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have {c.no_exact}")
+                back = ""
+            diff = first_byte_diff(path, back) if back else None
+            if back:
+                result.file_bytes_equal = diff is None
+            with ExitStack() as stack:
+                src = stack.enter_context(c.open(path))
+                hf = stack.enter_context(HrryFile(hrry_path))
+                exported = stack.enter_context(c.open(back)) if back else None
+                if diff is not None:
+                    where = self._where(src, diff, "end of file ({sa} vs {sb} bytes)")
+                    result.problems.append(f"the Hurray file exports to {c.exported_as} that differs first at {where}")
+                    result.problems.extend(c.metadata_diffs(src, exported))
+                self.against_hurray(src, hf, result, exported, files_equal=False, hurray_label=hrry_path)
+
+    def pair_same(self, a: str, b: str, result: VerifyResult) -> None:
+        """Compare two files of this format: first differing byte, metadata, tensor bytes."""
+        c = self.checks
+        diff = first_byte_diff(a, b)
+        result.file_bytes_equal = diff is None
+        with c.open(a) as fa, c.open(b) as fb:
+            if diff is not None:
+                result.problems.append(f"files differ first at {self._where(fa, diff, 'end of file ({sa} vs {sb} bytes)')}")
+                result.problems.extend(c.metadata_diffs(fa, fb))
+            ea, eb = c.entries(fa), c.entries(fb)
+            for name, e in ea.items():
+                chk = TensorCheck(name, e.label, "-")
+                result.tensors.append(chk)
+                o = eb.get(name)
+                chk.bytes_equal, chk.where = (False, f"missing from {b}") if o is None else compare_entries(e, o)
+            extra = [n for n in eb if n not in ea]
+            if extra:
+                result.problems.append(f"tensors only in {b}: {', '.join(extra[:5])}")
+
+
+def run_roundtrip(
+    path: str,
+    result: VerifyResult,
+    *,
+    to_hurray: Callable[[str, str], Any],
+    from_hurray: Callable[[str, str], Any],
+    suffix: str,
+    check: Callable[[str, str, tuple[int, int, int] | None], None],
+) -> None:
+    """Import ``path`` to Hurray and export it back in a temporary directory, compare the
+    files byte for byte, then ``check(hurray_copy, exported_copy, first_difference)``."""
+    with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
+        mid = os.path.join(tmp, "roundtrip.hrry")
+        back = os.path.join(tmp, "roundtrip" + suffix)
+        try:
+            try:
+                to_hurray(path, mid)
+            except ConversionRefused as exc:
+                for name, typ, reason in exc.reasons:
+                    result.tensors.append(TensorCheck(name, typ, "refused", values_equal=False, where=reason))
+                result.problems.append(f"{len(exc.reasons)} tensor(s) cannot be converted exactly")
+                return
+            from_hurray(mid, back)
+            diff = first_byte_diff(path, back)
+            result.file_bytes_equal = diff is None
+            check(mid, back, diff)
+        except HurrayInteropError as exc:
+            if exc.path is not None and exc.path.startswith(tmp):
+                # name the user's file, not our temporary copy that is about to vanish
+                exc.message = f"{exc.message} (in the round-trip copy {os.path.basename(exc.path)})"
+                exc.path = None
+                exc.located(path=path)
+            raise
