@@ -9,7 +9,7 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hurray_interop.core.kv import KVValue, as_kv_value, decode_kv, encode_kv, kv_to_python
+from hurray_interop.core.kv import KVValue, as_kv_value, decode_kv, encode_kv
 from hurray_interop.errors import FormatError, InconsistentError, TruncatedError, UsageError
 
 hurray = pytest.importorskip("hurray")
@@ -22,6 +22,11 @@ def entry(key: bytes, tag: int, payload: bytes) -> bytes:
 
 def section(*entries: bytes) -> bytes:
     return struct.pack("<I", len(entries)) + b"".join(entries)
+
+
+def kv_to_python(kv):
+    """Plain Python values, as ``hurray.load_kv`` returns them."""
+    return {k: v.to_python() for k, v in kv.items()}
 
 
 # -- the spec's encodings, built by hand ---------------------------------------------

@@ -315,19 +315,6 @@ def test_zero_block_detection_on_every_axis(axis, packed):
         mx.from_codes(arr2, scales, element="fp4", axis=axis, packed=packed)
 
 
-def test_compare_values_bitwise_with_nan_equal():
-    a = np.array([1.0, np.nan, -0.0, 2.0], np.float32)
-    assert mx.compare_values(a, a.copy()).equal
-    b = a.copy()
-    b[2] = 0.0  # -0 vs +0 is a difference (bit patterns)
-    r = mx.compare_values(a, b)
-    assert not r.equal and r.first_mismatch == 2 and r.max_abs_error == 0.0
-    c = a.copy()
-    c[1] = 5.0
-    r = mx.compare_values(a, c)
-    assert r.mismatches == 1 and r.max_abs_error == float("inf")
-
-
 def test_torch_paths_without_torch_raise_unsupported(monkeypatch):
     import builtins
 
