@@ -194,6 +194,28 @@ def test_ct_pairs_including_mxfp6_and_nvfp4_left_plain(fixtures_dir, tmp_path):
         assert [d["name"] for d in lay["tensors"]] == list(SafetensorsFile(src).names)
 
 
+def test_ct_global_scale_means_not_mx_even_with_e8m0_shaped_scales(tmp_path):
+    """compressed-tensors uses the same names for NVFP4: a ``weight_global_scale`` beside
+    ``weight_packed`` / ``weight_scale`` marks the tensor as not MX even when the scale is
+    U8 with one byte per 32 elements, the shape MXFP4 has; all three stay plain tensors."""
+    rng = np.random.default_rng(3)
+    packed = rng.integers(0, 256, size=(4, 16), dtype=np.uint8)
+    scale = np.full((4, 1), 127, np.uint8)
+    tensors = [("m.weight_packed", "U8", [4, 16], packed.tobytes()), ("m.weight_scale", "U8", [4, 1], scale.tobytes())]
+    plain = _write_st(tmp_path / "mx.safetensors", tensors)
+    nv = _write_st(tmp_path / "nv.safetensors", tensors + [("m.weight_global_scale", "F32", [1], np.float32([448.0]).tobytes())])
+    safetensors_to_hurray(plain, tmp_path / "mx.hrry")
+    with HrryFile(tmp_path / "mx.hrry") as hf:  # without the global scale: an MXFP4 pair
+        assert isinstance(hf.tensor("m.weight").descriptor.quantization, MXFP)
+    safetensors_to_hurray(nv, tmp_path / "nv.hrry")
+    with HrryFile(tmp_path / "nv.hrry") as hf:
+        assert set(hf.names) == {"m.weight_packed", "m.weight_scale", "m.weight_global_scale"}
+        assert all(hf.tensor(n).descriptor.quantization is None for n in hf.names)
+        assert bytes(hf.tensor("m.weight_packed").data[0]) == packed.tobytes()
+    hurray_to_safetensors(tmp_path / "nv.hrry", tmp_path / "back.safetensors")
+    assert (tmp_path / "back.safetensors").read_bytes() == nv.read_bytes()
+
+
 def test_convention_switch_gpt_oss_to_ct_and_back(fixtures_dir, tmp_path):
     src = fixtures_dir / GPT
     safetensors_to_hurray(src, tmp_path / "m.hrry")
