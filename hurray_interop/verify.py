@@ -9,7 +9,7 @@
 * :func:`verify_files` — what the ``verify`` command runs.
 
 Values are compared on their float32 bit patterns.  The one documented
-exception (conversion contract § 6): ggml decodes MXFP4 code 8 as +0 where
+exception (docs/conversion-rules.md § 6): ggml decodes MXFP4 code 8 as +0 where
 OCP/Hurray decode −0; for GGUF MXFP4 tensors +0 and −0 compare equal.
 """
 

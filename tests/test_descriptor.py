@@ -508,7 +508,7 @@ def test_per_tensor_rules():
     reject(ptd(pt(), type_tag=0x03), InconsistentError, "type_tag", 14, "float32 is not allowed with per-tensor affine")
     d = decode_descriptor(ptd(pt(scale=0.02, zp=128)))
     assert d.quantization == PerTensorAffine(float(np.float32(0.02)), 128)
-    # pyhurray's documented bytes for PerTensorAffine(0.02, 128) (hurray-notes § 3.4)
+    # pyhurray's documented bytes for PerTensorAffine(0.02, 128) (docs/format-notes.md § 2.6)
     assert encode_quantization(d.quantization).hex() == "010100000ad7a33c8000000000000000"
 
 
@@ -767,7 +767,7 @@ def test_decode_errors_carry_path_tensor_and_absolute_offset():
 
 def test_quantization_codec_standalone():
     q = PerBlockAffine(1, 32, 1, None, ET("float16"))
-    # hurray-notes § 3.6 example bytes: symmetric(1, 32, 1, float16)
+    # docs/format-notes.md § 2.6 example bytes: symmetric(1, 32, 1, float16)
     assert encode_quantization(q).hex() == "030101000100000020000000" "01000000ffffffff01000000"
     assert decode_quantization(encode_quantization(q) + b"pad") == q
     with pytest.raises(FormatError, match="axis 1 is not less than rank 1") as ei:

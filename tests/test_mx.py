@@ -1,7 +1,7 @@
 """In-memory OCP MX <-> Hurray MXFP: round trips, scale edge cases, MXINT8, quantizer rules.
 
 Oracles: the Hurray spec's own packing examples, ml_dtypes decoding of the source codes,
-hand-computed OCP facts (mx-notes § 1), and the shared dequantizer (tests/test_mx_oracles.py
+hand-computed OCP facts (docs/format-notes.md § 3.1), and the shared dequantizer (tests/test_mx_oracles.py
 cross-checks that against torch).
 """
 
@@ -158,7 +158,7 @@ def test_fallback_for_nan_block_stores_nans():
 
 
 def test_mxint8_scale_shift_and_values():
-    # OCP: 0x40 = 1.0, 0x7F = 1.984375, 0x80 = -2.0 at scale 2^0 (mx-notes § 1.2, gfloat)
+    # OCP: 0x40 = 1.0, 0x7F = 1.984375, 0x80 = -2.0 at scale 2^0 (docs/format-notes.md § 3.1, gfloat)
     codes = np.zeros(32, np.int8)
     codes[:3] = [0x40, 0x7F, -128]
     imp = mx.from_codes(codes, np.array([127], np.uint8), name="q")

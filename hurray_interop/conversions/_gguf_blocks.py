@@ -1,11 +1,11 @@
 """Moving codes and scales between GGML blocks and Hurray buffers, vectorised.
 
-Nothing here decodes a value: codes and scale bits are moved (contract § 1.2).
+Nothing here decodes a value: codes and scale bits are moved (docs/conversion-rules.md § 1.2).
 Every function works on a chunk of whole blocks, ``blocks`` being a
 ``(n_blocks, block_bytes)`` uint8 array (usually a strided view of the
 memory-mapped GGUF), so callers can stream tensors of any size.
 
-Nibble orders (contract § 2): GGML puts element ``j`` in the low nibble and
+Nibble orders (docs/conversion-rules.md § 2): GGML puts element ``j`` in the low nibble and
 element ``j+16`` in the high nibble of byte ``j`` of a 32-element block; Hurray
 packs element ``2k`` low and ``2k+1`` high in byte ``k``.  Viewing each pair of
 GGML bytes ``(a, b) = (qs[2i], qs[2i+1])`` as one little-endian uint16 ``v``,

@@ -18,7 +18,7 @@ What comes in and goes out
 
 torch and torchao are optional: they are imported inside the functions that need them.
 
-Exactness rules (conversion contract §§ 4, 6, 8)
+Exactness rules (docs/conversion-rules.md §§ 4, 6, 8)
 ------------------------------------------------
 * Codes and scale bytes move unchanged; only the packing changes (FP6 one-code-per-byte
   -> 4 codes in 3 bytes; FP4 from torch/gpt-oss/compressed-tensors is already Hurray's).
