@@ -3,7 +3,7 @@
 Every verification path calls this module.  It knows only the core model
 (:mod:`hurray_interop.core`) and computes, bit for bit, what the Hurray
 specification (with the seeds and the project's errata decisions in
-``conversion-contract.md``) says a tensor's values are:
+``docs/conversion-rules.md``) says a tensor's values are:
 
 * plain types: float16/bfloat16/float32/float64, integers and bool are cast to
   float32 (float64 and integers wider than 24 bits round to nearest-even);
@@ -28,7 +28,7 @@ specification (with the seeds and the project's errata decisions in
 Per-block affine partial trailing blocks are read as the seed describes (each
 outer row stores ``ceil(S/K)·K`` elements along the axis, padding ignored) when
 the data buffer is that large, otherwise as the contiguous ``shape``-sized
-buffer (``conversion-contract.md`` § 6).
+buffer (``docs/conversion-rules.md`` § 6).
 
 Large tensors are evaluated on up to two threads by default (``threads=``):
 disjoint regions of the output, numpy releasing the GIL inside the gathers and

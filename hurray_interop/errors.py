@@ -13,7 +13,7 @@ either family.
 Exit status used by the command line (see :mod:`hurray_interop.cli`):
 
 * :class:`FormatError`, :class:`UsageError`, :class:`UnsupportedError` → 2
-* :class:`ConversionRefused`, :class:`VerificationFailed` → 1
+* :class:`ConversionRefused` → 1 (so does a failed verification, reported, not raised)
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ __all__ = [
     "ChecksumError",
     "UnsupportedError",
     "ConversionRefused",
-    "VerificationFailed",
     "UsageError",
     "OutputExistsError",
     "errors_name_source",
@@ -144,16 +143,6 @@ class ConversionRefused(HurrayInteropError):
 
     def __init__(self, message: str, *, reasons: list[tuple[str, str, str]] | None = None, **kw: Any) -> None:
         self.reasons = list(reasons or [])
-        super().__init__(message, **kw)
-
-
-class VerificationFailed(HurrayInteropError):
-    """A verification found a difference (carries the report)."""
-
-    exit_status = 1
-
-    def __init__(self, message: str, *, report: Any = None, **kw: Any) -> None:
-        self.report = report
         super().__init__(message, **kw)
 
 

@@ -170,7 +170,7 @@ def hrry_regions(path: "str | os.PathLike[str]") -> list[Region]:
 def gguf_regions(data: bytes) -> list[Region]:
     from hurray_interop.formats.gguf import GGUFFile
 
-    g = GGUFFile.from_bytes(data)
+    g = GGUFFile(data)
     return [(0, g.data_offset), (g.data_offset, min(len(data), g.data_offset + 256)), (max(0, len(data) - 64), len(data))]
 
 
@@ -228,7 +228,7 @@ def safetensors_json_mutant(data: bytes, rng: random.Random) -> bytes:
 def _parse_gguf(m: bytes, path: Path) -> None:
     from hurray_interop.formats.gguf import GGUFFile
 
-    g = GGUFFile.from_bytes(m, path=os.fspath(path))
+    g = GGUFFile(m, path=os.fspath(path))
     for v in g.kv.values():
         v.to_python("replace")
     for t in g.tensors:

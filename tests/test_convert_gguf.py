@@ -2,7 +2,7 @@
 
 Every value check compares our shared dequantizer on the Hurray tensor with
 gguf-py's own ``gguf.quants.dequantize`` on the source bytes, bit for bit.  The
-one documented exception (contract § 6): ggml decodes MXFP4 code 8 as +0
+one documented exception (docs/conversion-rules.md § 6): ggml decodes MXFP4 code 8 as +0
 where OCP/Hurray decode −0.
 """
 
@@ -235,7 +235,7 @@ def test_forbidden_scales_are_refused(tmp_path: Path, qt: Q, patch: tuple[int, b
 
 
 def test_q4_1_with_integer_zero_points_maps_to_plain_affine(tmp_path: Path) -> None:
-    """Contract § 2 (a): every block's minimum is an integer multiple of its scale."""
+    """docs/conversion-rules.md § 2 (a): every block's minimum is an integer multiple of its scale."""
     rng = np.random.default_rng(2)
     nb = 8
     d = rng.choice([0.25, 0.5, 1.0, 0.125], nb).astype(np.float16)

@@ -2,7 +2,7 @@
 
 * GGUF block types: gguf-py quantizes random floats (its own quantizer), the
   test moves codes and scales into Hurray tensors exactly as
-  ``conversion-contract.md`` § 2 / § 3a / § 4 prescribe (test-local helpers,
+  ``docs/conversion-rules.md`` § 2 / § 3a / § 4 prescribe (test-local helpers,
   not the project's converter), and ``dequantize`` must equal
   ``gguf.quants.dequantize`` bit for bit.
 * MX elements: every code of every MXFP storage type × a spread of scale
@@ -45,7 +45,7 @@ BLOCK_BYTES = {Q.Q8_0: 34, Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.MXF
 
 
 # ---------------------------------------------------------------------------
-# test-local packing and GGUF → Hurray moves (contract § 2, § 3a, § 4)
+# test-local packing and GGUF → Hurray moves (docs/conversion-rules.md § 2, § 3a, § 4)
 
 
 def pack4(codes: np.ndarray) -> np.ndarray:
@@ -63,7 +63,7 @@ def pack2(codes: np.ndarray) -> np.ndarray:
 
 
 def pack6(codes: np.ndarray) -> np.ndarray:
-    """B0 = e0 | (e1&3)<<6, B1 = e1>>2 | (e2&0xF)<<4, B2 = e2>>4 | e3<<2 (hurray-notes § 2.3)."""
+    """B0 = e0 | (e1&3)<<6, B1 = e1>>2 | (e2&0xF)<<4, B2 = e2>>4 | e3<<2 (docs/format-notes.md § 2.4)."""
     c = codes.reshape(-1).astype(np.uint8) & 0x3F
     c = np.concatenate([c, np.zeros(-c.size % 4, np.uint8)]).reshape(-1, 4)
     out = np.empty((c.shape[0], 3), np.uint8)
@@ -100,7 +100,7 @@ def dense(name, etype, shape, data, scales, scale_type="float16", *, k=32, shard
 
 
 def substitute_zero_scales(d: np.ndarray, codes_zero: np.ndarray) -> np.ndarray:
-    """Contract § 4: a block whose codes are all zero gets scale f16 ±1.0 instead of d = ±0.
+    """docs/conversion-rules.md § 4: a block whose codes are all zero gets scale f16 ±1.0 instead of d = ±0.
 
     The sign must follow d: gguf-py's Q4_0 writes d = -0.0 for an all-zero block
     (d = max / -8), whose values are -0.0; a +1.0 scale would turn them into +0.0.
@@ -115,7 +115,7 @@ def substitute_zero_scales(d: np.ndarray, codes_zero: np.ndarray) -> np.ndarray:
 
 
 def overlay_q41(name, shape, d, m, codes, base_type):
-    """Contract § 3a: head float32 overlay add; base = d·q, correction = uint2 1 × m."""
+    """docs/conversion-rules.md § 3a: head float32 overlay add; base = d·q, correction = uint2 1 × m."""
     shape = tuple(shape)
     d = substitute_zero_scales(d, np.all(codes == 0, axis=1))
     mf = m.view(np.float16).reshape(-1)
@@ -161,7 +161,7 @@ def to_hurray(qtype: Q, raw: np.ndarray, shape) -> Tensor:
         e, codes = blocks[:, 0].copy(), gguf_nibbles(blocks[:, 1:])
         zero_block = np.all((codes & 7) == 0, axis=1)
         assert np.all(zero_block[e == 0]), "e = 0 on a non-zero block is not representable"
-        e[e == 0] = 0x7F  # contract § 4
+        e[e == 0] = 0x7F  # docs/conversion-rules.md § 4
         desc = Descriptor(
             element_type=element_type("float4_e2m1"), shape=tuple(shape),
             buffers=(BufferHandle.cpu(codes.size // 2), BufferHandle.cpu(e.size)),

@@ -1,4 +1,4 @@
-"""Hurray → GGUF export, proven (conversion contract § 7).
+"""Hurray → GGUF export, proven (docs/conversion-rules.md § 7).
 
 * GGUF → Hurray → GGUF reproduces the source byte for byte: the fixture model,
   llama.cpp's own vocab files (one GGUF v2, unpadded ends), gguf-py files with every
@@ -700,7 +700,7 @@ def test_exported_native_file_is_a_standard_gguf(tmp_path: Path) -> None:
 
 def test_q4_1_with_integer_minima_roundtrips_through_zero_points(tmp_path: Path) -> None:
     """Q4_1 whose minima are integer multiples of d maps to plain uint4 + int32 zero points
-    (contract § 2 (a)) and comes back byte for byte; gguf-py decodes the blocks as built."""
+    (docs/conversion-rules.md § 2 (a)) and comes back byte for byte; gguf-py decodes the blocks as built."""
     rng = np.random.default_rng(12)
     d = rng.integers(1, 16, 6) * 2.0**-10
     z = rng.integers(1, 16, 6)

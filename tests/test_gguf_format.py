@@ -27,7 +27,7 @@ from hurray_interop.errors import (
     UsageError,
 )
 from hurray_interop.formats import gguf as G
-from hurray_interop.formats.gguf import GGUFValue, GGUFWriterStream, TensorSpec, ValueType, read_gguf, write_gguf_like
+from hurray_interop.formats.gguf import GGUFValue, GGUFWriterStream, TensorSpec, ValueType, read_gguf
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
@@ -45,6 +45,19 @@ SAMPLES_ROUNDTRIP = ["ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf", "ggml
 # --------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------
+
+
+def write_gguf_like(src: G.GGUFFile, dst, *, chunk_bytes: int = 64 << 20) -> int:
+    """Write ``src`` again with our streaming writer, everything as read (version, metadata,
+    tensor infos, offsets, padding, end padding); returns the bytes written."""
+    w = GGUFWriterStream(dst, version=src.version, alignment=src.alignment, kv=src.kv, tensors=src.tensors,
+                         pad_end=src.tail_bytes, padding=src.nonzero_padding)
+    with w:
+        by_name = {t.raw_name: t for t in src.tensors}
+        for spec in w.tensors_in_file_order:
+            data = by_name[spec.name.encode("utf-8", "surrogateescape")].data
+            w.write_tensor_data(data[i : i + chunk_bytes] for i in range(0, max(len(data), 1), chunk_bytes))
+    return w.bytes_written
 
 
 def _rewrite(f: G.GGUFFile) -> bytes:
@@ -149,7 +162,7 @@ def build(kvs: list[bytes], tis: list[bytes], data: bytes = b"", *, version: int
 
 
 def parse(b: bytes) -> G.GGUFFile:
-    return G.GGUFFile.from_bytes(b, path="x.gguf")
+    return G.GGUFFile(b, path="x.gguf")
 
 
 # --------------------------------------------------------------------------

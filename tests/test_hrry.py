@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import struct
-import time
 
 import crc32c
 import numpy as np
@@ -397,11 +396,8 @@ def test_open_touches_only_the_index(tmp_path, monkeypatch):
     calls = []
     real = hrry.decode_descriptor
     monkeypatch.setattr(hrry, "decode_descriptor", lambda *a, **k: calls.append(1) or real(*a, **k))
-    t0 = time.perf_counter()
     f = HrryFile(p)
-    elapsed = time.perf_counter() - t0
-    assert calls == [] and len(f) == n and f.header.tensor_count_hint == n
-    assert elapsed < 2.0, elapsed
+    assert calls == [] and len(f) == n and f.header.tensor_count_hint == n  # opening decodes no descriptor
     assert f.tensor("t5").shape == (0,) and calls == [1]
     with pytest.raises(FormatError) as ei:
         f.descriptor("t7777")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hurray_interop.core.elements import ELEMENT_TYPES, ELEMENT_TYPES_BY_TAG, element_type
 from hurray_interop.core.model import (
     MXFP,
@@ -38,5 +40,26 @@ def test_describe_names_scheme_storage_and_composition() -> None:
     ]
 
 
-def test_tag_table_is_the_inverse_of_the_name_table() -> None:
-    assert {et.tag: et for et in ELEMENT_TYPES.values()} == dict(ELEMENT_TYPES_BY_TAG)
+def test_element_types_agree_with_pyhurray_for_every_tag() -> None:
+    """Our element-type table against the reference binding, tag by tag (0..255): the same
+    tags are known, under the same names, tiers, widths, signedness and sub-byte packing."""
+    hurray = pytest.importorskip("hurray")
+    ours = {et.tag: et for et in ELEMENT_TYPES.values()}
+    assert len(ours) == len(ELEMENT_TYPES)  # no tag twice
+    for tag in range(256):
+        try:
+            ref = hurray.Dtype.from_tag(tag)
+        except (ValueError, NotImplementedError):
+            ref = None
+        et = ELEMENT_TYPES_BY_TAG.get(tag)
+        if ref is not None and ref.name == "extension":  # 0xF0-0xFE: private, described per descriptor
+            assert 0xF0 <= tag <= 0xFE and et is None
+            continue
+        if ref is None:
+            assert et is None, f"0x{tag:02X}: {et} unknown to pyhurray"
+            continue
+        assert et is not None, f"0x{tag:02X} ({ref.name}) missing"
+        assert (et.name, et.tier, et.bits, et.packed) == (ref.name, ref.tier, ref.bit_width, ref.is_sub_byte), tag
+        assert element_type(ref.name) is et and ours[tag] is et
+        if et.kind != "bool":
+            assert et.signed == ref.is_signed, tag

@@ -201,21 +201,21 @@ def test_torch_fp8_and_fp4x2_in_and_out():
     rng = np.random.default_rng(4)
     c8 = torch.from_numpy(rng.integers(0, 256, (4, 64)).astype(np.uint8)).view(torch.float8_e5m2)
     s = torch.from_numpy(rng.integers(1, 255, (4, 2)).astype(np.uint8)).view(torch.float8_e8m0fnu)
-    imp = mx.from_torch(c8, s, name="a")
+    imp = mx.from_codes(c8, s, name="a")
     assert imp.tensor.descriptor.element_type.name == "float8_e5m2"
     out = mx.to_torch(imp.tensor)
     assert out.codes.dtype == torch.float8_e5m2 and out.scales.dtype == torch.float8_e8m0fnu
     assert torch.equal(out.codes.view(torch.uint8), c8.view(torch.uint8))
     assert torch.equal(out.scales.view(torch.uint8), s.view(torch.uint8))
     p4 = torch.from_numpy(rng.integers(0, 256, (4, 32)).astype(np.uint8)).view(torch.float4_e2m1fn_x2)
-    imp4 = mx.from_torch(p4, s, name="b")
+    imp4 = mx.from_codes(p4, s, name="b")
     assert imp4.tensor.shape == (4, 64)
     assert bytes(imp4.tensor.data[0]) == bytes(p4.view(torch.uint8).numpy())  # same LSB-first packing
     o4 = mx.to_torch(imp4.tensor)
     assert o4.codes.dtype == torch.float4_e2m1fn_x2 and torch.equal(o4.codes.view(torch.uint8), p4.view(torch.uint8))
     i8 = torch.from_numpy(rng.integers(-128, 128, (4, 64)).astype(np.int8))
     s8 = torch.from_numpy(rng.integers(7, 255, (4, 2)).astype(np.uint8))
-    o8 = mx.to_torch(mx.from_torch(i8, s8).tensor)
+    o8 = mx.to_torch(mx.from_codes(i8, s8).tensor)
     assert torch.equal(o8.codes, i8) and torch.equal(o8.scales.view(torch.uint8), s8)
 
 

@@ -330,13 +330,13 @@ def _both(raw: bytes, cls, field: str, match: str):
 
 
 def test_lax_version_major_zero():
-    # versioning.md: a reader MUST reject a major version it does not support (hurray-notes § 1.8)
+    # versioning.md: a reader MUST reject a major version it does not support (docs/format-notes.md § 2.1)
     e = _both(_patch(F32_3x4, 4, "<B", 0), UnsupportedError, "version_major", "major must be 1")
     assert e.offset == 4
 
 
 def test_lax_byte_size_inconsistent_with_shape():
-    # hurray-notes § 1.9: byte_size must match dtype × shape (47 bytes for float32 [3,4])
+    # docs/format-notes.md § 2.2: byte_size must match dtype × shape (47 bytes for float32 [3,4])
     e = _both(_patch(F32_3x4, 45, "<Q", 47), InconsistentError, "buffer[0].byte_size", "needs 48")
     assert e.offset == 45
 
@@ -404,7 +404,7 @@ def test_lax_axis_out_of_range_and_block_too_large():
 
 
 def test_lax_per_block_asymmetric_with_none_zero_point():
-    # errata A6 (hurray-notes § 8, conversion-contract § 6): reject both SYMMETRIC mismatches;
+    # errata A6 (docs/format-notes.md § 2.11, docs/conversion-rules.md § 6): reject both SYMMETRIC mismatches;
     # the reference accepts non-symmetric with zero_point_buffer_index 0xFFFFFFFF
     good = hurray.Tensor(bytes(8192), hurray.dtype.int4, [128, 128], aux_buffers=[bytes(256)],
                          quantization=hurray.PerBlockAffine.symmetric(1, 128, 1, hurray.float16)).descriptor.encode()

@@ -342,7 +342,7 @@ def test_every_feature_in_one_file(tmp_path):
 
 
 def test_reference_layout_facts(tmp_path):
-    """Byte facts observed from the reference writer (hurray-notes § 4.9), checked on pyhurray output."""
+    """Byte facts observed from the reference writer (docs/format-notes.md § 2.8), checked on pyhurray output."""
     ref = tmp_path / "r.hrry"
     q = Spec("q", "int8", (2, 4), bytes(8), "pc", axis=0, symmetric=True, aux=[np.float32([1, 2]).tobytes()])
     hurray.save(str(ref), {"q": py_tensor(q), "e": hurray.Tensor(b"", hurray.float32, [0]), "x": hurray.Tensor(bytes(4), hurray.float32, [1])})

@@ -27,7 +27,9 @@ from gguf_factory import (
     all_types_defs,
     every_kv_values,
     kv_type_offset,
+    q8_0_blocks,
     write_gguf_py,
+    write_gguf_raw,
     write_gguf_stream,
 )
 
@@ -436,3 +438,81 @@ def test_difference_beyond_the_first_chunk_is_located(tmp_path: Path, capsys: py
     (t,) = res["tensors"]
     assert t["where"] == f"block {block}, byte {2 + elem}"
     assert t["values_equal"] is False and t["max_abs_diff"] == pytest.approx(2 * float(np.float16(blocks[block, :2].view(np.float16)[0])), rel=0)
+
+
+# ---------------------------------------------------------------------------
+# the sign of zero: equal only for GGML MXFP4 code 8 (docs/conversion-rules.md § 6)
+
+
+@pytest.fixture(scope="module")
+def signed_zero_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A GGUF with an F32 tensor holding +0, a Q8_0 tensor with an all-zero block at d = +1
+    and an MXFP4 tensor full of code 8; its .hrry; and a copy of that .hrry in which the F32
+    zero is −0 and the Q8_0 block's scale is −1 -- values that differ from the source only
+    in the sign of zeros."""
+    d = tmp_path_factory.mktemp("signed-zero")
+    rng = np.random.default_rng(8)
+    f32 = rng.standard_normal((2, 32)).astype(np.float32)
+    f32[1, 5] = 0.0
+    codes = rng.integers(-127, 128, size=(4, 32), dtype=np.int16).astype(np.int8)
+    codes[2] = 0
+    mxfp4 = np.zeros((2, 17), np.uint8)
+    mxfp4[:, 0] = 127
+    mxfp4[:, 1:] = 0x38  # element j: code 8 (ggml +0, OCP/Hurray −0); element j+16: code 3 (1.5)
+    src = write_gguf_raw(d / "z.gguf", [
+        ("f32", "F32", (2, 32), f32),
+        ("q8", "Q8_0", (2, 64), q8_0_blocks([0.5, 0.25, 1.0, 2.0], codes)),
+        ("mx", "MXFP4", (1, 64), mxfp4),
+    ])
+    good = d / "z.hrry"
+    gguf_to_hurray(src, good)
+    raw = bytearray(good.read_bytes())
+    f32_at = hrry_buffer_offsets(good, "f32")[0] + 4 * (32 + 5)
+    assert raw[f32_at : f32_at + 4] == bytes(4)
+    raw[f32_at + 3] ^= 0x80  # +0 -> −0
+    scale_at = hrry_buffer_offsets(good, "q8")[1] + 2 * 2
+    assert raw[scale_at : scale_at + 2] == np.float16(1.0).tobytes()
+    raw[scale_at + 1] ^= 0x80  # d = +1 -> −1 on a block whose codes are all 0
+    bad = d / "z-signs.hrry"
+    bad.write_bytes(bytes(raw))
+    return src, good, bad
+
+
+def _rows_by_name(out: str) -> dict[str, dict]:
+    (res,) = json.loads(out)
+    return {t["name"]: t for t in res["tensors"]}
+
+
+def test_mxfp4_code_8_is_the_one_accepted_sign_of_zero(signed_zero_files, capsys: pytest.CaptureFixture[str]) -> None:
+    src, good, _ = signed_zero_files
+    from hurray_interop.dequant import dequantize
+
+    with HrryFile(good) as hf:
+        ours = dequantize(hf.tensor("mx")).reshape(-1)
+    theirs = gguf.quants.dequantize(gguf_tensor(src, "mx")[1].reshape(1, 34), gguf.GGMLQuantizationType.MXFP4).reshape(-1)
+    zero = ours == 0
+    assert zero.sum() == 32 and np.signbit(ours[zero]).all() and not np.signbit(theirs[zero]).any()  # the case is real
+    rc, out, err = run(["verify", str(src), "--json"], capsys)
+    assert rc == 0, out + err
+    assert _rows_by_name(out)["mx"]["values_equal"] is True
+    rc, out, err = run(["verify", str(src), str(good), "--json"], capsys)
+    assert rc == 0, out + err
+
+
+@pytest.mark.parametrize("against", ["gguf", "hrry"])
+def test_a_sign_of_zero_is_a_difference_for_every_other_type(signed_zero_files, against: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """F32 and Q8_0 values that differ only by the sign of a zero are reported as different
+    (max abs diff 0), against the GGUF source and against the good .hrry; MXFP4 stays equal."""
+    src, good, bad = signed_zero_files
+    other = src if against == "gguf" else good
+    rc, out, err = run(["verify", str(other), str(bad), "--pair", "--json"], capsys)
+    assert rc == 1, out + err
+    rows = _rows_by_name(out)
+    for name in ("f32", "q8"):
+        assert rows[name]["values_equal"] is False and rows[name]["max_abs_diff"] == 0.0, rows[name]
+    assert rows["mx"]["values_equal"] is True
+    if against == "gguf":  # located by the bytes of the export: the sign bits of the scale and of the float
+        assert (rows["q8"]["where"], rows["f32"]["where"]) == ("block 2, byte 1", "byte 151")
+    else:
+        assert (rows["q8"]["where"], rows["f32"]["where"]) == ("element 64", "element 37")

@@ -1,4 +1,4 @@
-"""GGUF ⇄ Hurray, exact (conversion contract §§ 2–5, 7).
+"""GGUF ⇄ Hurray, exact (docs/conversion-rules.md §§ 2–5, 7).
 
 Import (:func:`gguf_to_hurray`) moves every code and scale bit of each GGUF
 tensor into a Hurray tensor, following ``mappings/gguf_hurray.toml``; what
@@ -31,7 +31,7 @@ GGUF values map to Hurray KV types naturally: unsigned integers → uint64,
 signed → int64, FLOAT32/FLOAT64 → float64 (float32 widened exactly), BOOL →
 bool, STRING → string, arrays of those → arrays.
 
-Q4_1/Q5_1 tensors become the exact minimum overlay (contract § 3a): a composite
+Q4_1/Q5_1 tensors become the exact minimum overlay (docs/conversion-rules.md § 3a): a composite
 head ``<name>`` (float32, overlay, add) with members ``<name>.base`` and
 ``<name>.min``.
 """
@@ -468,7 +468,7 @@ def _minimum_of(z: np.ndarray, d32: np.ndarray) -> np.ndarray:
 
 
 def _minimum_check(d: np.ndarray, m: np.ndarray, qmax: int) -> np.ndarray | None:
-    """Contract § 2 (a): integer zero points z = −m/d reproducing d·q + m exactly for
+    """docs/conversion-rules.md § 2 (a): integer zero points z = −m/d reproducing d·q + m exactly for
     every code, with m recoverable as f16(−z·d).  Returns z (int32) or None."""
     d32 = d.astype(np.float32)
     m32 = m.astype(np.float32)
@@ -680,7 +680,7 @@ def reference_dequantizer(t: "G.GGMLType") -> Callable[[np.ndarray], np.ndarray]
     """gguf-py's reference dequantizer for a GGML type (``None`` when it has none): the
     oracle of ``verify`` and the decoder of import fallbacks.  Probed once per type."""
     if t.family == "removed" or t.name in _table()["fallback"]["no_reference_dequantizer"]:
-        return None  # gguf-py lacks them, or has their block size wrong (gguf-notes § 1.6)
+        return None  # gguf-py lacks them, or has their block size wrong (docs/format-notes.md § 1.3)
     try:
         from gguf import GGMLQuantizationType
         from gguf import quants as gq

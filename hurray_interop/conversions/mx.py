@@ -18,7 +18,7 @@ What comes in and goes out
 
 torch and torchao are optional: they are imported inside the functions that need them.
 
-Exactness rules (conversion contract §§ 4, 6, 8)
+Exactness rules (docs/conversion-rules.md §§ 4, 6, 8)
 ------------------------------------------------
 * Codes and scale bytes move unchanged; only the packing changes (FP6 one-code-per-byte
   -> 4 codes in 3 bytes; FP4 from torch/gpt-oss/compressed-tensors is already Hurray's).
@@ -73,7 +73,6 @@ __all__ = [
     "MXCodes",
     "SUBSTITUTE_SCALE",
     "from_codes",
-    "from_torch",
     "from_torchao",
     "to_numpy",
     "to_torch",
@@ -82,8 +81,6 @@ __all__ = [
     "mxfp_geometry",
     "check_block",
     "source_values",
-    "compare_values",
-    "ValueComparison",
     "quantize_ocp",
     "quantize",
     "ocp_scale_bytes",
@@ -464,29 +461,6 @@ def source_values(
         return _source_values64(codes, scales, el, block_size, axis, int8).astype(np.float32)
 
 
-@dataclass
-class ValueComparison:
-    equal: bool
-    mismatches: int
-    first_mismatch: int | None
-    max_abs_error: float
-
-
-def compare_values(ours: np.ndarray, reference: np.ndarray) -> ValueComparison:
-    """Bitwise float32 comparison with NaN == NaN (any payload) -- what ``verify`` reports."""
-    a = np.ascontiguousarray(ours, dtype=np.float32).reshape(-1)
-    b = np.ascontiguousarray(reference, dtype=np.float32).reshape(-1)
-    if a.size != b.size:
-        raise InconsistentError(f"value counts differ: {a.size} vs {b.size}")
-    same = (a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))
-    bad = np.flatnonzero(~same)
-    with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    diff = np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))  # NaN vs a number: unbounded
-    mx = float(np.max(diff)) if diff.size else 0.0
-    return ValueComparison(bad.size == 0, int(bad.size), int(bad[0]) if bad.size else None, mx)
-
-
 def _fallback_import(
     name: str, el: MXElement, codes: np.ndarray, scales_nat: np.ndarray, block_size: int, axis: int,
     fallback: str, reason: str, int8: str,
@@ -627,11 +601,6 @@ def from_codes(
         return _fallback_import(name, el, codes_u, sc, block_size, axis, fallback, chk.bad_reason, int8)
     t = mxfp_tensor(name, el, shape, data, chk.scales, block_size, axis)
     return MXImport(t, el, EXACT, chk.blocks, chk.originals)
-
-
-def from_torch(codes: Any, scales: Any, **kw: Any) -> MXImport:
-    """Alias of :func:`from_codes` for torch tensors (reads more naturally at call sites)."""
-    return from_codes(codes, scales, **kw)
 
 
 # ---------------------------------------------------------------------------

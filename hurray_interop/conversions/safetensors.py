@@ -80,7 +80,6 @@ __all__ = [
     "KV_CONVENTION",
     "safetensors_to_hurray",
     "hurray_to_safetensors",
-    "compare_checkpoint_values",
 ]
 
 KV_PREFIX = "hurray_interop.safetensors."
@@ -462,29 +461,3 @@ def hurray_to_safetensors(
         write_safetensors(dst, [(n, d, s, counted(b)) for n, d, s, b in out], metadata,
                           force=force, header=header, inputs=(src,))
     return rep
-
-
-def compare_checkpoint_values(
-    src: "str | os.PathLike[str]",
-    hrry: "str | os.PathLike[str]",
-    dequantize: Callable[[Tensor], np.ndarray],
-) -> dict[str, mx.ValueComparison]:
-    """For ``verify``: per MX pair of safetensors ``src``, compare ``dequantize`` (our shared
-    dequantizer) on the converted tensor in ``hrry`` with the ml_dtypes decoding of the
-    source codes and scale bytes (:func:`hurray_interop.conversions.mx.source_values`)."""
-    out: dict[str, mx.ValueComparison] = {}
-    with SafetensorsFile(src) as st, HrryFile(hrry) as hf:
-        pairs, _ = detect_pairs(st)
-        for p in pairs:
-            if p.hurray_name not in hf:
-                raise FormatError("MX tensor missing from the .hrry file", path=hrry, tensor=p.hurray_name)
-            el = mx.mx_element(p.element)
-            from ..core.elements import unpack
-
-            n = int(np.prod(p.shape))
-            codes = unpack(st.raw(p.data.name), el.hurray, n).reshape(p.shape).view(el.np_dtype)
-            scales = st.raw(p.scale.name).reshape(p.scale.shape)
-            ref = mx.source_values(codes, scales, el, p.block_size, -1)
-            ours = np.asarray(dequantize(hf.tensor(p.hurray_name)), dtype=np.float32)
-            out[p.hurray_name] = mx.compare_values(ours, ref)
-    return out

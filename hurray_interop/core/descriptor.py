@@ -1,10 +1,10 @@
 """Hurray tensor-descriptor codec with strict validation.
 
 Wire format: metadata.md, buffer-protocol.md, quantization/*.md and the
-project's seeds, as digested (with errata) in ``design/hurray-notes.md``
-§§ 1-3 and 8.  Everything here is byte-compatible with the upstream reference
+project's seeds, as digested (with errata) in ``docs/format-notes.md``
+§§ 2.1–2.6, 2.11.  Everything here is byte-compatible with the upstream reference
 (``pyhurray``) and strictly *stricter* than it on read: every rule the spec
-says a reader MUST reject is enforced (hurray-notes § 1.9, § 3.9), including
+says a reader MUST reject is enforced (docs/format-notes.md § 2.2), including
 the quantization semantics the reference leaves unchecked.
 
 Public API
@@ -27,7 +27,7 @@ Public API
 ``dense_byte_size(desc)``, ``blocks_per_axis(desc)``, ``num_blocks(desc)``
     Size arithmetic shared with the dequantizer and the converters.
 
-Decisions (see conversion-contract.md § 6 and hurray-notes § 8):
+Decisions (see docs/conversion-rules.md § 6 and docs/format-notes.md § 2.11):
 
 * ``version_major`` 0 and > 1 are rejected (UnsupportedError); minor 0 requires
   the parsed length to equal ``descriptor_length``, minor > 0 ignores trailing bytes.

@@ -9,7 +9,7 @@ what ``pyhurray`` and the conformance vector ``basic.hrry`` follow)::
 
 where ``A`` is ``data_buffer_alignment``.  The reference deviates from the
 spec's writer prose in two places and we follow the reference bytes (see
-hurray-notes § 4.3): there is no ``A`` padding after a tensor's last buffer
+docs/format-notes.md § 2.7): there is no ``A`` padding after a tensor's last buffer
 (F1), and a composite head (no buffers) is still padded to ``A`` (F2).  The
 header flag ``HAS_KV_METADATA`` is left clear even when a KV section exists
 (F3); the reader accepts the flag or non-zero trailer fields.

@@ -57,7 +57,6 @@ __all__ = [
     "KV_TAGS",
     "encode_kv",
     "decode_kv",
-    "kv_to_python",
     "as_kv_value",
 ]
 
@@ -214,11 +213,6 @@ class KVValue:
     @classmethod
     def array(cls, element_type: str, values: Iterable[Any]) -> "KVValue":
         return cls("array", values, element_type)
-
-    @classmethod
-    def from_python(cls, v: Any) -> "KVValue":
-        """Map a plain Python value exactly as ``pyhurray.save(kv=...)`` does."""
-        return as_kv_value(v)
 
     # -- behaviour ---------------------------------------------------------
 
@@ -561,8 +555,3 @@ def decode_kv(
             offset=base + r.pos,
         )
     return out
-
-
-def kv_to_python(kv: Mapping[str, KVValue]) -> dict[str, Any]:
-    """Plain Python values (as ``hurray.load_kv`` returns them)."""
-    return {k: v.to_python() for k, v in kv.items()}

@@ -1,6 +1,6 @@
 """Records kept in a .hrry file's KV section so that exports restore exact bytes.
 
-Scale substitutions (conversion contract § 4): Hurray forbids a zero per-block
+Scale substitutions (docs/conversion-rules.md § 4): Hurray forbids a zero per-block
 scale and the MXFP scale bytes 0x00/0xFF, but real files carry them on
 all-zero blocks.  An importer replaces such a scale by a legal one (values are
 unchanged because every code of the block decodes to zero) and records, per

@@ -90,7 +90,6 @@ __all__ = [
     "read_gguf",
     "layout_offsets",
     "GGUFWriterStream",
-    "write_gguf_like",
 ]
 
 MAGIC = b"GGUF"
@@ -705,11 +704,6 @@ class GGUFFile:
             _close_mmap(mm)
             raise
 
-    @classmethod
-    def from_bytes(cls, data: bytes | bytearray | memoryview, *, path: str | None = None) -> "GGUFFile":
-        """Parse an in-memory GGUF image (kept by reference)."""
-        return cls(data, path=path)
-
     def close(self) -> None:
         """Drop the mapping. Views handed out earlier stay valid (they keep it alive)."""
         mm, self._mmap = self._mmap, None
@@ -1294,22 +1288,3 @@ class GGUFWriterStream:
         else:
             self.abort()
 
-
-def write_gguf_like(src: GGUFFile, dst: str | os.PathLike[str] | BinaryIO, *, chunk_bytes: int = 64 << 20) -> int:
-    """Write ``src`` again: byte-identical output (version, metadata, tensor infos,
-    offsets, padding and end padding as read). Returns the bytes written."""
-    w = GGUFWriterStream(
-        dst,
-        version=src.version,
-        alignment=src.alignment,
-        kv=src.kv,
-        tensors=src.tensors,
-        pad_end=src.tail_bytes,
-        padding=src.nonzero_padding,
-    )
-    with w:
-        by_name = {t.raw_name: t for t in src.tensors}
-        for spec in w.tensors_in_file_order:
-            data = by_name[_encode_name(spec.name)].data
-            w.write_tensor_data(data[i : i + chunk_bytes] for i in range(0, max(len(data), 1), chunk_bytes))
-    return w.bytes_written

@@ -8,7 +8,7 @@ tensor and byte offset.  The format is tiny (8-byte little-endian header length,
 header padded with spaces to a multiple of 8, then the data); tests/test_safetensors_mx.py
 checks both directions against the ``safetensors`` package.
 
-MX checkpoint conventions (``mappings/mx_types.toml`` ``[conventions.*]``, mx-notes § 5):
+MX checkpoint conventions (``mappings/mx_types.toml`` ``[conventions.*]``, docs/format-notes.md § 3.7):
 
 * ``gpt-oss``: ``<base>_blocks`` U8 ``[..., G, 16]`` + ``<base>_scales`` U8 ``[..., G]`` ->
   one Hurray MXFP tensor ``<base>``, float4_e2m1, logical shape ``[..., G*32]``, block 32,
