@@ -93,7 +93,7 @@ def _inspect_hrry(path: str) -> dict[str, Any]:
 
     with HrryFile(path) as hf:
         tensors = []
-        members = set(n for n in hf.names if n not in set(hf.top_level_names()))
+        members = set(hf.names) - set(hf.top_level_names())
         for name in hf.names:
             d = hf.descriptor(name)
             q = describe_quantization(d)

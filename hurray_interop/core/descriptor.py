@@ -24,8 +24,13 @@ Public API
     Checks that need quantization-parameter buffer *contents*.
 ``encode_quantization(q) -> bytes`` / ``decode_quantization(buf, offset=0, *, length=None, rank=None, ...)``
     The scheme bytes alone (no ``u32 quantization_length`` prefix).
-``dense_byte_size(desc)``, ``blocks_per_axis(desc)``, ``num_blocks(desc)``
+``dense_byte_size(desc)``, ``padded_byte_size(desc)``, ``addressed_byte_range(desc)``,
+``blocks_per_axis(desc)``, ``num_blocks(desc)``
     Size arithmetic shared with the dequantizer and the converters.
+``validate_addressed_range(desc, *, path=None, tensor=None)``
+    Every element of a strided tensor lies inside buffer 0 (not part of ``validate_descriptor``).
+``check_buffer_sizes(desc, data, *, path=None, tensor=None)``
+    The buffer contents of an in-memory tensor agree with its buffer table.
 
 Decisions (see conversion-contract.md § 6 and hurray-notes § 8):
 
@@ -108,6 +113,10 @@ __all__ = [
     "encode_quantization",
     "decode_quantization",
     "dense_byte_size",
+    "padded_byte_size",
+    "addressed_byte_range",
+    "validate_addressed_range",
+    "check_buffer_sizes",
     "blocks_per_axis",
     "num_blocks",
     "private_element_type",
@@ -1254,7 +1263,7 @@ def _validate_data_size(desc: Descriptor, ctx: _Ctx) -> None:
         return
     if got == want:
         return
-    alt = _padded_byte_size(desc)
+    alt = padded_byte_size(desc)
     if alt is not None and got == alt:
         return
     also = f" (or {alt} with padded partial blocks)" if alt is not None else ""
@@ -1267,6 +1276,72 @@ def _validate_data_size(desc: Descriptor, ctx: _Ctx) -> None:
 
 # ---------------------------------------------------------------------------
 # size arithmetic
+
+
+def addressed_byte_range(desc: Descriptor) -> tuple[int, int] | None:
+    """``(first, end)``: the bytes of buffer 0 a strided tensor's elements occupy,
+    ``byte_offset`` included (``first < 0`` when a stride reaches before the buffer).
+    Strides count logical elements; a sub-byte element occupies the byte (6-bit: the
+    3-byte group) holding it.  None for other layouts, empty or dynamic shapes and
+    private element types."""
+    layout = desc.layout
+    et = desc.element_type
+    if not isinstance(layout, Strided) or et.kind == "private" or len(layout.strides) != len(desc.shape):
+        return None
+    if any(n is None or n == 0 for n in desc.shape):
+        return None
+    lo = sum(min(0, s * (n - 1)) for s, n in zip(layout.strides, desc.shape))  # type: ignore[operator]
+    hi = sum(max(0, s * (n - 1)) for s, n in zip(layout.strides, desc.shape))  # type: ignore[operator]
+    bo = desc.byte_offset
+    if et.bits == 6:
+        return bo + 3 * (lo // 4), bo + 3 * (hi // 4) + 3
+    if et.packed:
+        per = 8 // et.bits
+        return bo + lo // per, bo + hi // per + 1
+    return bo + lo * (et.bits // 8), bo + (hi + 1) * (et.bits // 8)
+
+
+def validate_addressed_range(desc: Descriptor, *, path: str | None = None, tensor: str | None = None) -> None:
+    """strided.md: "the physical address of every valid element MUST lie within the buffer's
+    bounds" (buffer 0 as its handle declares it).  Not part of :func:`validate_descriptor`:
+    the reference binding accepts strides reaching outside the buffer, and so does the
+    reader (such a tensor can be listed and copied, not evaluated); the dequantizer calls it."""
+    span = addressed_byte_range(desc)
+    if span is None:
+        return
+    first, end = span
+    bo = desc.byte_offset
+    if first < 0:
+        raise FormatError(f"an element lies {-first} bytes before the start of buffer 0 (byte_offset {bo})",
+                          path=path, tensor=tensor, field="byte_offset")
+    have = desc.buffers[0].byte_size
+    if end > have:
+        raise TruncatedError(f"the layout addresses bytes up to {end}, buffer 0 holds {have}", path=path, tensor=tensor,
+                             field="buffer[0].byte_size", offset=bo)
+
+
+def check_buffer_sizes(
+    desc: Descriptor,
+    data: Sequence["np.ndarray | bytes"],
+    *,
+    indices: Sequence[int] | None = None,
+    path: str | None = None,
+    tensor: str | None = None,
+) -> None:
+    """Raise :class:`InconsistentError` unless buffer ``i`` of ``data`` holds exactly the
+    ``byte_size`` its handle declares, for every ``i`` in ``indices`` (default: every buffer,
+    and then ``data`` must have one entry per handle)."""
+    if indices is None:
+        if len(data) != len(desc.buffers):
+            raise InconsistentError(f"the descriptor declares {len(desc.buffers)} buffers, the tensor carries {len(data)}",
+                                    path=path, tensor=tensor, field="buffers")
+        indices = range(len(desc.buffers))
+    for i in indices:
+        got = len(data[i]) if not isinstance(data[i], np.ndarray) else data[i].nbytes
+        want = desc.buffers[i].byte_size if i < len(desc.buffers) else None
+        if want is not None and got != want:
+            raise InconsistentError(f"buffer {i} holds {got} bytes, its handle declares {want}", path=path, tensor=tensor,
+                                    field=f"buffer[{i}]")
 
 
 def dense_byte_size(desc: Descriptor) -> int | None:
@@ -1303,7 +1378,7 @@ def _sparse_byte_sizes(desc: Descriptor) -> list[int] | None:
     return [values, 8 * layout.nnz, 8 * (ptr_dim + 1)]  # type: ignore[operator]
 
 
-def _padded_byte_size(desc: Descriptor) -> int | None:
+def padded_byte_size(desc: Descriptor) -> int | None:
     """The seed's per-block/NF4 padded data size: each outer row of the axis holds
     ``ceil(S/K)·K`` storage elements (None when no partial block exists)."""
     q = desc.quantization
@@ -1395,11 +1470,9 @@ def validate_parameter_values(
         """Entries of ``dt`` in buffer ``idx`` from entry ``start`` (at most ``count``)."""
         if idx >= len(data):
             raise UsageError(f"buffer {idx} contents not supplied", path=path, tensor=tensor, field=f"buffer[{idx}]")
+        check_buffer_sizes(desc, data, indices=(idx,), path=path, tensor=tensor)
         raw = data[idx]
         raw = raw.reshape(-1).view(np.uint8) if isinstance(raw, np.ndarray) else np.frombuffer(raw, np.uint8)
-        want = desc.buffers[idx].byte_size if idx < len(desc.buffers) else None
-        if want is not None and raw.size != want:
-            raise InconsistentError(f"buffer holds {raw.size} bytes, descriptor declares {want}", path=path, tensor=tensor, field=f"buffer[{idx}]")
         item = np.dtype(dt).itemsize
         out = raw[: raw.size - raw.size % item].view(dt)[start:]
         return out if count is None else out[:count]
