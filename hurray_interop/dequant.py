@@ -88,7 +88,7 @@ from .core.descriptor import (
     validate_descriptor,
     validate_parameter_values,
 )
-from .core.elements import element_type, sign_extend, unpack, unpack_at
+from .core.elements import e8m0_reserved, element_type, sign_extend, unpack, unpack_at
 from .core.model import (
     MXFP,
     NF4,
@@ -363,7 +363,7 @@ class _Dense:
         for d, prefix, a, b in _regions(self.shape, DEFAULT_MAX_ELEMENTS):
             raw = self._raw(d, prefix, a, b)
             raw = raw.view(np.uint8)
-            if raw.size and (raw.min() == 0 or raw.max() == 0xFF):
+            if e8m0_reserved(raw).any():
                 raise FormatError("float8_e8m0 data holds 0x00 or 0xFF (reserved)", tensor=self.name, field="data")
 
     # -- fetching codes ----------------------------------------------------------

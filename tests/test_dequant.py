@@ -544,6 +544,15 @@ def test_truncated_data_buffer():
         dequantize(st)
 
 
+def test_buffers_must_match_their_handles():
+    t = make("h", "float32", (4,), np.zeros(4, np.float32))
+    short = Tensor("h", t.descriptor, (t.data[0][:8],))
+    with pytest.raises(InconsistentError, match="tensor 'h'.*buffer 0 holds 8 bytes, its handle declares 16"):
+        dequantize(short)
+    with pytest.raises(InconsistentError, match="declares 1 buffers, the tensor carries 0"):
+        dequantize(Tensor("h", t.descriptor, ()))
+
+
 def test_forbidden_scales_strict_and_lenient():
     codes = np.zeros(32, np.int8)
     codes[0] = 3

@@ -74,7 +74,7 @@ from ..errors import (
     UsageError,
 )
 from ..files.binary import Reader
-from .elements import ELEMENT_TYPES_BY_TAG, ElementType, buffer_size, is_private_tag
+from .elements import ELEMENT_TYPES_BY_TAG, ElementType, buffer_size, e8m0_reserved, is_private_tag
 from .model import (
     DYNAMIC,
     MXFP,
@@ -755,74 +755,84 @@ def _int(v: object, bits: int, ctx: _Ctx, field: str, at: int | None, signed: bo
         raise ctx.err(FormatError, f"{v!r} is not a {'signed' if signed else 'unsigned'} {bits}-bit integer", field, at)
 
 
-def _validate(desc: Descriptor, ctx: _Ctx, *, structural: bool) -> None:
-    """All semantic rules.  ``structural`` adds the value-range checks a decoder
-    gets for free from the wire widths (needed for in-memory descriptors)."""
+def _validate_structural(desc: Descriptor, ctx: _Ctx) -> None:
+    """The value-range checks a decoder gets for free from the wire widths (needed for
+    in-memory descriptors)."""
     et = desc.element_type
     layout = desc.layout
     shape = desc.shape
     r = len(shape)
     tag = layout.tag
-    if structural:
-        if not isinstance(et, ElementType):
-            raise ctx.err(FormatError, f"element_type {et!r} is not an ElementType", "type_tag", 14)
-        if desc.version_major != 1:
-            raise ctx.err(UnsupportedError, f"descriptor version {desc.version_major}.{desc.version_minor} is not supported (major must be 1)", "version_major", 4)
-        _int(desc.version_minor, 8, ctx, "version_minor", 5)
-        if r > MAX_RANK:
-            raise ctx.err(FormatError, f"rank {r} exceeds the maximum {MAX_RANK}", "rank", 16)
-        for k, d in enumerate(shape):
-            if d is not None:
-                _int(d, 64, ctx, f"shape[{k}]", ctx.shape + 8 * k)
-                if d == DYNAMIC:
-                    raise ctx.err(FormatError, "use None for the dynamic dimension", f"shape[{k}]", ctx.shape + 8 * k)
-        _int(desc.byte_offset, 64, ctx, "byte_offset", ctx.byte_offset)
-        if not isinstance(desc.quantization_padding, (bytes, bytearray)):
-            raise ctx.err(FormatError, "quantization_padding must be bytes", "quantization_length", ctx.quant)
-        if desc.quantization is None and desc.quantization_padding:
-            raise ctx.err(InconsistentError, "quantization_padding without a quantization scheme", "flags", 10)
-        if len(desc.buffers) > 255:
-            raise ctx.err(FormatError, f"{len(desc.buffers)} buffers exceed the maximum 255", "buffer_count", ctx.buffers)
-        if is_private_tag(et.tag):
-            if desc.extension_type is None:
-                raise ctx.err(InconsistentError, f"private type_tag {et.tag:#04x} without the extension-type section", "flags", 10)
-        else:
-            if ELEMENT_TYPES_BY_TAG.get(et.tag) != et:
-                raise ctx.err(FormatError, f"unknown or reserved type_tag {et.tag:#04x}", "type_tag", 14)
-            if desc.extension_type is not None:
-                raise ctx.err(InconsistentError, f"HAS_EXTENSION_TYPE set for standard type {et.name}", "flags", 10)
-        if not (tag in _LAYOUT_NAMES or (isinstance(layout, PrivateLayout) and is_private_tag(tag))):
-            raise ctx.err(FormatError, f"unknown or reserved layout_tag {tag:#04x}", "layout_tag", 15)
-        if isinstance(layout, Coo) and layout.is_sorted not in (0, 1):
-            raise ctx.err(FormatError, f"is_sorted {layout.is_sorted!r} is not a bool", "coo.is_sorted", ctx.layout + 8)
-        _validate_layout_structure(desc, ctx)
-        for i, h in enumerate(desc.buffers):
-            at = ctx.buffers + 1 + 16 * i
-            _int(h.byte_size, 64, ctx, f"buffer[{i}].byte_size", at)
-            _int(h.alignment, 32, ctx, f"buffer[{i}].alignment", at + 8)
-            _int(h.device, 8, ctx, f"buffer[{i}].device", at + 12)
-            _int(h.sync_mode, 8, ctx, f"buffer[{i}].sync_mode", at + 13)
-            _int(h.memory_class, 8, ctx, f"buffer[{i}].memory_class", at + 14)
-        if desc.quantization is not None:
-            _check_scheme(desc.quantization, ctx, ctx.quant + 4, structural=True)
-        if desc.statistics is not None:
-            s = desc.statistics
-            at = ctx.stats
-            _int(s.computed_mask, 32, ctx, "statistics.computed_mask", at)
-            _int(s.nnz, 64, ctx, "statistics.nnz", at + 8)
-            for j, name in enumerate(("nm_n", "nm_m", "has_nan", "has_inf")):
-                _int(getattr(s, name), 8, ctx, f"statistics.{name}", at + 64 + j)
+    if not isinstance(et, ElementType):
+        raise ctx.err(FormatError, f"element_type {et!r} is not an ElementType", "type_tag", 14)
+    if desc.version_major != 1:
+        raise ctx.err(UnsupportedError, f"descriptor version {desc.version_major}.{desc.version_minor} is not supported (major must be 1)", "version_major", 4)
+    _int(desc.version_minor, 8, ctx, "version_minor", 5)
+    if r > MAX_RANK:
+        raise ctx.err(FormatError, f"rank {r} exceeds the maximum {MAX_RANK}", "rank", 16)
+    for k, d in enumerate(shape):
+        if d is not None:
+            _int(d, 64, ctx, f"shape[{k}]", ctx.shape + 8 * k)
+            if d == DYNAMIC:
+                raise ctx.err(FormatError, "use None for the dynamic dimension", f"shape[{k}]", ctx.shape + 8 * k)
+    _int(desc.byte_offset, 64, ctx, "byte_offset", ctx.byte_offset)
+    if not isinstance(desc.quantization_padding, (bytes, bytearray)):
+        raise ctx.err(FormatError, "quantization_padding must be bytes", "quantization_length", ctx.quant)
+    if desc.quantization is None and desc.quantization_padding:
+        raise ctx.err(InconsistentError, "quantization_padding without a quantization scheme", "flags", 10)
+    if len(desc.buffers) > 255:
+        raise ctx.err(FormatError, f"{len(desc.buffers)} buffers exceed the maximum 255", "buffer_count", ctx.buffers)
+    if is_private_tag(et.tag):
+        if desc.extension_type is None:
+            raise ctx.err(InconsistentError, f"private type_tag {et.tag:#04x} without the extension-type section", "flags", 10)
+    else:
+        if ELEMENT_TYPES_BY_TAG.get(et.tag) != et:
+            raise ctx.err(FormatError, f"unknown or reserved type_tag {et.tag:#04x}", "type_tag", 14)
         if desc.extension_type is not None:
-            e = desc.extension_type
-            at = ctx.ext
-            for name, bits, rel in (
-                ("bit_width", 32, 0), ("packing_factor", 8, 4), ("is_float", 8, 5), ("is_signed", 8, 6),
-                ("sign_bits", 8, 7), ("exponent_bits", 8, 8), ("mantissa_bits", 8, 9), ("exponent_bias", 32, 12),
-                ("has_nan", 8, 16), ("has_inf", 8, 17),
-            ):
-                _int(getattr(e, name), bits, ctx, f"extension_type.{name}", at + rel)
-        if desc.composite_member is not None:
-            _int(desc.composite_member.role, 8, ctx, "composite_member.role", ctx.member)
+            raise ctx.err(InconsistentError, f"HAS_EXTENSION_TYPE set for standard type {et.name}", "flags", 10)
+    if not (tag in _LAYOUT_NAMES or (isinstance(layout, PrivateLayout) and is_private_tag(tag))):
+        raise ctx.err(FormatError, f"unknown or reserved layout_tag {tag:#04x}", "layout_tag", 15)
+    if isinstance(layout, Coo) and layout.is_sorted not in (0, 1):
+        raise ctx.err(FormatError, f"is_sorted {layout.is_sorted!r} is not a bool", "coo.is_sorted", ctx.layout + 8)
+    _validate_layout_structure(desc, ctx)
+    for i, h in enumerate(desc.buffers):
+        at = ctx.buffers + 1 + 16 * i
+        _int(h.byte_size, 64, ctx, f"buffer[{i}].byte_size", at)
+        _int(h.alignment, 32, ctx, f"buffer[{i}].alignment", at + 8)
+        _int(h.device, 8, ctx, f"buffer[{i}].device", at + 12)
+        _int(h.sync_mode, 8, ctx, f"buffer[{i}].sync_mode", at + 13)
+        _int(h.memory_class, 8, ctx, f"buffer[{i}].memory_class", at + 14)
+    if desc.quantization is not None:
+        _check_scheme(desc.quantization, ctx, ctx.quant + 4, structural=True)
+    if desc.statistics is not None:
+        s = desc.statistics
+        at = ctx.stats
+        _int(s.computed_mask, 32, ctx, "statistics.computed_mask", at)
+        _int(s.nnz, 64, ctx, "statistics.nnz", at + 8)
+        for j, name in enumerate(("nm_n", "nm_m", "has_nan", "has_inf")):
+            _int(getattr(s, name), 8, ctx, f"statistics.{name}", at + 64 + j)
+    if desc.extension_type is not None:
+        e = desc.extension_type
+        at = ctx.ext
+        for name, bits, rel in (
+            ("bit_width", 32, 0), ("packing_factor", 8, 4), ("is_float", 8, 5), ("is_signed", 8, 6),
+            ("sign_bits", 8, 7), ("exponent_bits", 8, 8), ("mantissa_bits", 8, 9), ("exponent_bias", 32, 12),
+            ("has_nan", 8, 16), ("has_inf", 8, 17),
+        ):
+            _int(getattr(e, name), bits, ctx, f"extension_type.{name}", at + rel)
+    if desc.composite_member is not None:
+        _int(desc.composite_member.role, 8, ctx, "composite_member.role", ctx.member)
+
+
+def _validate(desc: Descriptor, ctx: _Ctx, *, structural: bool) -> None:
+    """All semantic rules.  ``structural`` adds the value-range checks a decoder
+    gets for free from the wire widths (needed for in-memory descriptors)."""
+    layout = desc.layout
+    shape = desc.shape
+    r = len(shape)
+    tag = layout.tag
+    if structural:
+        _validate_structural(desc, ctx)
 
     # --- rank / scalars --------------------------------------------------
     if r == 0 and tag != 0x01:
@@ -1487,7 +1497,7 @@ def validate_parameter_values(
 
     if isinstance(q, MXFP):
         a = view(q.scale_buffer_index, "u1")
-        i = _first_bad(a, lambda c: (c == 0x00) | (c == 0xFF))
+        i = _first_bad(a, e8m0_reserved)
         if i is not None:
             fail(q.scale_buffer_index, i, 1, "MXFP scale byte", f"{int(a[i]):#04x} (reserved in float8_e8m0)")
         return

@@ -35,6 +35,7 @@ __all__ = [
     "unpack",
     "unpack_at",
     "sign_extend",
+    "e8m0_reserved",
     "is_private_tag",
 ]
 
@@ -259,3 +260,9 @@ def sign_extend(codes: np.ndarray, bits: int) -> np.ndarray:
     out = out.view(np.int8)
     np.subtract(out, np.int8(half), out=out)
     return out
+
+
+def e8m0_reserved(codes: np.ndarray) -> np.ndarray:
+    """Mask of the float8_e8m0 codes a Hurray tensor must not hold: 0x00 and 0xFF
+    (quantization/mxfp.md for scale bytes; the dequantizer applies it to float8_e8m0 data too)."""
+    return (codes == 0x00) | (codes == 0xFF)
