@@ -79,7 +79,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .core.composite import MAX_COMPOSITE_DEPTH, validate_composite
+from .core.composite import check_nesting, validate_composite
 from .core.descriptor import (
     blocks_per_axis,
     check_buffer_sizes,
@@ -635,9 +635,7 @@ class _Composite:
         desc = t.descriptor
         head = desc.layout
         assert isinstance(head, CompositeHead)
-        if depth >= MAX_COMPOSITE_DEPTH:
-            raise FormatError(f"composites nest deeper than {MAX_COMPOSITE_DEPTH} levels", tensor=self.name,
-                              field="layout_tag")
+        check_nesting(depth, tensor=self.name)
         self.logical_shape = tuple(int(n) for n in desc.shape)  # type: ignore[arg-type]
         self.shape = self.logical_shape or (1,)
         self.size = _prod(self.shape)

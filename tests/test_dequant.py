@@ -463,6 +463,23 @@ def test_nested_composite():
     assert same_bits(got, np.tile(np.array([1, 2, 3, 3], np.float32), (4, 1)))
 
 
+def test_composite_nesting_limit():
+    """composite.md § Binding: at most 8 levels of composites; 8 evaluate, 9 are rejected."""
+    def nest(levels):
+        t = member("leaf", [1.0, 2.0], (0,), (2,))
+        for k in range(levels):
+            h = head(f"h{k}", (2,), RULE_PARTITION, 0, [t])
+            d = h.descriptor
+            t = Tensor(h.name, Descriptor(element_type=d.element_type, shape=d.shape, buffers=(), layout=d.layout,
+                                          shard=Shard(parent_shape=(2,), offset=(0,))), members=h.members)
+        return Tensor(t.name, Descriptor(element_type=t.descriptor.element_type, shape=(2,), buffers=(),
+                                         layout=t.descriptor.layout), members=t.members)
+
+    assert same_bits(dequantize(nest(8)), np.array([1.0, 2.0], np.float32))
+    with pytest.raises(FormatError, match="composite nesting deeper than 8"):
+        dequantize(nest(9))
+
+
 # ---------------------------------------------------------------------------
 # chunked == whole
 

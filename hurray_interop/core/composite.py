@@ -15,15 +15,23 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-from ..errors import InconsistentError
+from ..errors import FormatError, InconsistentError
 from .model import RULE_OVERLAY, RULE_PARTITION, ROLE_BASE, ROLE_CORRECTION, CompositeHead, Descriptor
 
-__all__ = ["MAX_COMPOSITE_DEPTH", "validate_composite", "first_overlap", "boxes_overlap"]
+__all__ = ["MAX_COMPOSITE_DEPTH", "check_nesting", "validate_composite", "first_overlap", "boxes_overlap"]
 
 #: maximum composite nesting depth (layouts/composite.md § Binding)
 MAX_COMPOSITE_DEPTH = 8
 
 Box = tuple[Sequence[int], Sequence[int]]  # (offset, shape)
+
+
+def check_nesting(depth: int, *, path: str | None = None, tensor: str | None = None, offset: int | None = None) -> None:
+    """Raise :class:`FormatError` when a composite head sits ``depth`` levels below a
+    top-level tensor (0: it is one) and so nests deeper than :data:`MAX_COMPOSITE_DEPTH`."""
+    if depth >= MAX_COMPOSITE_DEPTH:
+        raise FormatError(f"composite nesting deeper than {MAX_COMPOSITE_DEPTH}", path=path, tensor=tensor,
+                          field="layout", offset=offset)
 
 
 def validate_composite(

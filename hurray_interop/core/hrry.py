@@ -51,7 +51,7 @@ from ..errors import (
 from ..files.binary import Reader
 from ..parallel import prefetch_chunks
 from ..files.atomic import AtomicOutput
-from .composite import MAX_COMPOSITE_DEPTH, validate_composite
+from .composite import check_nesting, validate_composite
 from .descriptor import decode_descriptor, encode_descriptor, validate_parameter_values
 from .kv import KVValue, decode_kv, encode_kv
 from .model import Descriptor, Tensor
@@ -595,10 +595,7 @@ class HrryFile:
             raise err.located(path=self._p, tensor=name) from None
         members: tuple[Tensor, ...] = ()
         if d.is_composite:
-            if depth >= MAX_COMPOSITE_DEPTH:
-                raise self._err(
-                    FormatError, f"composite nesting deeper than {MAX_COMPOSITE_DEPTH}", "layout", e.descriptor_offset, name
-                )
+            check_nesting(depth, path=self._p, tensor=name, offset=e.descriptor_offset)
             names = self.member_names(name)
             members = tuple(self._tensor(m, depth + 1) for m in names)
             validate_composite(name, d, [(m.name, m.descriptor) for m in members], path=self._p,
@@ -611,9 +608,7 @@ class HrryFile:
         d = self.descriptor(name)
         if not d.is_composite:
             return pos + 1
-        if depth >= MAX_COMPOSITE_DEPTH:
-            e = self.entry(name)
-            raise self._err(FormatError, f"composite nesting deeper than {MAX_COMPOSITE_DEPTH}", "layout", e.descriptor_offset, name)
+        check_nesting(depth, path=self._p, tensor=name, offset=self.entry(name).descriptor_offset)
         n = d.layout.member_count  # type: ignore[union-attr]
         p = pos + 1
         for k in range(n):
