@@ -40,14 +40,20 @@ yields such regions of at most ``max_elements`` values each (so a 10 GB tensor
 needs only a few chunks of RAM); each region is itself evaluated in
 cache-sized pieces with reused work buffers.  4-bit float codes (float4_e2m1,
 NF4) decode through a 256-entry byte → two-float32 table, 2-bit codes through a
-byte → four-float32 table, 4-bit integer codes by widening each byte to a uint16
-whose two bytes are its codes (faster than any gather numpy offers).
+byte → four-float32 table, 4-bit integer codes through the core's unpacking
+(:func:`~hurray_interop.core.elements.unpack`, faster than any gather numpy offers).
 
-Validation is strict by default (``strict=False`` relaxes only the *value*
-rules): per-block scales finite and non-zero, NF4 absmax finite and ≥ 0, MXFP
-scale bytes never 0x00/0xFF, zero points within the storage range where the
-scheme demands it; buffer sizes, indices and every addressed byte are always
-checked before any data is touched.
+Validation is the core's, before any data is touched: the descriptor rules
+(:func:`~hurray_interop.core.descriptor.validate_descriptor`: storage types per
+scheme, block sizes, axes, parameter-buffer indices and sizes, the data size),
+every byte a strided layout addresses (``validate_addressed_range``), the buffer
+contents against the buffer table, the composite rules
+(:func:`~hurray_interop.core.composite.validate_composite`) and, when strict (the
+default), the parameter values
+(:func:`~hurray_interop.core.descriptor.validate_parameter_values`: scales finite
+and non-zero, NF4 absmax finite and ≥ 0, MXFP scale bytes never 0x00/0xFF,
+per-channel zero points within the storage range).  ``strict=False`` skips only
+the parameter values and the float8_e8m0 data bytes 0x00/0xFF.
 
 Hand-written on numpy (+ ml_dtypes value maps): no library evaluates Hurray
 descriptors, and the per-format decoders that exist (gguf-py, torchao) cover one
@@ -62,6 +68,7 @@ float128 values and dynamic dimensions; :class:`~hurray_interop.errors.FormatErr
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import threading
@@ -72,18 +79,25 @@ from typing import Callable, Iterator
 import numpy as np
 
 from . import parallel
-from .core.elements import ElementType, buffer_size, element_type
+from .core.composite import check_nesting, validate_composite
+from .core.descriptor import (
+    blocks_per_axis,
+    check_buffer_sizes,
+    padded_byte_size,
+    validate_addressed_range,
+    validate_descriptor,
+    validate_parameter_values,
+)
+from .core.elements import e8m0_reserved, element_type, sign_extend, unpack, unpack_at
 from .core.model import (
     MXFP,
     NF4,
     OP_ADD,
-    OP_REPLACE,
-    ROLE_BASE,
-    ROLE_CORRECTION,
+    RULE_GROUP,
     RULE_OVERLAY,
-    RULE_PARTITION,
     ColumnMajor,
     CompositeHead,
+    Descriptor,
     PerBlockAffine,
     PerChannelAffine,
     PerTensorAffine,
@@ -92,7 +106,7 @@ from .core.model import (
     Tensor,
     as_u8,
 )
-from .errors import FormatError, InconsistentError, TruncatedError, UnsupportedError, UsageError
+from .errors import FormatError, UnsupportedError, UsageError
 
 __all__ = ["dequantize", "iter_dequantize", "NF4_LUT", "DEFAULT_MAX_ELEMENTS"]
 
@@ -102,8 +116,6 @@ DEFAULT_MAX_ELEMENTS = 1 << 24
 _PIECE = 1 << 18
 #: Values per parallel job; tensors below two jobs' worth run on the calling thread.
 _PARALLEL_GRAIN = 1 << 21
-#: Composite nesting limit (composite.md § Binding).
-_MAX_DEPTH = 8
 
 _F32 = np.dtype(np.float32)
 
@@ -119,11 +131,6 @@ NF4_LUT = np.array(
 )
 NF4_LUT.flags.writeable = False
 
-_AFFINE_STORAGE = frozenset({"int8", "uint8", "int16", "uint16", "int32", "uint32", "int4", "uint4", "int2", "uint2"})
-_BLOCK_STORAGE = frozenset({"int8", "uint8", "int4", "uint4", "int2", "uint2"})
-_MXFP_STORAGE = frozenset({"float8_e4m3", "float8_e5m2", "float4_e2m1", "float6_e2m3", "float6_e3m2", "int8", "int4"})
-_SCALE_TYPES = frozenset({"float16", "bfloat16", "float32"})
-
 
 # ---------------------------------------------------------------------------
 # value tables
@@ -138,7 +145,7 @@ def _code_values(name: str) -> np.ndarray:
     if et.kind == "bool":
         table = codes.astype(np.float32)
     elif et.kind == "int":
-        table = ((codes.astype(np.int16) ^ (n >> 1)) - (n >> 1)).astype(np.float32)  # sign-extend `bits`
+        table = sign_extend(codes, et.bits).astype(np.float32)
     elif et.kind == "uint":
         table = codes.astype(np.float32)
     elif name == "float8_e8m0":
@@ -157,12 +164,10 @@ def _code_values(name: str) -> np.ndarray:
 def _byte_table(values_key: str) -> np.ndarray:
     """Byte → the values of all codes packed in it, LSB-first: shape (256, 8 // bits)."""
     values = _values_by_key(values_key)
-    bits = {16: 4, 4: 2, 2: 1}[values.size]
-    per = 8 // bits
-    byte = np.arange(256, dtype=np.uint16)
-    mask = (1 << bits) - 1
-    table = np.stack([values[(byte >> (bits * j)) & mask] for j in range(per)], axis=1)
-    table = np.ascontiguousarray(table, dtype=np.float32)
+    et = element_type({16: "uint4", 4: "uint2", 2: "bool"}[values.size])
+    per = 8 // et.bits
+    codes = unpack(np.arange(256, dtype=np.uint8), et, 256 * per).reshape(256, per)
+    table = np.ascontiguousarray(values[codes.view(np.uint8)], dtype=np.float32)
     table.flags.writeable = False
     return table
 
@@ -250,197 +255,74 @@ class _ParamPlane:
 
 
 class _Dense:
-    """Evaluates one dense (row-major / column-major / strided) tensor region by region."""
+    """Evaluates one dense (row-major / column-major / strided) tensor region by region.
+    The tensor has passed :func:`_validate`."""
 
     def __init__(self, t: Tensor, strict: bool) -> None:
         self.name = t.name
         desc = t.descriptor
+        self.desc = desc
         self.strict = strict
-        shape = desc.shape
-        if any(n is None for n in shape):
-            self._unsupported("a dynamic dimension has no values to read", field="shape")
-        self.logical_shape: tuple[int, ...] = tuple(int(n) for n in shape)  # type: ignore[arg-type]
+        self.logical_shape: tuple[int, ...] = tuple(int(n) for n in desc.shape)  # type: ignore[arg-type]
         self.shape = self.logical_shape or (1,)
         self.size = _prod(self.shape)
-        et = desc.element_type
-        self.et = et
-        if et.kind == "complex" or (not et.numpy and not et.packed):
-            self._unsupported(f"element type {et.name} has no float32 value", field="type_tag")
-        q = desc.quantization
-        self.q = q
-        if len(t.data) != len(desc.buffers):
-            raise InconsistentError(
-                f"the descriptor declares {len(desc.buffers)} buffers, the tensor carries {len(t.data)}",
-                tensor=self.name, field="buffers",
-            )
+        self.et = desc.element_type
+        self.q = desc.quantization
         self.bufs = tuple(as_u8(b) for b in t.data)
-        for i, (h, b) in enumerate(zip(desc.buffers, self.bufs)):
-            if b.size != h.byte_size:
-                raise InconsistentError(
-                    f"buffer {i} holds {b.size} bytes, its handle declares {h.byte_size}",
-                    tensor=self.name, field=f"buffers[{i}].byte_size",
-                )
-        if not self.bufs and self.size:
-            raise FormatError("a dense tensor needs a data buffer (buffer 0)", tensor=self.name, field="buffer_count")
         self.byte_offset = int(desc.byte_offset)
         # ---- the scheme: value table, axis geometry, parameter planes
-        self.values_key = et.name
+        self.values_key = self.et.name
         self.axis = -1
         self.block = 1
         self.scale: _ParamPlane | None = None
         self.zero: _ParamPlane | None = None
-        if q is not None:
-            self._prepare_scheme(q)
+        if self.q is not None:
+            self._prepare_scheme(self.q)
         # ---- storage geometry and addressing
         self._prepare_layout(desc.layout)
 
-    # -- errors ----------------------------------------------------------------
-
-    def _unsupported(self, msg: str, **kw) -> None:
-        raise UnsupportedError(msg, tensor=self.name, **kw)
-
-    def _bad(self, msg: str, cls=FormatError, **kw) -> None:
-        raise cls(msg, tensor=self.name, **kw)
-
     # -- scheme ------------------------------------------------------------------
 
-    def _param_buffer(self, index: int, what: str, dtype: np.dtype, count: int) -> np.ndarray:
-        if index >= len(self.bufs) or index < 0:
-            self._bad(f"{what} buffer index {index} is not below buffer_count {len(self.bufs)}",
-                      field=f"{what}_buffer_index")
-        if index == 0:
-            self._bad(f"the {what} buffer must not be the data buffer (index 0)", field=f"{what}_buffer_index")
-        buf = self.bufs[index]
-        need = count * dtype.itemsize
-        if buf.size != need:
-            cls = TruncatedError if buf.size < need else InconsistentError
-            self._bad(f"{what} buffer {index} holds {buf.size} bytes, {count} values need exactly {need}",
-                      cls=cls, field=f"buffers[{index}].byte_size")
-        return buf.view(dtype)
-
-    def _check_axis(self, axis: int) -> int:
-        if not 0 <= axis < len(self.logical_shape):
-            self._bad(f"axis {axis} is not below rank {len(self.logical_shape)}", field="quantization.axis")
-        return axis
-
     def _prepare_scheme(self, q) -> None:
-        et = self.et
-        shape = self.shape
         if isinstance(q, PerTensorAffine):
-            if et.name not in _AFFINE_STORAGE:
-                self._bad(f"storage type {et.name} is not valid for per-tensor affine", field="type_tag")
             self.pt_scale = np.float32(q.scale)
             self.pt_zero = int(q.zero_point)
-            if self.strict:
-                if not np.isfinite(self.pt_scale) or self.pt_scale == 0:
-                    self._bad(f"per-tensor scale {float(self.pt_scale)!r} is not finite and non-zero",
-                              field="quantization.scale")
-                lo, hi = _int_range(et)
-                if not lo <= self.pt_zero <= hi:
-                    self._bad(f"zero point {self.pt_zero} is outside the {et.name} range [{lo}, {hi}]",
-                              field="quantization.zero_point")
             return
-        axis = self._check_axis(int(q.axis))
-        self.axis = axis
+        if getattr(q, "zero_point_buffer_index", None) == q.scale_buffer_index:
+            raise UnsupportedError("scale and zero point sharing one buffer is not supported "
+                                   "(the specification contradicts itself on its layout)",
+                                   tensor=self.name, field="quantization.zero_point_buffer_index")
+        shape = self.shape
+        axis = self.axis = int(q.axis)
         S = shape[axis]
         P, Q = _prod(shape[:axis]), _prod(shape[axis + 1 :])
         if isinstance(q, PerChannelAffine):
-            if et.name not in _AFFINE_STORAGE:
-                self._bad(f"storage type {et.name} is not valid for per-channel affine", field="type_tag")
-            if q.scale_type.name != "float32":
-                self._bad(f"per-channel scale type must be float32, not {q.scale_type.name}",
-                          field="quantization.scale_type_tag")
-            self.block = 1
-            sraw = self._param_buffer(q.scale_buffer_index, "scale", np.dtype("<f4"), S)
-            self._validate_scales(sraw, "nonzero")
+            sraw = self.bufs[q.scale_buffer_index].view("<f4")
             self.scale = _ParamPlane(np.lib.stride_tricks.as_strided(sraw, (P, Q, S), (0, 0, sraw.strides[0])),
                                      _to_f32)
             if not q.symmetric:
-                self._zero_plane(q, S, (P, Q, S), broadcast=True)
-                if self.strict:
-                    lo, hi = _int_range(et)
-                    z = self.bufs[q.zero_point_buffer_index].view("<i4")
-                    if z.size and (int(z.min()) < lo or int(z.max()) > hi):
-                        self._bad(f"a zero point is outside the {et.name} range [{lo}, {hi}]",
-                                  field="quantization.zero_point")
+                self._zero_plane(q, (P, Q, S), broadcast=True)
             return
-        K = int(q.block_size)
-        self.block = K
+        self.block = int(q.block_size)
+        nb = blocks_per_axis(self.desc)
         if isinstance(q, PerBlockAffine):
-            if et.name not in _BLOCK_STORAGE:
-                self._bad(f"storage type {et.name} is not valid for per-block affine", field="type_tag")
-            if q.scale_type.name not in _SCALE_TYPES:
-                self._bad(f"per-block scale type must be float16, bfloat16 or float32, not {q.scale_type.name}",
-                          field="quantization.scale_type_tag")
-            self._check_block(K, 2, None, S)
-            nb = -(-S // K)
-            sraw = self._param_buffer(q.scale_buffer_index, "scale", q.scale_type.dtype.newbyteorder("<"), P * Q * nb)
-            self._validate_scales(sraw, "nonzero")
+            sraw = self.bufs[q.scale_buffer_index].view(q.scale_type.dtype.newbyteorder("<"))
             self.scale = _ParamPlane(sraw.reshape(P, Q, nb), _to_f32)
             if not q.symmetric:
-                self._zero_plane(q, P * Q * nb, (P, Q, nb), broadcast=False)
+                self._zero_plane(q, (P, Q, nb), broadcast=False)
         elif isinstance(q, NF4):
-            if et.name != "uint4":
-                self._bad(f"storage type {et.name} is not valid for NF4 (uint4 only)", field="type_tag")
-            self._check_block(K, 8, None, S)
-            nb = -(-S // K)
-            sraw = self._param_buffer(q.scale_buffer_index, "scale", np.dtype("<f4"), P * Q * nb)
-            self._validate_scales(sraw, "absmax")
-            self.scale = _ParamPlane(sraw.reshape(P, Q, nb), _to_f32)
+            self.scale = _ParamPlane(self.bufs[q.scale_buffer_index].view("<f4").reshape(P, Q, nb), _to_f32)
             self.values_key = "nf4"
-        elif isinstance(q, MXFP):
-            if et.name not in _MXFP_STORAGE:
-                self._bad(f"storage type {et.name} is not valid for MXFP", field="type_tag")
-            self._check_block(K, 16, 2048, S)
-            if S == 0 or S % K:
-                self._bad(f"MXFP needs shape[axis] = {S} to be a positive multiple of block_size {K}",
-                          field="quantization.block_size")
-            nb = S // K
-            sraw = self._param_buffer(q.scale_buffer_index, "scale", np.dtype(np.uint8), P * Q * nb)
-            self._validate_scales(sraw, "e8m0")
-            self.scale = _ParamPlane(sraw.reshape(P, Q, nb), self._e8m0_scales)
-        else:  # pragma: no cover - the model has no other scheme
-            self._unsupported(f"quantization scheme {type(q).__name__} is not supported", field="quantization")
+        else:  # MXFP
+            self.scale = _ParamPlane(self.bufs[q.scale_buffer_index].reshape(P, Q, nb), self._e8m0_scales)
 
-    def _check_block(self, K: int, low: int, high: int | None, S: int) -> None:
-        if K < low or K & (K - 1) or (high is not None and K > high):
-            rng = f"[{low}, {high}]" if high else f">= {low}"
-            self._bad(f"block_size {K} must be a power of two {rng}", field="quantization.block_size")
-        if S > 0 and K > S and not isinstance(self.q, MXFP):
-            self._bad(f"block_size {K} exceeds shape[axis] = {S}", field="quantization.block_size")
-
-    def _zero_plane(self, q, count: int, shape3, broadcast: bool) -> None:
-        if q.zero_point_buffer_index == q.scale_buffer_index:
-            self._unsupported("scale and zero point sharing one buffer is not supported "
-                              "(the specification contradicts itself on its layout)",
-                              field="quantization.zero_point_buffer_index")
-        zraw = self._param_buffer(q.zero_point_buffer_index, "zero_point", np.dtype("<i4"), count)
+    def _zero_plane(self, q, shape3, broadcast: bool) -> None:
+        zraw = self.bufs[q.zero_point_buffer_index].view("<i4")
         if broadcast:
             zraw = np.lib.stride_tricks.as_strided(zraw, shape3, (0, 0, zraw.strides[0]))
         else:
             zraw = zraw.reshape(shape3)
         self.zero = _ParamPlane(zraw, lambda z: z.astype(np.int64))
-
-    # scale validation (once, over the whole buffer, before any value is produced) and
-    # conversion (per piece, on a small slice)
-
-    def _validate_scales(self, flat: np.ndarray, rule: str) -> None:
-        if not self.strict:
-            return
-        step = 1 << 20
-        for start in range(0, flat.size, step):
-            c = flat[start : start + step]
-            if rule == "e8m0":
-                bad = (c == 0) | (c == 0xFF)
-                what = "an MXFP scale byte is 0x00 or 0xFF (reserved)"
-            else:
-                f = _to_f32(c)
-                bad = ~np.isfinite(f) | ((f == 0) if rule == "nonzero" else (f < 0))
-                what = ("scale is zero, infinite or NaN (scales must be finite and non-zero)" if rule == "nonzero"
-                        else "NF4 absmax is negative, infinite or NaN")
-            if bad.any():
-                b = start + int(np.argmax(bad))
-                self._bad(f"block {b}: {what}", field="scale")
 
     @staticmethod
     def _e8m0_scales(raw: np.ndarray) -> np.ndarray:
@@ -453,12 +335,9 @@ class _Dense:
         shape = self.shape
         # the storage shape: the seed's padded partial trailing block when the buffer has room
         ss = shape
-        if (isinstance(self.q, (PerBlockAffine, NF4)) and shape[self.axis] % self.block
-                and isinstance(layout, (RowMajor, ColumnMajor))):
-            padded = list(shape)
-            padded[self.axis] = -(-shape[self.axis] // self.block) * self.block
-            if self.bufs and self.bufs[0].size - self.byte_offset >= buffer_size(et, _prod(padded)):
-                ss = tuple(padded)
+        padded = padded_byte_size(self.desc)
+        if padded is not None and self.bufs[0].size - self.byte_offset >= padded:
+            ss = tuple(-(-n // self.block) * self.block if k == self.axis else n for k, n in enumerate(shape))
         self.storage_shape = ss
         if isinstance(layout, RowMajor):
             self.row_major = True
@@ -466,41 +345,15 @@ class _Dense:
         elif isinstance(layout, ColumnMajor):
             self.row_major = len(shape) == 1 or _prod(shape) <= 1
             strides = _f_strides(ss)
-        elif isinstance(layout, Strided):
-            if len(layout.strides) != len(self.logical_shape):
-                self._bad(f"{len(layout.strides)} strides for rank {len(self.logical_shape)}", field="strides")
+        else:  # Strided (every addressed byte checked by validate_addressed_range)
             strides = tuple(int(s) for s in layout.strides) or (1,)
             self.row_major = strides == _c_strides(shape)
-        else:
-            name = type(layout).__name__
-            self._unsupported(f"layout {name} (tag {layout.tag:#04x}) cannot be dequantized; "
-                              "only row-major, column-major and strided layouts are supported", field="layout_tag")
         self.strides = strides
         if self.size == 0:
             return
-        # bounds: every addressed element must lie inside buffer 0
-        lo = sum(min(0, s * (n - 1)) for s, n in zip(strides, shape))
-        hi = sum(max(0, s * (n - 1)) for s, n in zip(strides, shape))
-        if ss != shape:
-            hi = _prod(ss) - 1
-        nbytes = self.bufs[0].size
-        bo = self.byte_offset
-        if et.bits == 6:
-            first, end = bo + 3 * (lo // 4), bo + 3 * (hi // 4) + 3
-        elif et.packed:
-            per = 8 // et.bits
-            first, end = bo + lo // per, bo + hi // per + 1
-        else:
-            first, end = bo + lo * (et.bits // 8), bo + (hi + 1) * (et.bits // 8)
-        if first < 0:
-            self._bad(f"element offset {lo} lies before the start of buffer 0 (byte_offset {bo})",
-                      field="byte_offset")
-        if end > nbytes:
-            self._bad(f"the layout addresses bytes up to {end}, buffer 0 holds {nbytes}",
-                      cls=TruncatedError, field="buffers[0].byte_size", offset=bo)
         if not et.packed and not self.row_major:
             isz = et.bits // 8
-            self.full_view = np.ndarray(shape=shape, dtype=et.dtype, buffer=self.bufs[0], offset=bo,
+            self.full_view = np.ndarray(shape=shape, dtype=et.dtype, buffer=self.bufs[0], offset=self.byte_offset,
                                         strides=tuple(s * isz for s in strides))
         if et.name == "float8_e8m0" and self.strict and self.q is None:
             self._check_e8m0_data()
@@ -509,8 +362,8 @@ class _Dense:
         for d, prefix, a, b in _regions(self.shape, DEFAULT_MAX_ELEMENTS):
             raw = self._raw(d, prefix, a, b)
             raw = raw.view(np.uint8)
-            if raw.size and (raw.min() == 0 or raw.max() == 0xFF):
-                self._bad("float8_e8m0 data holds 0x00 or 0xFF (reserved)", field="data")
+            if e8m0_reserved(raw).any():
+                raise FormatError("float8_e8m0 data holds 0x00 or 0xFF (reserved)", tensor=self.name, field="data")
 
     # -- fetching codes ----------------------------------------------------------
 
@@ -564,47 +417,17 @@ class _Dense:
     def _unpack_range(self, L0: int, n: int) -> np.ndarray:
         """uint8 codes of contiguous elements ``L0 .. L0+n`` (row-major storage order)."""
         et = self.et
-        buf = self.bufs[0]
-        bo = self.byte_offset
-        if et.bits == 6:
-            g0 = L0 // 4
-            phase = L0 - 4 * g0
-            groups = -(-(phase + n) // 4)
-            b = buf[bo + 3 * g0 : bo + 3 * (g0 + groups)].reshape(groups, 3)
-            out = np.empty((groups, 4), dtype=np.uint8)
-            out[:, 0] = b[:, 0] & 0x3F
-            out[:, 1] = (b[:, 0] >> 6) | ((b[:, 1] & 0x0F) << 2)
-            out[:, 2] = (b[:, 1] >> 4) | ((b[:, 2] & 0x03) << 4)
-            out[:, 3] = b[:, 2] >> 2
-            return out.reshape(-1)[phase : phase + n]
-        per = 8 // et.bits
+        per, step = (4, 3) if et.bits == 6 else (8 // et.bits, 1)  # elements, bytes per packing unit
         k0 = L0 // per
         phase = L0 - per * k0
         k1 = -(-(L0 + n) // per)
-        b = buf[bo + k0 : bo + k1]
-        if et.bits == 1:
-            return np.unpackbits(b, bitorder="little")[phase : phase + n]
-        mask = (1 << et.bits) - 1
-        out = np.empty((b.size, per), dtype=np.uint8)
-        for j in range(per):
-            np.bitwise_and(b >> (et.bits * j), mask, out=out[:, j])
-        return out.reshape(-1)[phase : phase + n]
+        bo = self.byte_offset
+        codes = unpack(self.bufs[0][bo + step * k0 : bo + step * k1], et, phase + n)
+        return codes.view(np.uint8)[phase:]
 
     def _gather_packed(self, off: np.ndarray) -> np.ndarray:
         """uint8 codes of sub-byte elements at arbitrary element offsets."""
-        et = self.et
-        buf = self.bufs[0]
-        bo = self.byte_offset
-        if et.bits == 6:
-            g = off // 4
-            j = (off - 4 * g).astype(np.uint32)
-            at = bo + 3 * g
-            w = buf[at].astype(np.uint32) | (buf[at + 1].astype(np.uint32) << 8) | (buf[at + 2].astype(np.uint32) << 16)
-            return ((w >> (6 * j)) & 0x3F).astype(np.uint8)
-        per = 8 // et.bits
-        byte = off // per
-        bit = ((off - per * byte) * et.bits).astype(np.uint8)
-        return (buf[bo + byte] >> bit) & np.uint8((1 << et.bits) - 1)
+        return unpack_at(self.bufs[0], self.et, off, self.byte_offset)
 
     def _values(self, d: int, prefix, a: int, b: int, dst: np.ndarray) -> np.ndarray:
         """float32 values of the stored codes (before any scale), flat; written to ``dst``
@@ -621,14 +444,9 @@ class _Dense:
             k1 = -(-(L0 + n) // per)
             bo = self.byte_offset
             b8 = self.bufs[0][bo + k0 : bo + k1]
-            if et.bits == 4 and _LITTLE and et.kind in ("int", "uint") and self.values_key == et.name:
-                codes = _spread(b8, et.bits)[phase : phase + n]
-                if et.kind == "int":  # two's complement sign extension in place: (c ^ h) - h
-                    codes = codes.view(np.int8)
-                    half = np.int8(1 << (et.bits - 1))
-                    np.bitwise_xor(codes, half, out=codes)
-                    np.subtract(codes, half, out=codes)
-                np.copyto(dst[:n], codes, casting="unsafe")
+            if et.bits == 4 and et.kind in ("int", "uint") and self.values_key == et.name:
+                codes = unpack(b8, et, phase + n)[phase:]  # 4-bit integers: faster than a table gather
+                np.copyto(dst[:n], sign_extend(codes, 4) if et.kind == "int" else codes, casting="unsafe")
                 return dst[:n]
             table = _byte_table(self.values_key)
             if phase == 0 and dst.flags.c_contiguous and dst.size >= b8.size * per:
@@ -648,8 +466,7 @@ class _Dense:
         """Integer codes of the region as int64 (affine storage only)."""
         raw = self._raw(d, prefix, a, b)
         if self.et.packed and self.et.kind == "int":
-            bits = self.et.bits
-            return ((raw.astype(np.int64) ^ (1 << (bits - 1))) - (1 << (bits - 1)))
+            raw = sign_extend(raw, self.et.bits)
         return raw.astype(np.int64)
 
     # -- evaluation --------------------------------------------------------------
@@ -738,9 +555,6 @@ class _Dense:
             x = g
 
 
-_LITTLE = np.little_endian
-
-
 @functools.cache
 def _f16_table() -> np.ndarray:
     """float32 value of every float16 bit pattern (numpy's own cast, tabulated: a gather is
@@ -757,26 +571,6 @@ def _to_f32(raw: np.ndarray) -> np.ndarray:
     if raw.dtype.itemsize == 2:  # bfloat16: the high half of a float32
         return (raw.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
     return raw.astype(np.float32, copy=False)
-
-
-def _spread(b8: np.ndarray, bits: int) -> np.ndarray:
-    """Unpack 4-bit codes (LSB-first) into one uint8 per code with whole-word shifts: each
-    byte widens to a uint16 whose little-endian bytes are its two codes — a few SIMD passes,
-    measurably faster than a per-byte table gather (for 2-bit codes the table wins).
-    Little-endian hosts only."""
-    assert bits == 4
-    w = b8.astype(np.uint16)
-    hi = np.left_shift(w, 4)
-    np.bitwise_and(hi, 0x0F00, out=hi)
-    np.bitwise_and(w, 0x000F, out=w)
-    np.bitwise_or(w, hi, out=w)
-    return w.view(np.uint8)
-
-
-def _int_range(et: ElementType) -> tuple[int, int]:
-    if et.kind == "int":
-        return -(1 << (et.bits - 1)), (1 << (et.bits - 1)) - 1
-    return 0, (1 << et.bits) - 1
 
 
 def _c_strides(shape) -> tuple[int, ...]:
@@ -829,43 +623,24 @@ class _Member:
     decoder: "_Dense | _Composite"
     offset: tuple[int, ...]
     shape: tuple[int, ...]
-    role: int | None
 
 
 class _Composite:
-    """Partition and sealed-overlay composites, evaluated region by region."""
+    """Partition and sealed-overlay composites, evaluated region by region.  The head and
+    its members have passed :func:`_validate`."""
 
     def __init__(self, t: Tensor, strict: bool, depth: int) -> None:
         self.name = t.name
         desc = t.descriptor
         head = desc.layout
         assert isinstance(head, CompositeHead)
-        if depth >= _MAX_DEPTH:
-            raise FormatError(f"composites nest deeper than {_MAX_DEPTH} levels", tensor=self.name, field="layout_tag")
-        if any(n is None for n in desc.shape):
-            raise UnsupportedError("a dynamic dimension has no values to read", tensor=self.name, field="shape")
+        check_nesting(depth, tensor=self.name)
         self.logical_shape = tuple(int(n) for n in desc.shape)  # type: ignore[arg-type]
         self.shape = self.logical_shape or (1,)
         self.size = _prod(self.shape)
-        if desc.buffers or desc.quantization is not None or desc.byte_offset:
-            raise FormatError("a composite head owns no data: no buffers, quantization or byte_offset",
-                              tensor=self.name, field="layout_tag")
         self.rule = head.composition_rule
         self.op = head.combine_op
-        if self.rule not in (RULE_PARTITION, RULE_OVERLAY):
-            what = "group" if self.rule == 3 else f"rule {self.rule:#04x}"
-            raise UnsupportedError(f"a {what} composite has no single value view to dequantize",
-                                   tensor=self.name, field="composition_rule")
-        if self.rule == RULE_OVERLAY and self.op not in (OP_ADD, OP_REPLACE):
-            raise FormatError(f"overlay combine_op {self.op:#04x} is neither replace nor add",
-                              tensor=self.name, field="combine_op")
-        if self.rule == RULE_PARTITION and self.op != 0:
-            raise FormatError(f"partition combine_op must be 0, not {self.op:#04x}", tensor=self.name, field="combine_op")
-        if len(t.members) != head.member_count:
-            raise InconsistentError(f"the head declares {head.member_count} members, {len(t.members)} are attached",
-                                    tensor=self.name, field="member_count")
         et = desc.element_type
-        self.head_type = et
         self.round: Callable[[np.ndarray], None] | None = None
         if et.kind == "float" and et.bits < 32 and et.numpy:
             hd = et.dtype
@@ -880,58 +655,23 @@ class _Composite:
         elif et.kind in ("complex", "scale") or not (et.numpy or et.packed):
             raise UnsupportedError(f"head element type {et.name} has no float32 value", tensor=self.name,
                                    field="type_tag")
-        members = []
-        for i, m in enumerate(t.members):
-            md = m.descriptor
-            where = f"member {i} ({m.name!r})"
-            if md.shard is None:
-                raise FormatError(f"{where} has no shard section", tensor=self.name, field="shard")
-            if tuple(md.shard.parent_shape) != self.logical_shape:
-                raise InconsistentError(f"{where}: shard parent_shape {tuple(md.shard.parent_shape)} != head shape "
-                                        f"{self.logical_shape}", tensor=self.name, field="shard.parent_shape")
-            off = tuple(int(o) for o in md.shard.offset) or (0,)
-            if any(n is None for n in md.shape):
-                raise UnsupportedError(f"{where} has a dynamic dimension", tensor=self.name, field="shape")
-            mshape = tuple(int(n) for n in md.shape) or (1,)  # type: ignore[arg-type]
-            if len(off) != len(self.shape) or len(mshape) != len(self.shape):
-                raise InconsistentError(f"{where}: rank differs from the head's", tensor=self.name, field="shard.offset")
-            if any(o + n > h for o, n, h in zip(off, mshape, self.shape)):
-                raise InconsistentError(f"{where}: box at {off} of shape {mshape} exceeds the head shape "
-                                        f"{self.logical_shape}", tensor=self.name, field="shard.offset")
-            role = md.composite_member.role if md.composite_member is not None else None
-            if self.rule == RULE_OVERLAY:
-                if role is None:
-                    raise FormatError(f"{where} has no composite-member section", tensor=self.name,
-                                      field="composite_member")
-                want = ROLE_BASE if i == 0 else ROLE_CORRECTION
-                if role != want:
-                    raise FormatError(f"{where} has role {role}, expected {'base' if i == 0 else 'correction'}",
-                                      tensor=self.name, field="member_role")
-                if i == 0 and (any(off) or mshape != self.shape):
-                    raise InconsistentError(f"{where}: the base must span the whole head", tensor=self.name,
-                                            field="shard.offset")
-            elif role is not None:
-                raise FormatError(f"{where}: a partition member must not carry a composite-member section",
-                                  tensor=self.name, field="composite_member")
-            members.append(_Member(_make(m, strict, depth + 1), off, mshape, role))
-        if self.rule == RULE_OVERLAY and not members:
-            raise FormatError("an overlay needs a base member", tensor=self.name, field="member_count")
-        if self.rule == RULE_PARTITION:
-            self._check_partition(members)
-        self.members = tuple(members)
+        self.members = tuple(
+            _Member(_make(m, strict, depth + 1), tuple(int(o) for o in m.descriptor.shard.offset) or (0,),  # type: ignore[union-attr]
+                    tuple(int(n) for n in m.descriptor.shape) or (1,))  # type: ignore[arg-type]
+            for m in t.members
+        )
+        # members by their first row, for finding the few a piece meets (see _candidates)
+        self._by_row = sorted(range(len(self.members)), key=lambda i: self.members[i].offset[0])
+        self._row_starts = [self.members[i].offset[0] for i in self._by_row]
+        self._tallest = max((m.shape[0] for m in self.members), default=0)
 
-    def _check_partition(self, members: list[_Member]) -> None:
-        total = sum(_prod(m.shape) for m in members)
-        for i, m in enumerate(members):
-            for j in range(i):
-                o = members[j]
-                if all(m.offset[k] < o.offset[k] + o.shape[k] and o.offset[k] < m.offset[k] + m.shape[k]
-                       for k in range(len(self.shape))) and _prod(m.shape) and _prod(o.shape):
-                    raise InconsistentError(f"partition members {j} and {i} overlap", tensor=self.name,
-                                            field="shard.offset")
-        if total != self.size:
-            raise InconsistentError(f"partition members cover {total} of {self.size} elements",
-                                    tensor=self.name, field="shard.offset")
+    def _candidates(self, lo: int, hi: int) -> list[int]:
+        """Indices (in member order) of the members whose rows meet ``[lo, hi)`` along
+        dimension 0: a bisection over the sorted first rows, so a piece costs the members
+        it meets (plus log n), not all of them."""
+        i0 = bisect.bisect_right(self._row_starts, lo - self._tallest)
+        i1 = bisect.bisect_left(self._row_starts, hi)
+        return sorted(k for k in self._by_row[i0:i1] if self.members[k].offset[0] + self.members[k].shape[0] > lo)
 
     align = (-1, 1)
 
@@ -945,7 +685,9 @@ class _Composite:
 
     def _piece(self, d: int, prefix, a: int, b: int, out: np.ndarray, work: "_Work") -> None:
         o = out.reshape((b - a, *self.shape[d + 1 :]))
-        for idx, m in enumerate(self.members):
+        lo, hi = (prefix[0], prefix[0] + 1) if d else (a, b)
+        for idx in self._candidates(lo, hi):
+            m = self.members[idx]
             off, ms = m.offset, m.shape
             if any(not off[k] <= prefix[k] < off[k] + ms[k] for k in range(d)):
                 continue
@@ -976,11 +718,42 @@ class _Composite:
 
 
 def _make(t: Tensor, strict: bool, depth: int = 0) -> "_Dense | _Composite":
-    if not isinstance(t, Tensor):
-        raise UsageError(f"expected a hurray_interop Tensor, got {type(t).__name__}")
+    """Validate ``t`` (see :func:`_validate`) and build its evaluator."""
+    _validate(t, strict)
     if isinstance(t.descriptor.layout, CompositeHead):
         return _Composite(t, strict, depth)
     return _Dense(t, strict)
+
+
+def _validate(t: Tensor, strict: bool) -> None:
+    """What this module cannot evaluate first (UnsupportedError), then the core's rules for
+    the descriptor, the buffer contents, the composite membership and (strict) the
+    parameter values -- one home for each rule, the same checks the ``.hrry`` reader runs."""
+    if not isinstance(t, Tensor) or not isinstance(t.descriptor, Descriptor):
+        raise UsageError(f"expected a hurray_interop Tensor, got {type(t).__name__}")
+    desc = t.descriptor
+    layout = desc.layout
+    if any(n is None for n in desc.shape):
+        raise UnsupportedError("a dynamic dimension has no values to read", tensor=t.name, field="shape")
+    if isinstance(layout, CompositeHead):
+        if layout.composition_rule == RULE_GROUP:
+            raise UnsupportedError("a group composite has no single value view to dequantize", tensor=t.name,
+                                   field="composition_rule")
+    else:
+        et = desc.element_type
+        if et.kind in ("complex", "private") or (not et.numpy and not et.packed):
+            raise UnsupportedError(f"element type {et.name} has no float32 value", tensor=t.name, field="type_tag")
+        if not isinstance(layout, (RowMajor, ColumnMajor, Strided)):
+            raise UnsupportedError(f"layout {type(layout).__name__} (tag {layout.tag:#04x}) cannot be dequantized; "
+                                   "only row-major, column-major and strided layouts are supported",
+                                   tensor=t.name, field="layout_tag")
+    validate_descriptor(desc, tensor=t.name)
+    validate_addressed_range(desc, tensor=t.name)
+    check_buffer_sizes(desc, t.data, tensor=t.name)
+    if isinstance(layout, CompositeHead):
+        validate_composite(t.name, desc, [(m.name, m.descriptor) for m in t.members])
+    elif strict:
+        validate_parameter_values(desc, t.data, tensor=t.name)
 
 
 # ---------------------------------------------------------------------------
@@ -1000,9 +773,11 @@ def iter_dequantize(
     the last dimension.  A rank-0 tensor yields ``((), array(shape=()))``.
 
     The descriptor and all parameter buffers are validated before the first
-    chunk is produced; with ``strict=False`` the *value* rules (finite non-zero
-    scales, MXFP scale bytes 0x00/0xFF, zero-point ranges) are not enforced and
-    such values decode arithmetically (0x00 → 2^-127, 0xFF → NaN).  ``threads``
+    chunk is produced; with ``strict=False`` the parameter-value rules (finite
+    non-zero scales, MXFP scale bytes 0x00/0xFF, per-channel zero-point ranges) and
+    the float8_e8m0 data bytes are not enforced and such values decode
+    arithmetically (0x00 → 2^-127, 0xFF → NaN); the per-tensor scale and zero
+    point are descriptor fields and always checked.  ``threads``
     parallelizes the evaluation of each chunk (see :func:`dequantize`).
     """
     if max_elements < 1:

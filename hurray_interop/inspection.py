@@ -96,7 +96,7 @@ def inspect_hurray(path: str) -> dict[str, Any]:
 
     with HrryFile(path) as hf:
         tensors = []
-        members = set(n for n in hf.names if n not in set(hf.top_level_names()))
+        members = set(hf.names) - set(hf.top_level_names())
         for name in hf.names:
             d = hf.descriptor(name)
             q = describe_quantization(d)

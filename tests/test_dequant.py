@@ -378,9 +378,11 @@ def test_strided_quantized_with_byte_offset():
 # composites
 
 
-def member(name, values_f16, offset, parent, role=None):
-    v = np.asarray(values_f16, np.float16)
-    return make(name, "float16", v.shape, v, shard=Shard(parent_shape=parent, offset=offset), role=role)
+def member(name, values_f16, offset, parent, role=None, etype="float32"):
+    """float16-representable values stored as ``etype``, the head's element type (an unquantized
+    member stores its head's type: composite.md § Members)."""
+    v = np.asarray(values_f16, np.float16).astype(element_type(etype).dtype)
+    return make(name, etype, v.shape, v, shard=Shard(parent_shape=parent, offset=offset), role=role)
 
 
 def head(name, shape, rule, op, members, etype="float32"):
@@ -417,10 +419,12 @@ def test_overlay_add_in_float16_head_rounds_each_step():
     parent = (4,)
     base = np.array([1.0, 2048.0, 0.1, -3.0], np.float16)
     corr = np.array([0.0004, 1.0, 0.2, 3.0], np.float16)
-    members = (member("b", base, (0,), parent, ROLE_BASE), member("c", corr, (0,), parent, ROLE_CORRECTION))
+    members = (member("b", base, (0,), parent, ROLE_BASE, "float16"),
+               member("c", corr, (0,), parent, ROLE_CORRECTION, "float16"))
     got = dequantize(head("h16", parent, RULE_OVERLAY, OP_ADD, members, etype="float16"))
     assert same_bits(got, (base + corr).astype(np.float32))  # numpy float16 add rounds per IEEE
     assert got[1] == 2048.0  # 2048 + 1 is not a float16
+    members = (member("b", base, (0,), parent, ROLE_BASE), member("c", corr, (0,), parent, ROLE_CORRECTION))
     got32 = dequantize(head("h32", parent, RULE_OVERLAY, OP_ADD, members))
     assert got32[1] == 2049.0
 
@@ -457,6 +461,23 @@ def test_nested_composite():
     right = member("c", np.full((4, 2), 3.0), (0, 2), parent)
     got = dequantize(head("outer", parent, RULE_PARTITION, 0, [left, right]))
     assert same_bits(got, np.tile(np.array([1, 2, 3, 3], np.float32), (4, 1)))
+
+
+def test_composite_nesting_limit():
+    """composite.md § Binding: at most 8 levels of composites; 8 evaluate, 9 are rejected."""
+    def nest(levels):
+        t = member("leaf", [1.0, 2.0], (0,), (2,))
+        for k in range(levels):
+            h = head(f"h{k}", (2,), RULE_PARTITION, 0, [t])
+            d = h.descriptor
+            t = Tensor(h.name, Descriptor(element_type=d.element_type, shape=d.shape, buffers=(), layout=d.layout,
+                                          shard=Shard(parent_shape=(2,), offset=(0,))), members=h.members)
+        return Tensor(t.name, Descriptor(element_type=t.descriptor.element_type, shape=(2,), buffers=(),
+                                         layout=t.descriptor.layout), members=t.members)
+
+    assert same_bits(dequantize(nest(8)), np.array([1.0, 2.0], np.float32))
+    with pytest.raises(FormatError, match="composite nesting deeper than 8"):
+        dequantize(nest(9))
 
 
 # ---------------------------------------------------------------------------
@@ -505,7 +526,7 @@ def test_composite_head_with_data_rejected():
     d = h.descriptor
     bad = Tensor("hd", Descriptor(element_type=d.element_type, shape=d.shape, buffers=(BufferHandle.cpu(4),),
                                   layout=d.layout), (np.zeros(4, np.uint8),), h.members)
-    with pytest.raises(FormatError, match="tensor 'hd'.*owns no data"):
+    with pytest.raises(FormatError, match="tensor 'hd'.*composite head must have buffer_count 0"):
         dequantize(bad)
 
 
@@ -526,18 +547,27 @@ def test_partition_gap_and_overlap_rejected():
         dequantize(overlap)
     bad_base = head("bb", parent, RULE_OVERLAY, OP_ADD, [member("a", np.ones((2, 4)), (0, 0), parent,
                                                                 ROLE_CORRECTION)])
-    with pytest.raises(FormatError, match="expected base"):
+    with pytest.raises(FormatError, match="must have role base"):
         dequantize(bad_base)
 
 
 def test_truncated_data_buffer():
     t = make("short", "int4", (4, 32), np.zeros(63, np.uint8), (np.ones(4, np.float16),),
              quant=PerBlockAffine(axis=1, block_size=32, scale_buffer_index=1))
-    with pytest.raises(TruncatedError, match="tensor 'short'.*buffer 0 holds 63"):
+    with pytest.raises(InconsistentError, match="tensor 'short'.*buffer 0 holds 63"):
         dequantize(t)
     st = make("oob", "float32", (3, 4), np.zeros(8, np.float32), layout=Strided(strides=(-4, 1)), byte_offset=4)
     with pytest.raises(FormatError, match="before the start of buffer 0"):
         dequantize(st)
+
+
+def test_buffers_must_match_their_handles():
+    t = make("h", "float32", (4,), np.zeros(4, np.float32))
+    short = Tensor("h", t.descriptor, (t.data[0][:8],))
+    with pytest.raises(InconsistentError, match="tensor 'h'.*buffer 0 holds 8 bytes, its handle declares 16"):
+        dequantize(short)
+    with pytest.raises(InconsistentError, match="declares 1 buffers, the tensor carries 0"):
+        dequantize(Tensor("h", t.descriptor, ()))
 
 
 def test_forbidden_scales_strict_and_lenient():
@@ -545,13 +575,13 @@ def test_forbidden_scales_strict_and_lenient():
     codes[0] = 3
     t = make("z", "int8", (32,), codes, (np.zeros(1, np.float16),),
              quant=PerBlockAffine(axis=0, block_size=32, scale_buffer_index=1))
-    with pytest.raises(FormatError, match="tensor 'z'.*scale is zero"):
+    with pytest.raises(FormatError, match="tensor 'z'.*scale of block 0 is 0.0"):
         dequantize(t)
     assert same_bits(dequantize(t, strict=False), np.zeros(32, np.float32))
     for e in (0x00, 0xFF):
         mx = make("mx", "float4_e2m1", (32,), np.full(16, 0x22, np.uint8), (np.array([e], np.uint8),),
                   quant=MXFP(axis=0, block_size=32, scale_buffer_index=1))
-        with pytest.raises(FormatError, match="0x00 or 0xFF"):
+        with pytest.raises(FormatError, match=f"MXFP scale byte of block 0 is {e:#04x}"):
             dequantize(mx)
     lenient = dequantize(mx, strict=False)
     assert np.all(np.isnan(lenient))
@@ -561,14 +591,14 @@ def test_forbidden_scales_strict_and_lenient():
 
 
 @pytest.mark.parametrize("etype,quant,match", [
-    ("float32", PerBlockAffine(axis=0, block_size=32, scale_buffer_index=1), "not valid for per-block"),
-    ("int4", NF4(axis=0, block_size=32, scale_buffer_index=1), "not valid for NF4"),
-    ("uint8", MXFP(axis=0, block_size=32, scale_buffer_index=1), "not valid for MXFP"),
-    ("int8", PerBlockAffine(axis=1, block_size=32, scale_buffer_index=1), "axis 1 is not below rank 1"),
+    ("float32", PerBlockAffine(axis=0, block_size=32, scale_buffer_index=1), "not allowed with per-block"),
+    ("int4", NF4(axis=0, block_size=32, scale_buffer_index=1), "not allowed with NF4"),
+    ("uint8", MXFP(axis=0, block_size=32, scale_buffer_index=1), "not allowed with MXFP"),
+    ("int8", PerBlockAffine(axis=1, block_size=32, scale_buffer_index=1), "axis 1 is not less than rank 1"),
     ("int8", PerBlockAffine(axis=0, block_size=24, scale_buffer_index=1), "power of two"),
-    ("int8", PerBlockAffine(axis=0, block_size=32, scale_buffer_index=5), "not below buffer_count"),
-    ("int8", PerBlockAffine(axis=0, block_size=32, scale_buffer_index=0), "must not be the data buffer"),
-    ("int8", MXFP(axis=0, block_size=8, scale_buffer_index=1), "power of two"),
+    ("int8", PerBlockAffine(axis=0, block_size=32, scale_buffer_index=5), "not less than buffer_count"),
+    ("int8", PerBlockAffine(axis=0, block_size=32, scale_buffer_index=0), "refers to the data buffer"),
+    ("int8", MXFP(axis=0, block_size=8, scale_buffer_index=1), r"outside \[16, 2048\]"),
 ])
 def test_bad_descriptors(etype, quant, match):
     t = make("bad", etype, (32,), np.zeros(32 * element_type(etype).bits // 8, np.uint8), (np.ones(1, np.float16),),
@@ -580,7 +610,7 @@ def test_bad_descriptors(etype, quant, match):
 def test_scale_buffer_size_must_match():
     t = make("sz", "int8", (64,), np.zeros(64, np.uint8), (np.ones(1, np.float16),),
              quant=PerBlockAffine(axis=0, block_size=32, scale_buffer_index=1))
-    with pytest.raises(TruncatedError, match="scale buffer 1 holds 2 bytes, 2 values need exactly 4"):
+    with pytest.raises(InconsistentError, match="scale buffer 1 holds 2 bytes, per-block affine needs 4"):
         dequantize(t)
 
 
@@ -600,7 +630,7 @@ def test_empty_outer_dimension_per_channel():
     assert dequantize(t).shape == (0, 3)
     bad = make("z", "uint8", (2, 3), np.zeros(6, np.uint8), (np.ones(3, np.float32), np.array([0, 256, 0], np.int32)),
                quant=PerChannelAffine(axis=1, scale_buffer_index=1, zero_point_buffer_index=2))
-    with pytest.raises(FormatError, match="zero point is outside the uint8 range"):
+    with pytest.raises(FormatError, match="zero point of channel 1 is 256, outside the uint8 range"):
         dequantize(bad)
 
 

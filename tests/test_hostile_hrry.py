@@ -408,7 +408,7 @@ def test_partition_overlap_sweep_agrees_with_all_pairs():
     all pairs is the oracle), and the pair it names does overlap."""
     import random
 
-    from hurray_interop.core.hrry import _first_overlap
+    from hurray_interop.core.composite import first_overlap as _first_overlap
 
     def overlap(a, b):
         (oa, sa), (ob, sb) = a, b

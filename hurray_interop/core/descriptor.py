@@ -24,8 +24,13 @@ Public API
     Checks that need quantization-parameter buffer *contents*.
 ``encode_quantization(q) -> bytes`` / ``decode_quantization(buf, offset=0, *, length=None, rank=None, ...)``
     The scheme bytes alone (no ``u32 quantization_length`` prefix).
-``dense_byte_size(desc)``, ``blocks_per_axis(desc)``, ``num_blocks(desc)``
+``dense_byte_size(desc)``, ``padded_byte_size(desc)``, ``addressed_byte_range(desc)``,
+``blocks_per_axis(desc)``, ``num_blocks(desc)``
     Size arithmetic shared with the dequantizer and the converters.
+``validate_addressed_range(desc, *, path=None, tensor=None)``
+    Every element of a strided tensor lies inside buffer 0 (not part of ``validate_descriptor``).
+``check_buffer_sizes(desc, data, *, path=None, tensor=None)``
+    The buffer contents of an in-memory tensor agree with its buffer table.
 
 Decisions (see docs/conversion-rules.md § 6 and docs/format-notes.md § 2.11):
 
@@ -69,7 +74,7 @@ from ..errors import (
     UsageError,
 )
 from ..files.binary import Reader
-from .elements import ELEMENT_TYPES_BY_TAG, ElementType, buffer_size, is_private_tag
+from .elements import ELEMENT_TYPES_BY_TAG, ElementType, buffer_size, e8m0_reserved, is_private_tag
 from .model import (
     DYNAMIC,
     MXFP,
@@ -108,6 +113,10 @@ __all__ = [
     "encode_quantization",
     "decode_quantization",
     "dense_byte_size",
+    "padded_byte_size",
+    "addressed_byte_range",
+    "validate_addressed_range",
+    "check_buffer_sizes",
     "blocks_per_axis",
     "num_blocks",
     "private_element_type",
@@ -746,74 +755,84 @@ def _int(v: object, bits: int, ctx: _Ctx, field: str, at: int | None, signed: bo
         raise ctx.err(FormatError, f"{v!r} is not a {'signed' if signed else 'unsigned'} {bits}-bit integer", field, at)
 
 
-def _validate(desc: Descriptor, ctx: _Ctx, *, structural: bool) -> None:
-    """All semantic rules.  ``structural`` adds the value-range checks a decoder
-    gets for free from the wire widths (needed for in-memory descriptors)."""
+def _validate_structural(desc: Descriptor, ctx: _Ctx) -> None:
+    """The value-range checks a decoder gets for free from the wire widths (needed for
+    in-memory descriptors)."""
     et = desc.element_type
     layout = desc.layout
     shape = desc.shape
     r = len(shape)
     tag = layout.tag
-    if structural:
-        if not isinstance(et, ElementType):
-            raise ctx.err(FormatError, f"element_type {et!r} is not an ElementType", "type_tag", 14)
-        if desc.version_major != 1:
-            raise ctx.err(UnsupportedError, f"descriptor version {desc.version_major}.{desc.version_minor} is not supported (major must be 1)", "version_major", 4)
-        _int(desc.version_minor, 8, ctx, "version_minor", 5)
-        if r > MAX_RANK:
-            raise ctx.err(FormatError, f"rank {r} exceeds the maximum {MAX_RANK}", "rank", 16)
-        for k, d in enumerate(shape):
-            if d is not None:
-                _int(d, 64, ctx, f"shape[{k}]", ctx.shape + 8 * k)
-                if d == DYNAMIC:
-                    raise ctx.err(FormatError, "use None for the dynamic dimension", f"shape[{k}]", ctx.shape + 8 * k)
-        _int(desc.byte_offset, 64, ctx, "byte_offset", ctx.byte_offset)
-        if not isinstance(desc.quantization_padding, (bytes, bytearray)):
-            raise ctx.err(FormatError, "quantization_padding must be bytes", "quantization_length", ctx.quant)
-        if desc.quantization is None and desc.quantization_padding:
-            raise ctx.err(InconsistentError, "quantization_padding without a quantization scheme", "flags", 10)
-        if len(desc.buffers) > 255:
-            raise ctx.err(FormatError, f"{len(desc.buffers)} buffers exceed the maximum 255", "buffer_count", ctx.buffers)
-        if is_private_tag(et.tag):
-            if desc.extension_type is None:
-                raise ctx.err(InconsistentError, f"private type_tag {et.tag:#04x} without the extension-type section", "flags", 10)
-        else:
-            if ELEMENT_TYPES_BY_TAG.get(et.tag) != et:
-                raise ctx.err(FormatError, f"unknown or reserved type_tag {et.tag:#04x}", "type_tag", 14)
-            if desc.extension_type is not None:
-                raise ctx.err(InconsistentError, f"HAS_EXTENSION_TYPE set for standard type {et.name}", "flags", 10)
-        if not (tag in _LAYOUT_NAMES or (isinstance(layout, PrivateLayout) and is_private_tag(tag))):
-            raise ctx.err(FormatError, f"unknown or reserved layout_tag {tag:#04x}", "layout_tag", 15)
-        if isinstance(layout, Coo) and layout.is_sorted not in (0, 1):
-            raise ctx.err(FormatError, f"is_sorted {layout.is_sorted!r} is not a bool", "coo.is_sorted", ctx.layout + 8)
-        _validate_layout_structure(desc, ctx)
-        for i, h in enumerate(desc.buffers):
-            at = ctx.buffers + 1 + 16 * i
-            _int(h.byte_size, 64, ctx, f"buffer[{i}].byte_size", at)
-            _int(h.alignment, 32, ctx, f"buffer[{i}].alignment", at + 8)
-            _int(h.device, 8, ctx, f"buffer[{i}].device", at + 12)
-            _int(h.sync_mode, 8, ctx, f"buffer[{i}].sync_mode", at + 13)
-            _int(h.memory_class, 8, ctx, f"buffer[{i}].memory_class", at + 14)
-        if desc.quantization is not None:
-            _check_scheme(desc.quantization, ctx, ctx.quant + 4, structural=True)
-        if desc.statistics is not None:
-            s = desc.statistics
-            at = ctx.stats
-            _int(s.computed_mask, 32, ctx, "statistics.computed_mask", at)
-            _int(s.nnz, 64, ctx, "statistics.nnz", at + 8)
-            for j, name in enumerate(("nm_n", "nm_m", "has_nan", "has_inf")):
-                _int(getattr(s, name), 8, ctx, f"statistics.{name}", at + 64 + j)
+    if not isinstance(et, ElementType):
+        raise ctx.err(FormatError, f"element_type {et!r} is not an ElementType", "type_tag", 14)
+    if desc.version_major != 1:
+        raise ctx.err(UnsupportedError, f"descriptor version {desc.version_major}.{desc.version_minor} is not supported (major must be 1)", "version_major", 4)
+    _int(desc.version_minor, 8, ctx, "version_minor", 5)
+    if r > MAX_RANK:
+        raise ctx.err(FormatError, f"rank {r} exceeds the maximum {MAX_RANK}", "rank", 16)
+    for k, d in enumerate(shape):
+        if d is not None:
+            _int(d, 64, ctx, f"shape[{k}]", ctx.shape + 8 * k)
+            if d == DYNAMIC:
+                raise ctx.err(FormatError, "use None for the dynamic dimension", f"shape[{k}]", ctx.shape + 8 * k)
+    _int(desc.byte_offset, 64, ctx, "byte_offset", ctx.byte_offset)
+    if not isinstance(desc.quantization_padding, (bytes, bytearray)):
+        raise ctx.err(FormatError, "quantization_padding must be bytes", "quantization_length", ctx.quant)
+    if desc.quantization is None and desc.quantization_padding:
+        raise ctx.err(InconsistentError, "quantization_padding without a quantization scheme", "flags", 10)
+    if len(desc.buffers) > 255:
+        raise ctx.err(FormatError, f"{len(desc.buffers)} buffers exceed the maximum 255", "buffer_count", ctx.buffers)
+    if is_private_tag(et.tag):
+        if desc.extension_type is None:
+            raise ctx.err(InconsistentError, f"private type_tag {et.tag:#04x} without the extension-type section", "flags", 10)
+    else:
+        if ELEMENT_TYPES_BY_TAG.get(et.tag) != et:
+            raise ctx.err(FormatError, f"unknown or reserved type_tag {et.tag:#04x}", "type_tag", 14)
         if desc.extension_type is not None:
-            e = desc.extension_type
-            at = ctx.ext
-            for name, bits, rel in (
-                ("bit_width", 32, 0), ("packing_factor", 8, 4), ("is_float", 8, 5), ("is_signed", 8, 6),
-                ("sign_bits", 8, 7), ("exponent_bits", 8, 8), ("mantissa_bits", 8, 9), ("exponent_bias", 32, 12),
-                ("has_nan", 8, 16), ("has_inf", 8, 17),
-            ):
-                _int(getattr(e, name), bits, ctx, f"extension_type.{name}", at + rel)
-        if desc.composite_member is not None:
-            _int(desc.composite_member.role, 8, ctx, "composite_member.role", ctx.member)
+            raise ctx.err(InconsistentError, f"HAS_EXTENSION_TYPE set for standard type {et.name}", "flags", 10)
+    if not (tag in _LAYOUT_NAMES or (isinstance(layout, PrivateLayout) and is_private_tag(tag))):
+        raise ctx.err(FormatError, f"unknown or reserved layout_tag {tag:#04x}", "layout_tag", 15)
+    if isinstance(layout, Coo) and layout.is_sorted not in (0, 1):
+        raise ctx.err(FormatError, f"is_sorted {layout.is_sorted!r} is not a bool", "coo.is_sorted", ctx.layout + 8)
+    _validate_layout_structure(desc, ctx)
+    for i, h in enumerate(desc.buffers):
+        at = ctx.buffers + 1 + 16 * i
+        _int(h.byte_size, 64, ctx, f"buffer[{i}].byte_size", at)
+        _int(h.alignment, 32, ctx, f"buffer[{i}].alignment", at + 8)
+        _int(h.device, 8, ctx, f"buffer[{i}].device", at + 12)
+        _int(h.sync_mode, 8, ctx, f"buffer[{i}].sync_mode", at + 13)
+        _int(h.memory_class, 8, ctx, f"buffer[{i}].memory_class", at + 14)
+    if desc.quantization is not None:
+        _check_scheme(desc.quantization, ctx, ctx.quant + 4, structural=True)
+    if desc.statistics is not None:
+        s = desc.statistics
+        at = ctx.stats
+        _int(s.computed_mask, 32, ctx, "statistics.computed_mask", at)
+        _int(s.nnz, 64, ctx, "statistics.nnz", at + 8)
+        for j, name in enumerate(("nm_n", "nm_m", "has_nan", "has_inf")):
+            _int(getattr(s, name), 8, ctx, f"statistics.{name}", at + 64 + j)
+    if desc.extension_type is not None:
+        e = desc.extension_type
+        at = ctx.ext
+        for name, bits, rel in (
+            ("bit_width", 32, 0), ("packing_factor", 8, 4), ("is_float", 8, 5), ("is_signed", 8, 6),
+            ("sign_bits", 8, 7), ("exponent_bits", 8, 8), ("mantissa_bits", 8, 9), ("exponent_bias", 32, 12),
+            ("has_nan", 8, 16), ("has_inf", 8, 17),
+        ):
+            _int(getattr(e, name), bits, ctx, f"extension_type.{name}", at + rel)
+    if desc.composite_member is not None:
+        _int(desc.composite_member.role, 8, ctx, "composite_member.role", ctx.member)
+
+
+def _validate(desc: Descriptor, ctx: _Ctx, *, structural: bool) -> None:
+    """All semantic rules.  ``structural`` adds the value-range checks a decoder
+    gets for free from the wire widths (needed for in-memory descriptors)."""
+    layout = desc.layout
+    shape = desc.shape
+    r = len(shape)
+    tag = layout.tag
+    if structural:
+        _validate_structural(desc, ctx)
 
     # --- rank / scalars --------------------------------------------------
     if r == 0 and tag != 0x01:
@@ -1254,7 +1273,7 @@ def _validate_data_size(desc: Descriptor, ctx: _Ctx) -> None:
         return
     if got == want:
         return
-    alt = _padded_byte_size(desc)
+    alt = padded_byte_size(desc)
     if alt is not None and got == alt:
         return
     also = f" (or {alt} with padded partial blocks)" if alt is not None else ""
@@ -1267,6 +1286,72 @@ def _validate_data_size(desc: Descriptor, ctx: _Ctx) -> None:
 
 # ---------------------------------------------------------------------------
 # size arithmetic
+
+
+def addressed_byte_range(desc: Descriptor) -> tuple[int, int] | None:
+    """``(first, end)``: the bytes of buffer 0 a strided tensor's elements occupy,
+    ``byte_offset`` included (``first < 0`` when a stride reaches before the buffer).
+    Strides count logical elements; a sub-byte element occupies the byte (6-bit: the
+    3-byte group) holding it.  None for other layouts, empty or dynamic shapes and
+    private element types."""
+    layout = desc.layout
+    et = desc.element_type
+    if not isinstance(layout, Strided) or et.kind == "private" or len(layout.strides) != len(desc.shape):
+        return None
+    if any(n is None or n == 0 for n in desc.shape):
+        return None
+    lo = sum(min(0, s * (n - 1)) for s, n in zip(layout.strides, desc.shape))  # type: ignore[operator]
+    hi = sum(max(0, s * (n - 1)) for s, n in zip(layout.strides, desc.shape))  # type: ignore[operator]
+    bo = desc.byte_offset
+    if et.bits == 6:
+        return bo + 3 * (lo // 4), bo + 3 * (hi // 4) + 3
+    if et.packed:
+        per = 8 // et.bits
+        return bo + lo // per, bo + hi // per + 1
+    return bo + lo * (et.bits // 8), bo + (hi + 1) * (et.bits // 8)
+
+
+def validate_addressed_range(desc: Descriptor, *, path: str | None = None, tensor: str | None = None) -> None:
+    """strided.md: "the physical address of every valid element MUST lie within the buffer's
+    bounds" (buffer 0 as its handle declares it).  Not part of :func:`validate_descriptor`:
+    the reference binding accepts strides reaching outside the buffer, and so does the
+    reader (such a tensor can be listed and copied, not evaluated); the dequantizer calls it."""
+    span = addressed_byte_range(desc)
+    if span is None:
+        return
+    first, end = span
+    bo = desc.byte_offset
+    if first < 0:
+        raise FormatError(f"an element lies {-first} bytes before the start of buffer 0 (byte_offset {bo})",
+                          path=path, tensor=tensor, field="byte_offset")
+    have = desc.buffers[0].byte_size
+    if end > have:
+        raise TruncatedError(f"the layout addresses bytes up to {end}, buffer 0 holds {have}", path=path, tensor=tensor,
+                             field="buffer[0].byte_size", offset=bo)
+
+
+def check_buffer_sizes(
+    desc: Descriptor,
+    data: Sequence["np.ndarray | bytes"],
+    *,
+    indices: Sequence[int] | None = None,
+    path: str | None = None,
+    tensor: str | None = None,
+) -> None:
+    """Raise :class:`InconsistentError` unless buffer ``i`` of ``data`` holds exactly the
+    ``byte_size`` its handle declares, for every ``i`` in ``indices`` (default: every buffer,
+    and then ``data`` must have one entry per handle)."""
+    if indices is None:
+        if len(data) != len(desc.buffers):
+            raise InconsistentError(f"the descriptor declares {len(desc.buffers)} buffers, the tensor carries {len(data)}",
+                                    path=path, tensor=tensor, field="buffers")
+        indices = range(len(desc.buffers))
+    for i in indices:
+        got = len(data[i]) if not isinstance(data[i], np.ndarray) else data[i].nbytes
+        want = desc.buffers[i].byte_size if i < len(desc.buffers) else None
+        if want is not None and got != want:
+            raise InconsistentError(f"buffer {i} holds {got} bytes, its handle declares {want}", path=path, tensor=tensor,
+                                    field=f"buffer[{i}]")
 
 
 def dense_byte_size(desc: Descriptor) -> int | None:
@@ -1303,7 +1388,7 @@ def _sparse_byte_sizes(desc: Descriptor) -> list[int] | None:
     return [values, 8 * layout.nnz, 8 * (ptr_dim + 1)]  # type: ignore[operator]
 
 
-def _padded_byte_size(desc: Descriptor) -> int | None:
+def padded_byte_size(desc: Descriptor) -> int | None:
     """The seed's per-block/NF4 padded data size: each outer row of the axis holds
     ``ceil(S/K)·K`` storage elements (None when no partial block exists)."""
     q = desc.quantization
@@ -1395,11 +1480,9 @@ def validate_parameter_values(
         """Entries of ``dt`` in buffer ``idx`` from entry ``start`` (at most ``count``)."""
         if idx >= len(data):
             raise UsageError(f"buffer {idx} contents not supplied", path=path, tensor=tensor, field=f"buffer[{idx}]")
+        check_buffer_sizes(desc, data, indices=(idx,), path=path, tensor=tensor)
         raw = data[idx]
         raw = raw.reshape(-1).view(np.uint8) if isinstance(raw, np.ndarray) else np.frombuffer(raw, np.uint8)
-        want = desc.buffers[idx].byte_size if idx < len(desc.buffers) else None
-        if want is not None and raw.size != want:
-            raise InconsistentError(f"buffer holds {raw.size} bytes, descriptor declares {want}", path=path, tensor=tensor, field=f"buffer[{idx}]")
         item = np.dtype(dt).itemsize
         out = raw[: raw.size - raw.size % item].view(dt)[start:]
         return out if count is None else out[:count]
@@ -1414,7 +1497,7 @@ def validate_parameter_values(
 
     if isinstance(q, MXFP):
         a = view(q.scale_buffer_index, "u1")
-        i = _first_bad(a, lambda c: (c == 0x00) | (c == 0xFF))
+        i = _first_bad(a, e8m0_reserved)
         if i is not None:
             fail(q.scale_buffer_index, i, 1, "MXFP scale byte", f"{int(a[i]):#04x} (reserved in float8_e8m0)")
         return

@@ -33,7 +33,9 @@ __all__ = [
     "buffer_size",
     "pack",
     "unpack",
+    "unpack_at",
     "sign_extend",
+    "e8m0_reserved",
     "is_private_tag",
 ]
 
@@ -98,6 +100,7 @@ def _build() -> tuple[Mapping[str, ElementType], Mapping[int, ElementType]]:
 
 
 ELEMENT_TYPES, ELEMENT_TYPES_BY_TAG = _build()
+_LITTLE = np.little_endian
 
 
 def is_private_tag(tag: int) -> bool:
@@ -210,17 +213,56 @@ def unpack(data: "np.ndarray | bytes | memoryview", et: ElementType | str | int,
         out[:, 2] = (b[:, 1] >> 4) | ((b[:, 2] & 0x03) << 4)
         out[:, 3] = b[:, 2] >> 2
         return out.reshape(-1)[:count]
+    b = raw[:need]
+    if bits == 4 and _LITTLE:
+        # each byte widened to a uint16 whose two little-endian bytes are its two codes:
+        # a few whole-array passes, about twice as fast as one masked pass per code
+        w = b.astype(np.uint16)
+        hi = np.left_shift(w, 4)
+        np.bitwise_and(hi, 0x0F00, out=hi)
+        np.bitwise_and(w, 0x000F, out=w)
+        np.bitwise_or(w, hi, out=w)
+        return w.view(np.uint8)[:count]
     per = 8 // bits
     mask = (1 << bits) - 1
-    b = raw[:need]
     out = np.empty((need, per), dtype=np.uint8)
     for j in range(per):
         out[:, j] = (b >> (bits * j)) & mask
     return out.reshape(-1)[:count]
 
 
+def unpack_at(data: np.ndarray, et: ElementType | str | int, offsets: np.ndarray, byte_offset: int = 0) -> np.ndarray:
+    """Raw uint8 codes of the sub-byte elements at element ``offsets`` (int64, any shape,
+    counted from byte ``byte_offset``; negative ones lie before it) of the packed uint8
+    array ``data`` -- :func:`unpack` for arbitrary positions (strided views).  The caller
+    keeps every addressed byte inside ``data``."""
+    et = element_type(et)
+    if et.bits == 6:
+        g = offsets // 4
+        j = (offsets - 4 * g).astype(np.uint32)
+        at = byte_offset + 3 * g
+        w = data[at].astype(np.uint32) | (data[at + 1].astype(np.uint32) << 8) | (data[at + 2].astype(np.uint32) << 16)
+        return ((w >> (6 * j)) & 0x3F).astype(np.uint8)
+    per = 8 // et.bits
+    byte = offsets // per
+    bit = ((offsets - per * byte) * et.bits).astype(np.uint8)
+    return (data[byte_offset + byte] >> bit) & np.uint8((1 << et.bits) - 1)
+
+
 def sign_extend(codes: np.ndarray, bits: int) -> np.ndarray:
     """Interpret raw ``bits``-wide two's complement codes as int8 values."""
-    c = codes.astype(np.int8, copy=False) if codes.dtype != np.int8 else codes
-    shift = 8 - bits
-    return ((c.view(np.uint8) << shift).view(np.int8) >> shift).astype(np.int8, copy=False)
+    c = codes.view(np.uint8) if codes.dtype.itemsize == 1 else codes.astype(np.uint8)  # low 8 bits
+    if bits == 8:
+        return c.view(np.int8).copy()
+    half = 1 << (bits - 1)
+    out = np.bitwise_and(c, np.uint8((1 << bits) - 1))  # (c ^ half) - half
+    np.bitwise_xor(out, np.uint8(half), out=out)
+    out = out.view(np.int8)
+    np.subtract(out, np.int8(half), out=out)
+    return out
+
+
+def e8m0_reserved(codes: np.ndarray) -> np.ndarray:
+    """Mask of the float8_e8m0 codes a Hurray tensor must not hold: 0x00 and 0xFF
+    (quantization/mxfp.md for scale bytes; the dequantizer applies it to float8_e8m0 data too)."""
+    return (codes == 0x00) | (codes == 0xFF)

@@ -51,9 +51,10 @@ from ..errors import (
 from ..files.binary import Reader
 from ..parallel import prefetch_chunks
 from ..files.atomic import AtomicOutput
+from .composite import check_nesting, validate_composite
 from .descriptor import decode_descriptor, encode_descriptor, validate_parameter_values
 from .kv import KVValue, decode_kv, encode_kv
-from .model import RULE_OVERLAY, RULE_PARTITION, ROLE_BASE, ROLE_CORRECTION, CompositeHead, Descriptor, Tensor
+from .model import Descriptor, Tensor
 
 __all__ = [
     "FILE_MAGIC",
@@ -86,8 +87,6 @@ _KNOWN_FLAGS = FLAG_HAS_KV_METADATA | FLAG_SORTED_INDEX | FLAG_HAS_INDEX_CRC32C
 COUNT_UNKNOWN = 0xFFFFFFFFFFFFFFFF
 MIN_ALIGNMENT = 4096
 MAX_ALIGNMENT = 2 * 1024 * 1024
-#: maximum composite nesting depth (layouts/composite.md § Binding)
-MAX_COMPOSITE_DEPTH = 8
 #: the writer copies buffers in slices of at most this many bytes
 CHUNK = 64 * 1024 * 1024
 
@@ -596,13 +595,11 @@ class HrryFile:
             raise err.located(path=self._p, tensor=name) from None
         members: tuple[Tensor, ...] = ()
         if d.is_composite:
-            if depth >= MAX_COMPOSITE_DEPTH:
-                raise self._err(
-                    FormatError, f"composite nesting deeper than {MAX_COMPOSITE_DEPTH}", "layout", e.descriptor_offset, name
-                )
+            check_nesting(depth, path=self._p, tensor=name, offset=e.descriptor_offset)
             names = self.member_names(name)
             members = tuple(self._tensor(m, depth + 1) for m in names)
-            self._check_composite(name, d, members)
+            validate_composite(name, d, [(m.name, m.descriptor) for m in members], path=self._p,
+                               offset_of=lambda n: self.entry(n).descriptor_offset)
         return Tensor(name, d, data, members)
 
     def _subtree_end(self, pos: int, depth: int = 0) -> int:
@@ -611,9 +608,7 @@ class HrryFile:
         d = self.descriptor(name)
         if not d.is_composite:
             return pos + 1
-        if depth >= MAX_COMPOSITE_DEPTH:
-            e = self.entry(name)
-            raise self._err(FormatError, f"composite nesting deeper than {MAX_COMPOSITE_DEPTH}", "layout", e.descriptor_offset, name)
+        check_nesting(depth, path=self._p, tensor=name, offset=self.entry(name).descriptor_offset)
         n = d.layout.member_count  # type: ignore[union-attr]
         p = pos + 1
         for k in range(n):
@@ -650,56 +645,6 @@ class HrryFile:
             p = self._subtree_end(p, 1)
         return tuple(out)
 
-    def _check_composite(self, name: str, head: Descriptor, members: Sequence[Tensor]) -> None:
-        """Cross-member rules of layouts/composite.md § Validation."""
-        lay: CompositeHead = head.layout  # type: ignore[assignment]
-        e = self.entry(name)
-
-        def bad(msg: str, member: str | None = None) -> FormatError:
-            at = self.entry(member).descriptor_offset if member else e.descriptor_offset
-            return self._err(InconsistentError, msg, "composite", at, member or name)
-
-        rule = lay.composition_rule
-        if rule == RULE_OVERLAY and lay.member_count == 0:
-            raise bad("an overlay composite needs a base member (member_count is 0)")
-        for k, m in enumerate(members):
-            md = m.descriptor
-            if md.quantization is None and md.extension_type is None and head.extension_type is None:
-                if md.element_type.tag != head.element_type.tag:
-                    raise bad(f"member element type {md.element_type.name} differs from the head's {head.element_type.name}", m.name)
-            if rule in (RULE_PARTITION, RULE_OVERLAY):
-                if md.shard is None:
-                    raise bad("partition and overlay members need a shard section", m.name)
-                if tuple(md.shard.parent_shape) != tuple(head.shape):
-                    raise bad(f"shard parent_shape {list(md.shard.parent_shape)} differs from the head shape {list(head.shape)}", m.name)
-            if rule == RULE_OVERLAY:
-                if md.composite_member is None:
-                    raise bad("overlay members need a composite-member section", m.name)
-                want = ROLE_BASE if k == 0 else ROLE_CORRECTION
-                if md.composite_member.role != want:
-                    raise bad(f"overlay member {k} must have role {'base' if k == 0 else 'correction'}", m.name)
-                if k == 0 and (any(md.shard.offset) or tuple(md.shape) != tuple(head.shape)):  # type: ignore[union-attr]
-                    raise bad("the overlay base must span the whole head", m.name)
-            elif md.composite_member is not None:
-                raise bad("only overlay members may carry a composite-member section", m.name)
-        if rule == RULE_PARTITION:
-            boxes = [(m.name, m.descriptor.shard.offset, m.descriptor.shape) for m in members]  # type: ignore[union-attr]
-            vol = 0
-            for _, _, shp in boxes:
-                v = 1
-                for s in shp:
-                    v *= s  # type: ignore[operator]
-                vol += v
-            total = 1
-            for s in head.shape:
-                total *= s  # type: ignore[operator]
-            pair = _first_overlap([(off, shp) for _, off, shp in boxes])  # type: ignore[misc]
-            if pair is not None:
-                i, j = pair
-                raise bad(f"partition members {boxes[i][0]!r} and {boxes[j][0]!r} overlap", boxes[j][0])
-            if vol != total:
-                raise bad(f"partition members cover {vol} of {total} elements (gap)")
-
     def top_level_names(self) -> tuple[str, ...]:
         """Names (index order) of tensors that are not members of a composite."""
         members: set[int] = set()
@@ -720,38 +665,6 @@ class HrryFile:
         self.kv
         for name in self.top_level_names():
             self.tensor(name)
-
-
-def _first_overlap(boxes: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[int, int] | None:
-    """``(i, j)``, ``i < j``, of two overlapping boxes ``(offset, shape)``, or None.
-
-    A sweep along the axis with the most distinct start offsets: each box is compared only
-    with the boxes whose interval on that axis it meets, so a row, column or grid partition
-    of n members costs about n log n (n**1.5 for a square grid) instead of n**2 -- a file
-    with thousands of members must not take minutes to open.  Empty boxes overlap nothing.
-    """
-    live = [(k, tuple(o), tuple(s)) for k, (o, s) in enumerate(boxes) if all(x > 0 for x in s)]
-    if len(live) < 2:
-        return None
-    rank = len(live[0][1])
-    if rank == 0:  # two non-empty scalars: the same single element
-        return live[0][0], live[1][0]
-    axis = max(range(rank), key=lambda a: len({o[a] for _, o, _ in live}))
-    live.sort(key=lambda b: (b[1][axis], b[0]))
-    active: list[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = []
-    found: tuple[int, int] | None = None
-    for k, o, s in live:
-        start = o[axis]
-        active = [a for a in active if a[0] > start]
-        for _, j, oj, sj in active:
-            if all(max(a0, b0) < min(a0 + al, b0 + bl) for a0, al, b0, bl in zip(oj, sj, o, s)):
-                pair = (min(j, k), max(j, k))
-                found = pair if found is None or pair < found else found
-                break
-        if found is not None:
-            break
-        active.append((start + s[axis], k, o, s))
-    return found
 
 
 def open_hrry(path: "str | os.PathLike[str]") -> HrryFile:
