@@ -276,65 +276,241 @@ def _tq1_pack(trits: np.ndarray, out: np.ndarray) -> None:
     out[:, :52] |= ((v * 256 + 242) // 243).astype(np.uint8)
 
 
+def _span(byte: int, bit: int, width: int, dst: int = 0) -> list[tuple[int, int, int, int]]:
+    """The parts of a ``width``-bit field starting at bit ``bit`` of the little-endian
+    integer at ``byte`` (it may cross bytes)."""
+    parts = []
+    while width:
+        b, s = byte + bit // 8, bit % 8
+        w = min(width, 8 - s)
+        parts.append((b, s, w, dst))
+        bit, width, dst = bit + w, width - w, dst + w
+    return parts
+
+
 # ---------------------------------------------------------------------------------------
-# The per-type codec table.
+# Codecs: GGML block bits <-> one Hurray code per element.
+
+
+@dataclass(frozen=True)
+class _Codec:
+    decode: Callable[[np.ndarray], np.ndarray]  # blocks -> (n, elements) Hurray codes
+    encode: Callable[[np.ndarray, np.ndarray], np.ndarray]  # (codes, zeroed blocks to OR into) -> valid
+
+
+def _lut_codec(values: tuple[int, ...], dtype: type, zp: int, unpack: Callable, pack: Callable) -> _Codec:
+    """Codes that are a table lookup of a raw per-element field (``values[raw]``). A code
+    no raw value gives is invalid, except the zero point (substituted in zero-scale
+    sub-blocks), packed as raw 0."""
+    vals = np.array(values, dtype=np.int16).astype(dtype)
+    inverse = np.full(256, -1, dtype=np.int16)
+    for raw in reversed(range(len(vals))):  # the smallest raw value wins
+        inverse[int(vals[raw : raw + 1].view(np.uint8)[0])] = raw
+    packable = np.maximum(inverse, 0)
+
+    def encode(codes: np.ndarray, out: np.ndarray) -> np.ndarray:
+        u = codes.view(np.uint8)
+        pack(packable[u], out)
+        return (inverse[u] >= 0) | (codes == zp)
+
+    return _Codec(lambda blocks: vals[unpack(blocks)], encode)
+
+
+def _bit_lut(n: int, parts: Callable, values: tuple[int, ...], dtype: type, zp: int = 0) -> _Codec:
+    b = _bits(n, parts)
+    return _lut_codec(values, dtype, zp, lambda blocks: _unpack(blocks, b), lambda raw, out: _pack(raw, b, out))
+
+
+#: ggml's ksigns_iq2xs: 7-bit index -> 8 sign bits of even parity (bit 7 = parity of the rest)
+_KSIGNS = np.array([i | (bin(i).count("1") & 1) << 7 for i in range(128)], dtype=np.uint8)
+_BIT8 = np.arange(8, dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """An IQ layout: each ``group`` of elements is one row of gguf-py's grid of ``quant``
+    (indexed by ``index``), with signs either from ksigns (``sign`` a 7-bit index per 8
+    elements), explicit (``sign`` one bit per element), or — IQ1 — a ±1/8 delta folded into
+    the code ``8·g ± 1`` (``sign`` one bit per ``delta`` elements, set: −)."""
+
+    quant: str
+    group: int
+    index: _Bits
+    signs: str  # "ksigns" | "bits" | "delta"
+    sign: _Bits
+    delta: int = 0
+
+
+@functools.cache
+def _grid_rows(quant: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(grid (rows, group) int16, sorted row keys, row of each sorted key)``."""
+    import gguf.quants as gq  # the grids as gguf-py (the oracle's source: ggml's tables) holds them
+
+    cls = getattr(gq, quant)
+    cls.init_grid()
+    grid = np.asarray(cls.grid).reshape(cls.grid_shape).astype(np.int16)
+    keys = _row_keys(grid[None])[0]
+    order = np.argsort(keys, kind="stable")
+    assert len(np.unique(keys)) == len(keys), quant  # grid rows are unique (§ 9)
+    return grid, keys[order], order
+
+
+def _row_keys(rows: np.ndarray) -> np.ndarray:
+    """``(..., group)`` small ints -> one uint64 key per row."""
+    u = (rows.astype(np.int64) & 0xFF).astype(np.uint64)
+    return (u << (np.arange(rows.shape[-1], dtype=np.uint64) * np.uint64(8))).sum(axis=-1, dtype=np.uint64)
+
+
+def _grid_decode(g: _Grid, blocks: np.ndarray) -> np.ndarray:
+    grid = _grid_rows(g.quant)[0]
+    n = blocks.shape[0]
+    mags = grid[_unpack(blocks, g.index)].reshape(n, -1)
+    if g.signs == "delta":
+        delta = np.where(_unpack(blocks, g.sign) != 0, -1, 1).astype(np.int16)
+        return (8 * mags + np.repeat(delta, g.delta, axis=1)).astype(np.int8)
+    if g.signs == "ksigns":
+        neg = ((_KSIGNS[_unpack(blocks, g.sign)][..., None] >> _BIT8) & 1).reshape(n, -1) != 0
+    else:
+        neg = _unpack(blocks, g.sign) != 0
+    return np.where(neg, -mags, mags).astype(np.int8)
+
+
+def _grid_encode(g: _Grid, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
+    grid, keys, order = _grid_rows(g.quant)
+    n = codes.shape[0]
+    c = codes.astype(np.int16)
+    if g.signs == "delta":
+        mags = (c + 4) // 8
+        step = (c - 8 * mags).reshape(n, -1, g.delta)
+        ok = (np.abs(step) == 1).all(axis=2) & (step == step[:, :, :1]).all(axis=2)
+        sign = step[:, :, 0] < 0
+        ok = np.repeat(ok, g.delta, axis=1)
+    else:
+        mags, neg = np.abs(c), c < 0
+        ok = np.ones(c.shape, dtype=bool)
+        if g.signs == "ksigns":
+            sign = (neg.reshape(n, -1, 8).astype(np.uint8) << _BIT8).sum(axis=2, dtype=np.uint8)
+            ok = np.repeat(_KSIGNS[sign & 0x7F] == sign, 8, axis=1)
+            sign &= 0x7F
+        else:
+            sign = neg
+    key = _row_keys(mags.reshape(n, -1, g.group))
+    pos = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
+    found = keys[pos] == key
+    _pack(np.where(found, order[pos], 0), g.index, out)
+    _pack(sign, g.sign, out)
+    zero = (c.reshape(n, -1, g.group) == 0).all(axis=2)
+    return np.repeat(found | zero, g.group, axis=1) & (ok | np.repeat(zero, g.group, axis=1))
+
+
+def _grid_codec(g: _Grid) -> _Codec:
+    return _Codec(functools.partial(_grid_decode, g), functools.partial(_grid_encode, g))
+
+
+# ---------------------------------------------------------------------------------------
+# The per-type table.
 
 
 @dataclass(frozen=True)
 class _Spec:
     elements: int  # per GGML block
     block_bytes: int
-    header: tuple[int, ...]  # byte columns recorded raw (d, dmin, sub-block scales)
-    values: tuple[int, ...]  # raw code -> Hurray code (before subtracting the zero point)
-    unpack: Callable[[np.ndarray], np.ndarray]  # blocks -> (n, elements) raw codes
-    pack: Callable[[np.ndarray, np.ndarray], None]  # raw codes OR-ed into zeroed blocks
-    scale: str  # "d_sc" float32(d)·float32(sc + bias) | "d" f16 d | "ue4m3"
-    d: int | None = None  # byte offset of f16 d
-    dmin: int | None = None  # byte offset of f16 dmin (overlay types)
+    header: tuple[tuple[int, int], ...]  # (byte, bit mask) recorded raw: d, dmin, sub-block scales
+    codec: _Codec
+    scale: str  # "d_sc": (float32(d)·(sc·mul + add))·post | "d": the f16 d | "ue4m3"
+    d: _Bits | None = None  # the f16 bits of d
+    dmin: _Bits | None = None
     sc: _Bits | None = None
-    sc_bias: int = 0
     sc_int8: bool = False
-    m: _Bits | None = None
+    mul: float = 1.0
+    add: float = 0.0
+    post: float = 1.0
+    m: _Bits | None = None  # overlay types: the minimum's multiplier (correction −dmin·m)
 
 
-def _bitcodec(n: int, parts: Callable[[int], list[tuple[int, int, int, int]]]) -> dict[str, Callable]:
-    b = _bits(n, parts)
-    return {"unpack": lambda blocks: _unpack(blocks, b), "pack": lambda raw, out: _pack(raw, b, out)}
+def _hdr(*ranges: tuple[int, int], masked: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
+    return tuple((b, 0xFF) for a, z in ranges for b in range(a, z)) + masked
+
+
+def _f16_at(offset: int) -> _Bits:
+    return _bits(1, lambda i: _span(offset, 0, 16))
+
+
+def _grid_type(quant: str, group: int, index: Callable, signs: str, sign: tuple[int, Callable], delta: int = 0) -> _Codec:
+    return _grid_codec(_Grid(quant, group, _bits(256 // group, index), signs, _bits(*sign), delta))
+
+
+_I8, _U8 = np.int8, np.uint8
 
 
 def _r(a: int, b: int) -> tuple[int, ...]:
     return tuple(range(a, b))
 
 
-_SPECS: dict[str, _Spec] = {
-    "Q2_K": _Spec(256, 84, _r(0, 16) + _r(80, 84), _r(0, 4), **_bitcodec(256, _q2k), scale="d_sc",
-                  d=80, dmin=82, sc=_bits(16, _byte(0, 4)), m=_bits(16, lambda i: [(i, 4, 4, 0)])),
-    "Q3_K": _Spec(256, 110, _r(96, 110), (-4, -3, -2, -1, 0, 1, 2, 3), **_bitcodec(256, _q3k), scale="d_sc",
-                  d=108, sc=_bits(16, _q3k_scale), sc_bias=-32),
-    "Q4_K": _Spec(256, 144, _r(0, 16), _r(0, 16), **_bitcodec(256, lambda e: [_q45k(16, e)]), scale="d_sc",
-                  d=0, dmin=2, sc=_bits(8, _q4k_sc), m=_bits(8, _q4k_m)),
-    "Q5_K": _Spec(256, 176, _r(0, 16), _r(0, 32), **_bitcodec(256, _q5k), scale="d_sc",
-                  d=0, dmin=2, sc=_bits(8, _q4k_sc), m=_bits(8, _q4k_m)),
-    "Q6_K": _Spec(256, 210, _r(192, 210), _r(-32, 32), **_bitcodec(256, _q6k), scale="d_sc",
-                  d=208, sc=_bits(16, _byte(192)), sc_int8=True),
-    "IQ4_NL": _Spec(32, 18, _r(0, 2), _IQ4NL_VALUES, **_bitcodec(32, _nibbles(2, 16)), scale="d", d=0),
-    "IQ4_XS": _Spec(256, 136, _r(0, 8), _IQ4NL_VALUES, **_bitcodec(256, _nibbles(8, 16)), scale="d_sc",
-                    d=0, sc=_bits(8, _iq4xs_scale), sc_bias=-32),
-    "TQ1_0": _Spec(256, 54, _r(52, 54), _r(0, 3), _tq1_unpack, _tq1_pack, scale="d", d=52),
-    "TQ2_0": _Spec(256, 66, _r(64, 66), _r(0, 4), **_bitcodec(256, _tq2), scale="d", d=64),
-    "NVFP4": _Spec(64, 36, _r(0, 4), _FP4X2_VALUES, **_bitcodec(64, _nibbles(4, 8)), scale="ue4m3"),
-}
+@functools.cache
+def _specs() -> dict[str, _Spec]:
+    q45 = dict(d=_f16_at(0), dmin=_f16_at(2), sc=_bits(8, _q4k_sc), m=_bits(8, _q4k_m))
+    iq2 = dict(d=_f16_at(0), add=0.5, post=0.25)
+    iq1 = dict(mul=2.0, add=1.0, post=0.125)
+    return {
+        "Q2_K": _Spec(256, 84, _hdr((0, 16), (80, 84)), _bit_lut(256, _q2k, _r(0, 4), _U8), "d_sc",
+                      d=_f16_at(80), dmin=_f16_at(82), sc=_bits(16, _byte(0, 4)), m=_bits(16, lambda i: [(i, 4, 4, 0)])),
+        "Q3_K": _Spec(256, 110, _hdr((96, 110)), _bit_lut(256, _q3k, (-4, -3, -2, -1, 0, 1, 2, 3), _I8), "d_sc",
+                      d=_f16_at(108), sc=_bits(16, _q3k_scale), add=-32.0),
+        "Q4_K": _Spec(256, 144, _hdr((0, 16)), _bit_lut(256, lambda e: [_q45k(16, e)], _r(0, 16), _U8), "d_sc", **q45),
+        "Q5_K": _Spec(256, 176, _hdr((0, 16)), _bit_lut(256, _q5k, _r(0, 32), _U8), "d_sc", **q45),
+        "Q6_K": _Spec(256, 210, _hdr((192, 210)), _bit_lut(256, _q6k, _r(-32, 32), _I8), "d_sc",
+                      d=_f16_at(208), sc=_bits(16, _byte(192)), sc_int8=True),
+        "IQ4_NL": _Spec(32, 18, _hdr((0, 2)), _bit_lut(32, _nibbles(2, 16), _IQ4NL_VALUES, _I8), "d", d=_f16_at(0)),
+        "IQ4_XS": _Spec(256, 136, _hdr((0, 8)), _bit_lut(256, _nibbles(8, 16), _IQ4NL_VALUES, _I8), "d_sc",
+                        d=_f16_at(0), sc=_bits(8, _iq4xs_scale), add=-32.0),
+        "TQ1_0": _Spec(256, 54, _hdr((52, 54)), _lut_codec(_r(0, 3), _U8, 1, _tq1_unpack, _tq1_pack), "d", d=_f16_at(52)),
+        "TQ2_0": _Spec(256, 66, _hdr((64, 66)), _bit_lut(256, _tq2, _r(0, 4), _U8, 1), "d", d=_f16_at(64)),
+        "NVFP4": _Spec(64, 36, _hdr((0, 4)), _bit_lut(64, _nibbles(4, 8), _FP4X2_VALUES, _I8), "ue4m3"),
+        "IQ2_XXS": _Spec(256, 66, _hdr((0, 2), masked=tuple((9 + 8 * i, 0xF0) for i in range(8))),
+                         _grid_type("IQ2_XXS", 8, lambda g: [(2 + 8 * (g // 4) + g % 4, 0, 8, 0)], "ksigns",
+                                    (32, lambda h: _span(6 + 8 * (h // 4), 7 * (h % 4), 7))),
+                         "d_sc", sc=_bits(8, lambda i: _span(6 + 8 * i, 28, 4)), **iq2),
+        "IQ2_XS": _Spec(256, 74, _hdr((0, 2), (66, 74)),
+                        _grid_type("IQ2_XS", 8, lambda g: _span(2 + 2 * g, 0, 9), "ksigns", (32, lambda g: _span(2 + 2 * g, 9, 7))),
+                        "d_sc", sc=_bits(16, lambda i: [(66 + i // 2, 4 * (i % 2), 4, 0)]), **iq2),
+        "IQ2_S": _Spec(256, 82, _hdr((0, 2), (74, 82)),
+                       _grid_type("IQ2_S", 8, lambda g: [(2 + g, 0, 8, 0), (66 + g // 4, 2 * (g % 4), 2, 8)], "bits",
+                                  (256, lambda e: [(34 + e // 8, e % 8, 1, 0)])),
+                       "d_sc", sc=_bits(16, lambda i: [(74 + i // 2, 4 * (i % 2), 4, 0)]), **iq2),
+        "IQ3_XXS": _Spec(256, 98, _hdr((0, 2), masked=tuple((69 + 4 * i, 0xF0) for i in range(8))),
+                         _grid_type("IQ3_XXS", 4, lambda g: [(2 + g, 0, 8, 0)], "ksigns",
+                                    (32, lambda h: _span(66 + 4 * (h // 4), 7 * (h % 4), 7))),
+                         "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: _span(66 + 4 * i, 28, 4)), add=0.5, post=0.5),
+        "IQ3_S": _Spec(256, 110, _hdr((0, 2), (106, 110)),
+                       _grid_type("IQ3_S", 4, lambda g: [(2 + g, 0, 8, 0), (66 + g // 8, g % 8, 1, 8)], "bits",
+                                  (256, lambda e: [(74 + e // 8, e % 8, 1, 0)])),
+                       "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: [(106 + i // 2, 4 * (i % 2), 4, 0)]), mul=2.0, add=1.0),
+        "IQ1_S": _Spec(256, 50, _hdr((0, 2), masked=tuple((35 + 2 * i, 0x70) for i in range(8))),
+                       _grid_type("IQ1_S", 8, lambda g: [(2 + g, 0, 8, 0)] + _span(34 + 2 * (g // 4), 3 * (g % 4), 3, 8),
+                                  "delta", (8, lambda i: _span(34 + 2 * i, 15, 1)), delta=32),
+                       "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: _span(34 + 2 * i, 12, 3)), **iq1),
+        "IQ1_M": _Spec(256, 56, _hdr((48, 56)),
+                       _grid_type("IQ1_M", 8, lambda g: [(g, 0, 8, 0), (32 + g // 2, 4 * (g % 2), 3, 8)],
+                                  "delta", (32, lambda g: [(32 + g // 2, 4 * (g % 2) + 3, 1, 0)]), delta=8),
+                       "d_sc", d=_bits(1, lambda i: [(49 + 2 * k, 4, 4, 4 * k) for k in range(4)]),
+                       sc=_bits(16, lambda i: _span(48 + 2 * (i // 4), 3 * (i % 4), 3)), **iq1),
+    }
+
 
 #: the GGML types this module expands, in the order of docs/conversion-rules.md § 9
-EXPANDED_TYPES: tuple[str, ...] = tuple(_SPECS)
+EXPANDED_TYPES: tuple[str, ...] = (
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "NVFP4",
+    "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------
 # Scales.
 
 
-def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
-    return np.ascontiguousarray(blocks[:, offset : offset + 2]).view("<f2").reshape(-1)
+def _half(blocks: np.ndarray, b: _Bits) -> np.ndarray:
+    return np.ascontiguousarray(_unpack(blocks, b)[:, 0]).view(np.float16)
 
 
 def _refuse_non_finite(x: np.ndarray, name: str, first_block: int) -> None:
@@ -359,20 +535,28 @@ def _ue4m3_half(b: np.ndarray) -> np.ndarray:
 
 def _scales(spec: _Spec, blocks: np.ndarray, first_block: int) -> tuple[np.ndarray, np.ndarray | None]:
     """``(scales, correction)``: the exact ggml sub-block scales (``(n, subs)``, float32 or
-    float16) and, for overlay types, ``−(dmin·m)`` (float32), both possibly ±0."""
+    float16) and, for overlay types, ``−(dmin·m)`` (float32), both possibly ±0. The float32
+    operations are gguf-py's, in its order."""
     if spec.scale == "ue4m3":
         return _ue4m3_half(blocks[:, :4]), None
-    d = _f16(blocks, spec.d)  # type: ignore[arg-type]
+    assert spec.d is not None
+    d = _half(blocks, spec.d)
     _refuse_non_finite(d, "d", first_block)
     if spec.scale == "d":
         return d[:, None].copy(), None
     assert spec.sc is not None
     sc = _unpack(blocks, spec.sc)
-    sc = sc.astype(np.uint8).view(np.int8) if spec.sc_int8 else sc.astype(np.int16) + spec.sc_bias
-    scales = d.astype(np.float32)[:, None] * sc.astype(np.float32)
+    f = (sc.astype(np.uint8).view(np.int8) if spec.sc_int8 else sc).astype(np.float32)
+    if spec.mul != 1.0:
+        f = f * np.float32(spec.mul)
+    if spec.add:
+        f = np.float32(spec.add) + f
+    scales = d.astype(np.float32)[:, None] * f
+    if spec.post != 1.0:
+        scales = scales * np.float32(spec.post)
     if spec.dmin is None:
         return scales, None
-    dmin = _f16(blocks, spec.dmin)
+    dmin = _half(blocks, spec.dmin)
     _refuse_non_finite(dmin, "dmin", first_block)
     assert spec.m is not None
     return scales, -(dmin.astype(np.float32)[:, None] * _unpack(blocks, spec.m).astype(np.float32))
@@ -403,7 +587,7 @@ class Record:
     exception_blocks: np.ndarray
 
     def to_bytes(self) -> bytes:
-        spec = _SPECS[self.type]
+        spec = _specs()[self.type]
         exc = np.empty((len(self.exception_index), 4 + spec.block_bytes), dtype=np.uint8)
         exc[:, :4] = self.exception_index.astype("<u4").reshape(-1, 1).view(np.uint8)
         exc[:, 4:] = self.exception_blocks
@@ -413,7 +597,7 @@ class Record:
     def from_bytes(cls, ggml_type: str, data: bytes, n_blocks: int, first_block: int = 0) -> "Record":
         """Parse a record of ``n_blocks`` blocks; a FormatError (field ``record``) if its
         length or its exception indices are wrong."""
-        spec, h = _SPECS[ggml_type], form(ggml_type).record_bytes
+        spec, h = _specs()[ggml_type], form(ggml_type).record_bytes
         rest = len(data) - n_blocks * h
         if rest < 0 or rest % (4 + spec.block_bytes):
             raise FormatError(
@@ -430,7 +614,7 @@ class Record:
 
     def check(self, n_blocks: int, first_block: int = 0) -> None:
         """Shapes and exception indices (ascending, inside the chunk)."""
-        spec, h = _SPECS[self.type], form(self.type).record_bytes
+        spec, h = _specs()[self.type], form(self.type).record_bytes
         if self.header.shape != (n_blocks, h):
             raise FormatError(f"header is {self.header.shape}, expected ({n_blocks}, {h})", field="record")
         idx = self.exception_index.astype(np.int64)
@@ -475,23 +659,6 @@ class Expanded:
 # expand / values / rebuild
 
 
-@functools.cache
-def _luts(ggml_type: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(values, inverse, pack_inverse)``: raw code → Hurray code; Hurray code (as a uint8
-    index) → the smallest raw code giving it, −1 where none; the same with the zero point
-    (the code of substituted zero-scale sub-blocks) mapped to raw 0 if no raw code gives it."""
-    spec, f = _SPECS[ggml_type], form(ggml_type)
-    values = np.array(spec.values, dtype=np.int16).astype(_STORAGE[f.storage][1])
-    inverse = np.full(256, -1, dtype=np.int16)
-    for raw in reversed(range(len(values))):
-        inverse[int(values[raw : raw + 1].view(np.uint8)[0])] = raw
-    pack_inverse = inverse.copy()
-    zp = (f.zero_point or 0) & 0xFF
-    if pack_inverse[zp] < 0:
-        pack_inverse[zp] = 0
-    return values, inverse, pack_inverse
-
-
 def _check_blocks(spec: _Spec, ggml_type: str, blocks: np.ndarray) -> None:
     if blocks.dtype != np.uint8 or blocks.ndim != 2 or blocks.shape[1] != spec.block_bytes:
         raise FormatError(
@@ -517,28 +684,32 @@ def _fix_zeros(codes: np.ndarray, scales: np.ndarray, zp: int, k: int) -> tuple[
     return (nb * subs + sb)[mixed].astype(np.int64), patch
 
 
-def _exceptions(spec: _Spec, ggml_type: str, codes: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-    """The blocks that packing their (substituted) codes with their header would not restore."""
-    packed = _pack_blocks(spec, ggml_type, codes, blocks[:, list(spec.header)])
-    return np.flatnonzero((packed != blocks).any(axis=1))
+def _header(spec: _Spec, blocks: np.ndarray) -> np.ndarray:
+    cols = [b for b, _ in spec.header]
+    return blocks[:, cols] & np.array([m for _, m in spec.header], dtype=np.uint8)
 
 
-def _pack_blocks(spec: _Spec, ggml_type: str, codes: np.ndarray, header: np.ndarray) -> np.ndarray:
-    raw = _luts(ggml_type)[2][codes.view(np.uint8)]
+def _pack_blocks(spec: _Spec, codes: np.ndarray, header: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(blocks, valid)``: the codes packed with the header bits, and which codes were valid."""
     out = np.zeros((codes.shape[0], spec.block_bytes), dtype=np.uint8)
-    spec.pack(raw, out)
-    out[:, list(spec.header)] = header
-    return out
+    valid = spec.codec.encode(codes, out)
+    out[:, [b for b, _ in spec.header]] |= header
+    return out, valid
+
+
+def _exceptions(spec: _Spec, codes: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """The blocks that packing their (substituted) codes with their header would not restore."""
+    packed, _ = _pack_blocks(spec, codes, _header(spec, blocks))
+    return np.flatnonzero((packed != blocks).any(axis=1))
 
 
 def expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded:
     """The expanded form of a chunk of whole ``ggml_type`` blocks (``(n, block_bytes)`` uint8).
 
     Raises :class:`NonFiniteScale` for a NaN/inf ``d`` or ``dmin``."""
-    spec, f = _SPECS[ggml_type], form(ggml_type)
+    spec, f = _specs()[ggml_type], form(ggml_type)
     _check_blocks(spec, ggml_type, blocks)
-    values = _luts(ggml_type)[0]
-    codes = values[spec.unpack(blocks)]
+    codes = spec.codec.decode(blocks)
     scales, corr0 = _scales(spec, blocks, first_block)
     scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
     patch_index, patch = _fix_zeros(codes, scales, f.zero_point or 0, f.sub_block)
@@ -546,10 +717,10 @@ def expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded
     if corr0 is not None:
         correction_codes = (corr0 != 0).astype(np.uint8)
         correction = np.where(corr0 == 0, _one_like(corr0), corr0).astype(np.float32)
-    exc = _exceptions(spec, ggml_type, codes, blocks)
+    exc = _exceptions(spec, codes, blocks)
     record = Record(
         ggml_type,
-        np.ascontiguousarray(blocks[:, list(spec.header)]),
+        _header(spec, blocks),
         (exc + first_block).astype(np.uint32),
         np.ascontiguousarray(blocks[exc]),
     )
@@ -624,6 +795,7 @@ def _compare(x: Expanded, y: Expanded, first_block: int) -> None:
     present[0, x.zero_patch_index] = present[1, y.zero_patch_index] = True
     bad = (mine != theirs).any(axis=1) | (present[0] != present[1])
     _first_bad(bad.reshape(n, subs), first_block, "zero_patch", "±0 pattern of sub-block {j} is wrong")
+    _first_bad(x.record.header != y.record.header, first_block, "record", "header byte {j} differs from the rebuilt block")
     exc = np.zeros((2, n), dtype=bool)
     exc[0, x.record.exception_index.astype(np.int64) - first_block] = True
     exc[1, y.record.exception_index.astype(np.int64) - first_block] = True
@@ -636,14 +808,11 @@ def rebuild(x: Expanded, first_block: int = 0) -> np.ndarray:
     Checked: shapes, codes in range, the record's length and indices, and consistency —
     the rebuilt blocks must expand to exactly ``x`` (codes, scale bits, corrections, zero
     patches, exceptions); else a :class:`FormatError` naming the block and the field."""
-    spec, f = _SPECS[x.type], form(x.type)
+    spec, f = _specs()[x.type], form(x.type)
     n = _shape_checks(x, spec, f)
     x.record.check(n, first_block)
-    inverse = _luts(x.type)[1]
-    zp = f.zero_point or 0
-    valid = (inverse[x.codes.view(np.uint8)] >= 0) | (x.codes == zp)
+    blocks, valid = _pack_blocks(spec, x.codes, x.record.header)
     _first_bad(~valid, first_block, "codes", f"code of element {{j}} is out of range for {x.type}")
-    blocks = _pack_blocks(spec, x.type, x.codes, x.record.header)
     blocks[x.record.exception_index.astype(np.int64) - first_block] = x.record.exception_blocks
     try:
         y = expand(x.type, blocks, first_block)
