@@ -150,46 +150,66 @@ def form(ggml_type: str) -> Form:
 
 
 @dataclass(frozen=True)
+class _Part:
+    """One part of every item that has it, sorted by byte: ``items`` (item indices),
+    ``byte``/``shift``/``mask``/``dst`` per item; ``dest`` the distinct bytes and ``starts``
+    where each byte's run of items begins (for packing)."""
+
+    items: np.ndarray
+    byte: np.ndarray
+    shift: np.ndarray
+    mask: np.ndarray
+    dst: np.ndarray
+    dest: np.ndarray
+    starts: np.ndarray | None  # None: one item per byte
+
+
+@dataclass(frozen=True)
 class _Bits:
-    byte: np.ndarray  # (items, parts) byte index inside the block
-    shift: np.ndarray  # right shift of that byte
-    mask: np.ndarray  # bit mask after the shift (0 for padding parts)
-    dst: np.ndarray  # left shift into the item's value
+    n_items: int
+    dtype: type  # uint8 when every field fits in 8 bits
+    parts: tuple[_Part, ...]
 
 
 def _bits(n_items: int, parts: Callable[[int], list[tuple[int, int, int, int]]]) -> _Bits:
     rows = [parts(i) for i in range(n_items)]
-    width = max(len(r) for r in rows)
-    t = np.zeros((4, n_items, width), dtype=np.int64)
-    for i, r in enumerate(rows):
-        for p, (byte, shift, bits, dst) in enumerate(r):
-            t[:, i, p] = (byte, shift, (1 << bits) - 1, dst)
-    return _Bits(*t)
+    widest = max(dst + bits for r in rows for _, _, bits, dst in r)
+    dtype = np.uint8 if widest <= 8 else np.uint16
+    out = []
+    for p in range(max(len(r) for r in rows)):
+        t = np.array([(i, *r[p]) for i, r in enumerate(rows) if len(r) > p], dtype=np.int64)
+        t = t[np.argsort(t[:, 1], kind="stable")]
+        items, byte, shift, bits, dst = t.T
+        first = np.r_[True, np.diff(byte) != 0]
+        starts = None if first.all() else np.flatnonzero(first)
+        mask = (1 << bits) - 1
+        out.append(_Part(items, byte, *(a.astype(dtype) for a in (shift, mask, dst)), byte[first], starts))
+    return _Bits(n_items, dtype, tuple(out))
 
 
 def _unpack(blocks: np.ndarray, b: _Bits) -> np.ndarray:
-    """``(n, items)`` uint16 values of the fields ``b`` in every block."""
-    out = np.zeros((blocks.shape[0], b.byte.shape[0]), dtype=np.uint16)
-    for p in range(b.byte.shape[1]):
-        v = blocks[:, b.byte[:, p]].astype(np.uint16)
-        out |= ((v >> b.shift[:, p].astype(np.uint16)) & b.mask[:, p].astype(np.uint16)) << b.dst[:, p].astype(
-            np.uint16
-        )
+    """``(n, items)`` values (uint8 or uint16) of the fields ``b`` in every block."""
+    out = np.zeros((blocks.shape[0], b.n_items), dtype=b.dtype)
+    for p in b.parts:
+        v = np.take(blocks, p.byte, axis=1).astype(b.dtype, copy=False)
+        v >>= p.shift
+        v &= p.mask
+        v <<= p.dst
+        out[:, p.items] |= v
     return out
 
 
 def _pack(values: np.ndarray, b: _Bits, out: np.ndarray) -> None:
     """OR the items ``values`` (``(n, items)``) into ``out`` (``(n, block_bytes)``, uint8)."""
-    v = values.astype(np.uint16)
-    for p in range(b.byte.shape[1]):
-        used = b.mask[:, p] != 0
-        byte = b.byte[used, p]
-        part = ((v[:, used] >> b.dst[used, p].astype(np.uint16)) & b.mask[used, p].astype(np.uint16)) << b.shift[
-            used, p
-        ].astype(np.uint16)
-        order = np.argsort(byte, kind="stable")
-        starts = np.flatnonzero(np.r_[True, np.diff(byte[order]) != 0])
-        out[:, byte[order][starts]] |= np.bitwise_or.reduceat(part[:, order], starts, axis=1).astype(np.uint8)
+    v = values.astype(b.dtype)
+    for p in b.parts:
+        x = np.take(v, p.items, axis=1)
+        x >>= p.dst
+        x &= p.mask
+        x <<= p.shift
+        if p.starts is not None:
+            x = np.bitwise_or.reduceat(x, p.starts, axis=1)
+        out[:, p.dest] |= x.astype(np.uint8, copy=False)
 
 
 # Element -> code bits, one builder per layout (docs/conversion-rules.md § 9; gguf-notes § 2).
