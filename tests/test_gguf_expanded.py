@@ -146,6 +146,16 @@ def test_fixture_has_the_edge_cases() -> None:
     assert {"Q3_K", "Q6_K"} <= set(patched)
 
 
+def test_all_zero_rows_need_no_exception_blocks() -> None:
+    """ggml's all-zero blocks (fixture rows 0 and 1: all +0, all −0) rebuild from the header
+    alone; only stale codes under zero scales are kept whole."""
+    fx = fixture_blocks()
+    for t in TYPES:
+        per_row = fx[t].shape[0] // 32
+        x = ge.expand(t, fx[t])
+        assert not np.any(x.record.exception_index < 2 * per_row), t
+
+
 @pytest.mark.parametrize("t", ["Q4_K", "Q6_K", "IQ4_NL", "TQ1_0", "NVFP4", "IQ2_XS", "IQ1_M"])
 def test_chunks_and_serialised_record(t: str) -> None:
     """Chunks carry absolute exception indices; records survive to_bytes/from_bytes."""

@@ -1,8 +1,9 @@
 """The exact expanded Hurray forms of the two-level GGML types (docs/conversion-rules.md § 9).
 
-K-quants, IQ4, the ternary types and NVFP4 store a super-block scale ``d`` times small
-sub-block scales ``sc``. Hurray's per-block affine cannot say "two levels", but every product
-ggml forms while dequantizing (``d·sc``, ``dmin·m``, ``d·(s6 − 32)``) is exact in float32, so
+K-quants, IQ4, the ternary types, NVFP4 and the IQ2/IQ3/IQ1 lattice types store a super-block
+scale ``d`` times small sub-block scales. Hurray's per-block affine cannot say "two levels",
+but every product ggml forms while dequantizing (``d·sc``, ``dmin·m``, ``d·(s6 − 32)``,
+``d·(0.5 + s)·0.25``, …) is exact in float32, so
 each type has a single-level form whose float32 values equal gguf-py's ``dequantize`` bit for
 bit (docs/conversion-rules.md § 9, "Measured forms"; the form of each type is the data table
 ``mappings/gguf_expanded.toml``):
@@ -20,6 +21,14 @@ bit (docs/conversion-rules.md § 9, "Measured forms"; the form of each type is t
   (not int2 with −d: that turns +0 weights into −0).
 * **NVFP4** -- int8 codes = E2M1 value × 2 (−12..12), K = 16, float16 scale = UE4M3 × ½
   (exact in f16; bytes 0x00 and 0x7F decode to 0).
+* **IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S** -- int8 codes = ± the grid value of ggml's
+  lattice (the grid row of each 8 or 4 elements, the sign from the 7-bit ksigns index or an
+  explicit bit), K = 32/16/16/32/32, float32 scale = the sub-block product, e.g.
+  ``d·(0.5 + s)·0.25``. Grid rows are unique and ksigns is a bijection onto the even-parity
+  sign bytes, so the codes give the indices back.
+* **IQ1_S, IQ1_M** -- int8 codes ``8·g ± 1`` (grid value ``g ∈ −1..1`` with the ±1/8 delta
+  folded in), K = 32/16, float32 scale ``d·(2s + 1)/8`` (exact: a power-of-two step).
+  (§ 9's smaller IQ1_S overlay, int2 + uint2 at 6 bpw, is not implemented.)
 
 **Zero scales** (docs/conversion-rules.md §§ 4, 9). Hurray forbids a zero scale. A sub-block
 whose scale ``s0`` is ±0 decodes in ggml to zeros of sign ``sign(s0) ⊕ (code < 0)``. Its codes
@@ -33,7 +42,9 @@ sub-block) is added, since ``(−0) + (+0) = +0`` and ``(−0) + (−0) = −0``
 super-block header bytes of every block (d, dmin, packed sub-block scales; ``record_bytes``
 per block in the table) and, verbatim, every *exception block*: a block that packing its
 codes and header back would not reproduce (zero-scale sub-blocks with stale codes, NVFP4's
-−0 code 8, TQ1_0 bytes that are not ggml's canonical base-3 encoding). :func:`rebuild` packs
+−0 code 8, TQ1_0 bytes that are not ggml's canonical base-3 encoding). Zero-scale sub-blocks
+are packed with the code ggml's quantizer writes into all-zero blocks (``_Spec.zero_code``),
+so ggml's all-zero rows need no exception block. :func:`rebuild` packs
 the codes with the header, puts the exception blocks back, and proves consistency by
 expanding the result again: codes, scales (as bits), corrections and zero patches must all
 equal the ones given, else a :class:`~hurray_interop.errors.FormatError` names the block.
@@ -68,16 +79,15 @@ __all__ = [
     "values",
 ]
 
-_STORAGE = {  # storage element type -> (bits, numpy dtype of one code, min, max)
-    "uint2": (2, np.uint8, 0, 3),
-    "int4": (4, np.int8, -8, 7),
-    "uint4": (4, np.uint8, 0, 15),
-    "int8": (8, np.int8, -128, 127),
-    "uint8": (8, np.uint8, 0, 255),
+_STORAGE = {  # storage element type -> (bits, numpy dtype of one code)
+    "uint2": (2, np.uint8),
+    "int4": (4, np.int8),
+    "uint4": (4, np.uint8),
+    "int8": (8, np.int8),
+    "uint8": (8, np.uint8),
 }
 _SCALE_BITS = {"float32": 32, "float16": 16}
 _SCALE_DTYPE = {"float32": np.float32, "float16": np.float16}
-_SCALE_UINT = {"float32": np.uint32, "float16": np.uint16}
 
 
 class NonFiniteScale(ConversionRefused):
@@ -114,10 +124,16 @@ class Form:
             bits += 2 + 32 / self.sub_block
         return bits
 
+    @property
+    def record_bpw(self) -> float:
+        """Bits per weight of the record's header part (exception blocks come on top)."""
+        return self.record_bytes * 8 / _specs()[self.type].elements
+
     def describe(self) -> str:
+        """E.g. "overlay uint4+uint2, K=32, f32 scales, expanded from Q4_K"."""
         kind = f"overlay {self.storage}+uint2" if self.overlay else self.storage
         zp = f", zero point {self.zero_point}" if self.zero_point is not None else ""
-        return f"{kind}, K={self.sub_block}, {self.scale[5:]}-bit float scales{zp}, expanded from {self.type}"
+        return f"{kind}, K={self.sub_block}, f{self.scale[5:]} scales{zp}, expanded from {self.type}"
 
 
 @functools.cache
@@ -439,9 +455,9 @@ def _grid_encode(g: _Grid, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
     key = _row_keys(mags.reshape(n, -1, g.group))
     pos = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
     found = keys[pos] == key
-    _pack(np.where(found, order[pos], 0), g.index, out)
+    zero = (c.reshape(n, -1, g.group) == 0).all(axis=2)  # substituted: packed as index 0, as ggml writes
+    _pack(np.where(found & ~zero, order[pos], 0), g.index, out)
     _pack(sign, g.sign, out)
-    zero = (c.reshape(n, -1, g.group) == 0).all(axis=2)
     return np.repeat(found | zero, g.group, axis=1) & (ok | np.repeat(zero, g.group, axis=1))
 
 
@@ -468,6 +484,8 @@ class _Spec:
     add: float = 0.0
     post: float = 1.0
     m: _Bits | None = None  # overlay types: the minimum's multiplier (correction −dmin·m)
+    zero_code: int | None = None  # the code ggml's quantizer leaves in all-zero blocks, packed
+    # in zero-scale sub-blocks instead of the zero point (fewer exception blocks)
 
 
 def _hdr(*ranges: tuple[int, int], masked: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
@@ -498,14 +516,15 @@ def _specs() -> dict[str, _Spec]:
         "Q2_K": _Spec(256, 84, _hdr((0, 16), (80, 84)), _bit_lut(256, _q2k, _r(0, 4), _U8), "d_sc",
                       d=_f16_at(80), dmin=_f16_at(82), sc=_bits(16, _byte(0, 4)), m=_bits(16, lambda i: [(i, 4, 4, 0)])),
         "Q3_K": _Spec(256, 110, _hdr((96, 110)), _bit_lut(256, _q3k, (-4, -3, -2, -1, 0, 1, 2, 3), _I8), "d_sc",
-                      d=_f16_at(108), sc=_bits(16, _q3k_scale), add=-32.0),
+                      d=_f16_at(108), sc=_bits(16, _q3k_scale), add=-32.0, zero_code=-4),
         "Q4_K": _Spec(256, 144, _hdr((0, 16)), _bit_lut(256, lambda e: [_q45k(16, e)], _r(0, 16), _U8), "d_sc", **q45),
         "Q5_K": _Spec(256, 176, _hdr((0, 16)), _bit_lut(256, _q5k, _r(0, 32), _U8), "d_sc", **q45),
         "Q6_K": _Spec(256, 210, _hdr((192, 210)), _bit_lut(256, _q6k, _r(-32, 32), _I8), "d_sc",
-                      d=_f16_at(208), sc=_bits(16, _byte(192)), sc_int8=True),
-        "IQ4_NL": _Spec(32, 18, _hdr((0, 2)), _bit_lut(32, _nibbles(2, 16), _IQ4NL_VALUES, _I8), "d", d=_f16_at(0)),
+                      d=_f16_at(208), sc=_bits(16, _byte(192)), sc_int8=True, zero_code=-32),
+        "IQ4_NL": _Spec(32, 18, _hdr((0, 2)), _bit_lut(32, _nibbles(2, 16), _IQ4NL_VALUES, _I8), "d", d=_f16_at(0),
+                        zero_code=1),
         "IQ4_XS": _Spec(256, 136, _hdr((0, 8)), _bit_lut(256, _nibbles(8, 16), _IQ4NL_VALUES, _I8), "d_sc",
-                        d=_f16_at(0), sc=_bits(8, _iq4xs_scale), add=-32.0),
+                        d=_f16_at(0), sc=_bits(8, _iq4xs_scale), add=-32.0, zero_code=1),
         "TQ1_0": _Spec(256, 54, _hdr((52, 54)), _lut_codec(_r(0, 3), _U8, 1, _tq1_unpack, _tq1_pack), "d", d=_f16_at(52)),
         "TQ2_0": _Spec(256, 66, _hdr((64, 66)), _bit_lut(256, _tq2, _r(0, 4), _U8, 1), "d", d=_f16_at(64)),
         "NVFP4": _Spec(64, 36, _hdr((0, 4)), _bit_lut(64, _nibbles(4, 8), _FP4X2_VALUES, _I8), "ue4m3"),
@@ -731,17 +750,21 @@ def _header(spec: _Spec, blocks: np.ndarray) -> np.ndarray:
     return blocks[:, cols] & np.array([m for _, m in spec.header], dtype=np.uint8)
 
 
-def _pack_blocks(spec: _Spec, codes: np.ndarray, header: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _pack_blocks(spec: _Spec, codes: np.ndarray, header: np.ndarray, first_block: int) -> tuple[np.ndarray, np.ndarray]:
     """``(blocks, valid)``: the codes packed with the header bits, and which codes were valid."""
     out = np.zeros((codes.shape[0], spec.block_bytes), dtype=np.uint8)
-    valid = spec.codec.encode(codes, out)
-    out[:, [b for b, _ in spec.header]] |= header
-    return out, valid
+    out[:, [b for b, _ in spec.header]] = header
+    if spec.zero_code is not None:  # (a code that is not the zero point there fails _compare)
+        zero = _scales(spec, out, first_block)[0] == 0
+        if zero.any():
+            zero = np.repeat(zero, codes.shape[1] // zero.shape[1], axis=1)
+            codes = np.where(zero, np.asarray(spec.zero_code, dtype=codes.dtype), codes)
+    return out, spec.codec.encode(codes, out)
 
 
 def _exceptions(spec: _Spec, codes: np.ndarray, blocks: np.ndarray) -> np.ndarray:
     """The blocks that packing their (substituted) codes with their header would not restore."""
-    packed, _ = _pack_blocks(spec, codes, _header(spec, blocks))
+    packed, _ = _pack_blocks(spec, codes, _header(spec, blocks), 0)
     return np.flatnonzero((packed != blocks).any(axis=1))
 
 
@@ -853,10 +876,10 @@ def rebuild(x: Expanded, first_block: int = 0) -> np.ndarray:
     spec, f = _specs()[x.type], form(x.type)
     n = _shape_checks(x, spec, f)
     x.record.check(n, first_block)
-    blocks, valid = _pack_blocks(spec, x.codes, x.record.header)
-    _first_bad(~valid, first_block, "codes", f"code of element {{j}} is out of range for {x.type}")
-    blocks[x.record.exception_index.astype(np.int64) - first_block] = x.record.exception_blocks
     try:
+        blocks, valid = _pack_blocks(spec, x.codes, x.record.header, first_block)
+        _first_bad(~valid, first_block, "codes", f"code of element {{j}} is out of range for {x.type}")
+        blocks[x.record.exception_index.astype(np.int64) - first_block] = x.record.exception_blocks
         y = expand(x.type, blocks, first_block)
     except NonFiniteScale as e:
         raise FormatError(e.message, field="record") from None
