@@ -179,7 +179,7 @@ class _Part:
     mask: np.ndarray
     dst: np.ndarray
     full: bool = False
-    dest: np.ndarray | slice | None = None  # a slice when the bytes are contiguous
+    dest: np.ndarray | slice | None = None  # a slice when the bytes are evenly spaced
     starts: np.ndarray | None = None
     run: int = 1
 
@@ -208,8 +208,9 @@ def _bits(n_items: int, parts: Callable[[int], list[tuple[int, int, int, int]]])
         lengths = np.diff(np.r_[starts, len(o)])
         run = int(lengths[0]) if np.all(lengths == lengths[0]) else 0
         dest = byte[o][first]
-        if np.array_equal(dest, np.arange(dest[0], dest[0] + len(dest))):
-            dest = slice(int(dest[0]), int(dest[0]) + len(dest))
+        step = int(dest[1] - dest[0]) if len(dest) > 1 else 1
+        if step > 0 and np.array_equal(dest, dest[0] + step * np.arange(len(dest))):
+            dest = slice(int(dest[0]), int(dest[-1]) + 1, step)
         pack.append(_Part(items[o], byte[o], *(f[o] for f in fields), dest=dest, starts=starts, run=run))
     return _Bits(n_items, dtype, tuple(unpack), tuple(pack))
 
@@ -365,10 +366,13 @@ def _lut_codec(values: tuple[int, ...], dtype: type, zp: int, unpack: Callable, 
         inverse[int(vals[raw : raw + 1].view(np.uint8)[0])] = raw
     packable = np.maximum(inverse, 0).astype(np.uint8)
     valid = (inverse >= 0) | (np.arange(256) == (zp & 0xFF))
+    identity = np.array_equal(vals.view(np.uint8), np.arange(len(vals)))  # code == raw (Q2_K, Q4_K, …)
 
     def encode(codes: np.ndarray, out: np.ndarray) -> np.ndarray:
         u = codes.view(np.uint8)
-        pack(np.take(packable, u), out)
+        pack(u if identity else np.take(packable, u), out)
+        if valid[np.bincount(u.reshape(-1), minlength=256) > 0].all():  # a histogram is cheaper
+            return np.ones(u.shape, dtype=bool)
         return np.take(valid, u)
 
     return _Codec(lambda blocks: vals[unpack(blocks)], encode)
@@ -381,7 +385,6 @@ def _bit_lut(n: int, parts: Callable, values: tuple[int, ...], dtype: type, zp: 
 
 #: ggml's ksigns_iq2xs: 7-bit index -> 8 sign bits of even parity (bit 7 = parity of the rest)
 _KSIGNS = np.array([i | (bin(i).count("1") & 1) << 7 for i in range(128)], dtype=np.uint8)
-_BIT8 = np.arange(8, dtype=np.uint8)
 
 
 @dataclass(frozen=True)
@@ -414,9 +417,9 @@ def _grid_rows(quant: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _row_keys(rows: np.ndarray) -> np.ndarray:
-    """``(..., group)`` small ints -> one uint64 key per row."""
-    u = (rows.astype(np.int64) & 0xFF).astype(np.uint64)
-    return (u << (np.arange(rows.shape[-1], dtype=np.uint64) * np.uint64(8))).sum(axis=-1, dtype=np.uint64)
+    """``(..., group)`` small ints -> one uint64 key per row (its bytes, little-endian)."""
+    b = np.ascontiguousarray(rows.astype(np.int8))
+    return b.view(f"<u{rows.shape[-1]}")[..., 0].astype(np.uint64)
 
 
 def _grid_decode(g: _Grid, blocks: np.ndarray) -> np.ndarray:
@@ -427,7 +430,7 @@ def _grid_decode(g: _Grid, blocks: np.ndarray) -> np.ndarray:
         delta = np.where(_unpack(blocks, g.sign) != 0, -1, 1).astype(np.int16)
         return (8 * mags + np.repeat(delta, g.delta, axis=1)).astype(np.int8)
     if g.signs == "ksigns":
-        neg = ((_KSIGNS[_unpack(blocks, g.sign)][..., None] >> _BIT8) & 1).reshape(n, -1) != 0
+        neg = np.unpackbits(_KSIGNS[_unpack(blocks, g.sign)][..., None], axis=2, bitorder="little").reshape(n, -1)
     else:
         neg = _unpack(blocks, g.sign) != 0
     return np.where(neg, -mags, mags).astype(np.int8)
@@ -447,7 +450,7 @@ def _grid_encode(g: _Grid, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
         mags, neg = np.abs(c), c < 0
         ok = np.ones(c.shape, dtype=bool)
         if g.signs == "ksigns":
-            sign = (neg.reshape(n, -1, 8).astype(np.uint8) << _BIT8).sum(axis=2, dtype=np.uint8)
+            sign = np.packbits(neg.reshape(n, -1, 8), axis=2, bitorder="little")[:, :, 0]
             ok = np.repeat(_KSIGNS[sign & 0x7F] == sign, 8, axis=1)
             sign &= 0x7F
         else:
