@@ -66,9 +66,12 @@ def random_blocks(t: str, n: int, seed: int) -> np.ndarray:
     all_rows = np.arange(n)
     for k in range(len(F16_FIELDS[t]) or (t == "IQ1_M")):
         set_d(t, b, all_rows, (rng.standard_normal(n) * 0.02).astype(np.float16), k)
-    if t in F16_FIELDS and (F16_FIELDS[t] or t == "IQ1_M"):
+    if F16_FIELDS[t] or t == "IQ1_M":
         set_d(t, b, np.array([3, 4]), np.array([0.0, 0.0]))
         set_d(t, b, np.array([5, 6]), np.array([-0.0, -0.0]))
+        extremes = np.array([2.0**-24, -(2.0**-24), 65504.0, -65504.0, 6.1e-5])  # subnormal, f16 max
+        for k in range((len(F16_FIELDS[t]) or 1) if n >= 15 else 0):
+            set_d(t, b, np.arange(10, 15), extremes, k)
     b[7] = 0
     if t == "NVFP4":
         b[8, :4] = (0x00, 0x7F, 0x80, 0xFF)  # UE4M3 zeros (0x00, 0x7F; 0x80 reads as 0) over stale codes
@@ -220,7 +223,7 @@ def raises_at(x: ge.Expanded, block: int, field: str) -> None:
 @pytest.mark.parametrize("t", TYPES)
 def test_stale_scale_is_located(t: str) -> None:
     x = expanded(t)
-    x.scales[13, -1] = x.scales[13, -1] * np.asarray(2, dtype=x.scales.dtype)
+    x.scales.view(np.uint32 if x.scales.dtype == np.float32 else np.uint16)[13, -1] ^= 1  # one ulp off
     raises_at(x, 13, "scales")
 
 
@@ -301,7 +304,7 @@ def test_record_missing_an_exception_is_located() -> None:
 
 def test_wrong_shapes_name_the_field() -> None:
     x = expanded("Q4_K")
-    x.scales = x.scales.astype(np.float16)
+    x.scales = x.scales.astype(np.float64)
     with pytest.raises(FormatError) as e:
         ge.rebuild(x)
     assert e.value.field == "scales"
