@@ -1,0 +1,890 @@
+"""The exact expanded Hurray forms of the two-level GGML types (docs/conversion-rules.md § 9).
+
+K-quants, IQ4, the ternary types, NVFP4 and the IQ2/IQ3/IQ1 lattice types store a super-block
+scale ``d`` times small sub-block scales. Hurray's per-block affine cannot say "two levels",
+but every product ggml forms while dequantizing (``d·sc``, ``dmin·m``, ``d·(s6 − 32)``,
+``d·(0.5 + s)·0.25``, …) is exact in float32, so
+each type has a single-level form whose float32 values equal gguf-py's ``dequantize`` bit for
+bit (docs/conversion-rules.md § 9, "Measured forms"; the form of each type is the data table
+``mappings/gguf_expanded.toml``):
+
+* **Q3_K, Q6_K, IQ4_XS** -- per-block affine SYMMETRIC, codes int4 ``q ∈ −4..3`` (Q3_K),
+  int8 ``q − 32`` (Q6_K) or the int8 IQ4_NL codebook value (IQ4_XS); K = 16/16/32; float32
+  scales ``float32(d)·float32(sc')`` with ``sc' = s6 − 32`` / int8 ``sc`` / ``ls − 32``.
+* **Q2_K, Q4_K, Q5_K** -- the add-overlay of docs/conversion-rules.md § 3a: base codes uint2
+  / uint4 / uint8 (``q``), K = 16/32/32, float32 scale ``d·sc``; correction member storage
+  uint2, every code 1, float32 scale ``−(dmin·m)``. ``d·sc·q + (−dmin·m)`` is the IEEE
+  operation ggml performs (``a − b ≡ a + (−b)``). A correction that is ±0 is written as
+  codes 0 with scale ±1 (the sign of the scale carries the sign of the zero, § 3a).
+* **IQ4_NL** -- int8 codebook values, K = 32, float16 scale ``d`` (single level).
+* **TQ1_0, TQ2_0** -- storage uint2 codes ``q``, int32 zero point 1, K = 256, float16 ``d``
+  (not int2 with −d: that turns +0 weights into −0).
+* **NVFP4** -- int8 codes = E2M1 value × 2 (−12..12), K = 16, float16 scale = UE4M3 × ½
+  (exact in f16; bytes 0x00 and 0x7F decode to 0).
+* **IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S** -- int8 codes = ± the grid value of ggml's
+  lattice (the grid row of each 8 or 4 elements, the sign from the 7-bit ksigns index or an
+  explicit bit), K = 32/16/16/32/32, float32 scale = the sub-block product, e.g.
+  ``d·(0.5 + s)·0.25``. Grid rows are unique and ksigns is a bijection onto the even-parity
+  sign bytes, so the codes give the indices back.
+* **IQ1_S, IQ1_M** -- int8 codes ``8·g ± 1`` (grid value ``g ∈ −1..1`` with the ±1/8 delta
+  folded in), K = 32/16, float32 scale ``d·(2s + 1)/8`` (exact: a power-of-two step).
+  (§ 9's smaller IQ1_S overlay, int2 + uint2 at 6 bpw, is not implemented.)
+
+**Zero scales** (docs/conversion-rules.md §§ 4, 9). Hurray forbids a zero scale. A sub-block
+whose scale ``s0`` is ±0 decodes in ggml to zeros of sign ``sign(s0) ⊕ (code < 0)``. Its codes
+become the zero point (value 0) and its scale ±1, the sign chosen so that the zeros come out
+right. Where the signs are mixed one scale cannot do it: the scale is −1 and a *zero patch*
+(``Expanded.zero_patch``: a K-element float32 ±0 pattern, an overlay correction over that
+sub-block) is added, since ``(−0) + (+0) = +0`` and ``(−0) + (−0) = −0``.
+
+**The restore record** (docs/conversion-rules.md § 9). ``d·sc`` does not factor back into
+``d`` and ``sc``, and zero-scale sub-blocks lose their codes, so :class:`Record` keeps the raw
+super-block header bytes of every block (d, dmin, packed sub-block scales; ``record_bytes``
+per block in the table) and, verbatim, every *exception block*: a block that packing its
+codes and header back would not reproduce (zero-scale sub-blocks with stale codes, NVFP4's
+−0 code 8, TQ1_0 bytes that are not ggml's canonical base-3 encoding). Zero-scale sub-blocks
+are packed with the code ggml's quantizer writes into all-zero blocks (``_Spec.zero_code``),
+so ggml's all-zero rows need no exception block. :func:`rebuild` packs
+the codes with the header, puts the exception blocks back, and proves consistency by
+expanding the result again: codes, scales (as bits), corrections and zero patches must all
+equal the ones given, else a :class:`~hurray_interop.errors.FormatError` names the block.
+
+Non-finite ``d``/``dmin`` are refused (:class:`NonFiniteScale`, naming the block).
+
+All functions work on chunks of whole GGML blocks, a ``(n_blocks, block_bytes)`` uint8 array;
+``first_block`` (the chunk's first block index in its tensor) only locates errors and the
+record's exception indices.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ConversionRefused, FormatError
+from ..tables import load_table
+
+__all__ = [
+    "EXPANDED_TYPES",
+    "Form",
+    "form",
+    "Record",
+    "Expanded",
+    "NonFiniteScale",
+    "expand",
+    "rebuild",
+    "values",
+]
+
+_STORAGE = {  # storage element type -> (bits, numpy dtype of one code)
+    "uint2": (2, np.uint8),
+    "int4": (4, np.int8),
+    "uint4": (4, np.uint8),
+    "int8": (8, np.int8),
+    "uint8": (8, np.uint8),
+}
+_SCALE_BITS = {"float32": 32, "float16": 16}
+_SCALE_DTYPE = {"float32": np.float32, "float16": np.float16}
+
+
+class NonFiniteScale(ConversionRefused):
+    """A super-block scale (``d`` or ``dmin``) is NaN or infinite: not representable
+    (docs/conversion-rules.md §§ 4, 9). ``block`` is the block index in the tensor."""
+
+    def __init__(self, message: str, *, block: int, field: str, **kw: object) -> None:
+        self.block = block
+        super().__init__(message, field=field, **kw)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Form:
+    """One row of ``mappings/gguf_expanded.toml``: the Hurray form of a GGML type."""
+
+    type: str
+    storage: str
+    sub_block: int
+    scale: str
+    zero_point: int | None
+    overlay: bool
+    ggml_bpw: float
+    record_bytes: int
+    codes: str
+
+    @property
+    def hurray_bpw(self) -> float:
+        """Bits per weight of the Hurray form: codes, scales, zero points, and for an
+        overlay the correction's uint2 codes and float32 scales."""
+        bits = _STORAGE[self.storage][0] + _SCALE_BITS[self.scale] / self.sub_block
+        if self.zero_point is not None:
+            bits += 32 / self.sub_block
+        if self.overlay:
+            bits += 2 + 32 / self.sub_block
+        return bits
+
+    @property
+    def record_bpw(self) -> float:
+        """Bits per weight of the record's header part (exception blocks come on top)."""
+        return self.record_bytes * 8 / _specs()[self.type].elements
+
+    def describe(self) -> str:
+        """E.g. "overlay uint4+uint2, K=32, f32 scales, expanded from Q4_K"."""
+        kind = f"overlay {self.storage}+uint2" if self.overlay else self.storage
+        zp = f", zero point {self.zero_point}" if self.zero_point is not None else ""
+        return f"{kind}, K={self.sub_block}, f{self.scale[5:]} scales{zp}, expanded from {self.type}"
+
+
+@functools.cache
+def _forms() -> dict[str, Form]:
+    rows = load_table("gguf_expanded")["types"]
+    return {
+        name: Form(
+            type=name,
+            storage=r["storage"],
+            sub_block=r["sub_block"],
+            scale=r["scale"],
+            zero_point=r.get("zero_point"),
+            overlay=r["overlay"],
+            ggml_bpw=r["ggml_bpw"],
+            record_bytes=r["record_bytes"],
+            codes=r["codes"],
+        )
+        for name, r in rows.items()
+    }
+
+
+def form(ggml_type: str) -> Form:
+    """The expanded form of ``ggml_type`` (KeyError for a type without one)."""
+    return _forms()[ggml_type]
+
+
+# ---------------------------------------------------------------------------------------
+# Bit fields: each item (an element's code, a sub-block's scale) is gathered from a few
+# (byte, shift, width, dst) parts of the block. Tables built from ggml's loops.
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One part of every item that has it: ``items`` (item indices) and per item the
+    ``byte``, ``shift``, ``mask`` and ``dst``. Unpacking keeps item order (``full``: every
+    item, so no scatter); packing sorts by byte, ``dest`` being the distinct bytes and
+    ``starts`` where each byte's run of items begins, or ``run`` its length when all runs
+    are equally long (OR-ing ``run`` strided slices is ~50× faster than ``reduceat``)."""
+
+    items: np.ndarray
+    byte: np.ndarray
+    shift: np.ndarray
+    mask: np.ndarray
+    dst: np.ndarray
+    full: bool = False
+    dest: np.ndarray | slice | None = None  # a slice when the bytes are evenly spaced
+    starts: np.ndarray | None = None
+    run: int = 1
+
+
+@dataclass(frozen=True)
+class _Bits:
+    n_items: int
+    dtype: type  # uint8 when every field fits in 8 bits
+    unpack: tuple[_Part, ...]
+    pack: tuple[_Part, ...]
+
+
+def _bits(n_items: int, parts: Callable[[int], list[tuple[int, int, int, int]]]) -> _Bits:
+    rows = [parts(i) for i in range(n_items)]
+    widest = max(dst + bits for r in rows for _, _, bits, dst in r)
+    dtype = np.uint8 if widest <= 8 else np.uint16
+    unpack, pack = [], []
+    for p in range(max(len(r) for r in rows)):
+        t = np.array([(i, *r[p]) for i, r in enumerate(rows) if len(r) > p], dtype=np.int64)
+        items, byte, shift, bits, dst = t.T
+        fields = [a.astype(dtype) for a in (shift, (1 << bits) - 1, dst)]
+        unpack.append(_Part(items, byte, *fields, full=len(items) == n_items))
+        o = np.argsort(byte, kind="stable")
+        first = np.r_[True, np.diff(byte[o]) != 0]
+        starts = np.flatnonzero(first)
+        lengths = np.diff(np.r_[starts, len(o)])
+        run = int(lengths[0]) if np.all(lengths == lengths[0]) else 0
+        dest = byte[o][first]
+        step = int(dest[1] - dest[0]) if len(dest) > 1 else 1
+        if step > 0 and np.array_equal(dest, dest[0] + step * np.arange(len(dest))):
+            dest = slice(int(dest[0]), int(dest[-1]) + 1, step)
+        pack.append(_Part(items[o], byte[o], *(f[o] for f in fields), dest=dest, starts=starts, run=run))
+    return _Bits(n_items, dtype, tuple(unpack), tuple(pack))
+
+
+def _unpack(blocks: np.ndarray, b: _Bits) -> np.ndarray:
+    """``(n, items)`` values (uint8 or uint16) of the fields ``b`` in every block."""
+    out = None
+    for p in b.unpack:
+        v = np.take(blocks, p.byte, axis=1).astype(b.dtype, copy=False)
+        v >>= p.shift
+        v &= p.mask
+        v <<= p.dst
+        if out is None and p.full:
+            out = v
+        elif p.full:
+            out |= v
+        else:
+            if out is None:
+                out = np.zeros((blocks.shape[0], b.n_items), dtype=b.dtype)
+            out[:, p.items] |= v
+    assert out is not None
+    return out
+
+
+def _pack(values: np.ndarray, b: _Bits, out: np.ndarray) -> None:
+    """OR the items ``values`` (``(n, items)``) into ``out`` (``(n, block_bytes)``, uint8)."""
+    v = values.astype(b.dtype, copy=False)
+    for p in b.pack:
+        x = np.take(v, p.items, axis=1)
+        x >>= p.dst
+        x &= p.mask
+        x <<= p.shift
+        if p.run == 0:
+            x = np.bitwise_or.reduceat(x, p.starts, axis=1)
+        elif p.run > 1:
+            x = functools.reduce(np.bitwise_or, (x[:, k :: p.run] for k in range(p.run)))
+        out[:, p.dest] |= x.astype(np.uint8, copy=False)
+
+
+# Element -> code bits, one builder per layout (docs/conversion-rules.md § 9; gguf-notes § 2).
+def _q2k(e: int) -> list[tuple[int, int, int, int]]:  # qs[16:80]: 2 bits, shift 2j
+    return [(16 + 32 * (e // 128) + e % 32, 2 * ((e % 128) // 32), 2, 0)]
+
+
+def _q3k(e: int) -> list[tuple[int, int, int, int]]:  # qs[32:96] 2 bits + hmask[0:32] bit → bit 2
+    return [(32 + 32 * (e // 128) + e % 32, 2 * ((e % 128) // 32), 2, 0), (e % 32, e // 32, 1, 2)]
+
+
+def _q45k(qs: int, e: int) -> tuple[int, int, int, int]:  # nibble of qs[qs + 32c + l], high for odd 32-run
+    return (qs + 32 * (e // 64) + e % 32, 4 * ((e % 64) // 32), 4, 0)
+
+
+def _q5k(e: int) -> list[tuple[int, int, int, int]]:  # + qh[16:48] bit (e // 32) → bit 4
+    return [_q45k(48, e), (16 + e % 32, e // 32, 1, 4)]
+
+
+def _q6k(e: int) -> list[tuple[int, int, int, int]]:  # ql[0:128] nibble + qh[128:192] 2 bits → bits 4-5
+    h, r = divmod(e, 128)
+    return [(64 * h + r % 64, 4 * (r // 64), 4, 0), (128 + 32 * h + r % 32, 2 * (r // 32), 2, 4)]
+
+
+def _nibbles(qs: int, run: int) -> Callable[[int], list[tuple[int, int, int, int]]]:
+    """Runs of ``2·run`` elements: element j low nibble, j + run high nibble of byte j."""
+    return lambda e: [(qs + run * (e // (2 * run)) + e % run, 4 * ((e % (2 * run)) // run), 4, 0)]
+
+
+def _tq2(e: int) -> list[tuple[int, int, int, int]]:  # qs[0:64]: 2 bits, shift 2l
+    return [(32 * (e // 128) + e % 32, 2 * ((e % 128) // 32), 2, 0)]
+
+
+# Sub-block scale fields of the header.
+def _q3k_scale(i: int) -> list[tuple[int, int, int, int]]:  # 4 low bits + 2 high bits
+    return [(96 + i % 8, 4 * (i // 8), 4, 0), (104 + i % 4, 2 * (i // 4), 2, 4)]
+
+
+def _q4k_sc(i: int) -> list[tuple[int, int, int, int]]:  # get_scale_min_k4, scales at 4..15
+    return [(4 + i, 0, 6, 0)] if i < 4 else [(4 + i + 4, 0, 4, 0), (4 + i - 4, 6, 2, 4)]
+
+
+def _q4k_m(i: int) -> list[tuple[int, int, int, int]]:
+    return [(4 + i + 4, 0, 6, 0)] if i < 4 else [(4 + i + 4, 4, 4, 0), (4 + i, 6, 2, 4)]
+
+
+def _iq4xs_scale(i: int) -> list[tuple[int, int, int, int]]:  # scales_l[4:8] nibble + scales_h[2:4] 2 bits
+    return [(4 + i // 2, 4 * (i % 2), 4, 0), (2 + (2 * i) // 8, (2 * i) % 8, 2, 4)]
+
+
+def _byte(offset: int, width: int = 8) -> Callable[[int], list[tuple[int, int, int, int]]]:
+    return lambda i: [(offset + i, 0, width, 0)]
+
+
+_IQ4NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+_FP4X2_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+# ---------------------------------------------------------------------------------------
+# TQ1_0: five (four) base-3 digits per byte, most significant first (gguf-notes § 2.2).
+
+_TQ1_POW = np.array([1, 3, 9, 27, 81], dtype=np.uint8)
+_TQ1_WEIGHT5 = np.array([81, 27, 9, 3, 1], dtype=np.uint16)
+_TQ1_WEIGHT4 = np.array([81, 27, 9, 3], dtype=np.uint16)
+
+
+def _tq1_unpack(blocks: np.ndarray) -> np.ndarray:
+    n = blocks.shape[0]
+    parts = (
+        (blocks[:, 0:32, None] * _TQ1_POW[None, None, :]).transpose(0, 2, 1).reshape(n, 160),
+        (blocks[:, 32:48, None] * _TQ1_POW[None, None, :]).transpose(0, 2, 1).reshape(n, 80),
+        (blocks[:, 48:52, None] * _TQ1_POW[None, None, :4]).transpose(0, 2, 1).reshape(n, 16),
+    )
+    return (np.concatenate(parts, axis=1).astype(np.uint16) * 3) >> 8
+
+
+def _tq1_pack(trits: np.ndarray, out: np.ndarray) -> None:
+    n = trits.shape[0]
+    t = trits.astype(np.uint16)
+    v0 = (t[:, :160].reshape(n, 5, 32) * _TQ1_WEIGHT5[None, :, None]).sum(axis=1)
+    v1 = (t[:, 160:240].reshape(n, 5, 16) * _TQ1_WEIGHT5[None, :, None]).sum(axis=1)
+    vh = (t[:, 240:].reshape(n, 4, 4) * _TQ1_WEIGHT4[None, :, None]).sum(axis=1)
+    v = np.concatenate([v0, v1, vh], axis=1)
+    out[:, :52] |= ((v * 256 + 242) // 243).astype(np.uint8)
+
+
+def _span(byte: int, bit: int, width: int, dst: int = 0) -> list[tuple[int, int, int, int]]:
+    """The parts of a ``width``-bit field starting at bit ``bit`` of the little-endian
+    integer at ``byte`` (it may cross bytes)."""
+    parts = []
+    while width:
+        b, s = byte + bit // 8, bit % 8
+        w = min(width, 8 - s)
+        parts.append((b, s, w, dst))
+        bit, width, dst = bit + w, width - w, dst + w
+    return parts
+
+
+# ---------------------------------------------------------------------------------------
+# Codecs: GGML block bits <-> one Hurray code per element.
+
+
+@dataclass(frozen=True)
+class _Codec:
+    decode: Callable[[np.ndarray], np.ndarray]  # blocks -> (n, elements) Hurray codes
+    encode: Callable[[np.ndarray, np.ndarray], np.ndarray]  # (codes, zeroed blocks to OR into) -> valid
+
+
+def _lut_codec(values: tuple[int, ...], dtype: type, zp: int, unpack: Callable, pack: Callable) -> _Codec:
+    """Codes that are a table lookup of a raw per-element field (``values[raw]``). A code
+    no raw value gives is invalid, except the zero point (substituted in zero-scale
+    sub-blocks), packed as raw 0."""
+    vals = np.array(values, dtype=np.int16).astype(dtype)
+    inverse = np.full(256, -1, dtype=np.int16)
+    for raw in reversed(range(len(vals))):  # the smallest raw value wins
+        inverse[int(vals[raw : raw + 1].view(np.uint8)[0])] = raw
+    packable = np.maximum(inverse, 0).astype(np.uint8)
+    valid = (inverse >= 0) | (np.arange(256) == (zp & 0xFF))
+    identity = np.array_equal(vals.view(np.uint8), np.arange(len(vals)))  # code == raw (Q2_K, Q4_K, …)
+
+    def encode(codes: np.ndarray, out: np.ndarray) -> np.ndarray:
+        u = codes.view(np.uint8)
+        pack(u if identity else np.take(packable, u), out)
+        if valid[np.bincount(u.reshape(-1), minlength=256) > 0].all():  # a histogram is cheaper
+            return np.ones(u.shape, dtype=bool)
+        return np.take(valid, u)
+
+    return _Codec(lambda blocks: vals[unpack(blocks)], encode)
+
+
+def _bit_lut(n: int, parts: Callable, values: tuple[int, ...], dtype: type, zp: int = 0) -> _Codec:
+    b = _bits(n, parts)
+    return _lut_codec(values, dtype, zp, lambda blocks: _unpack(blocks, b), lambda raw, out: _pack(raw, b, out))
+
+
+#: ggml's ksigns_iq2xs: 7-bit index -> 8 sign bits of even parity (bit 7 = parity of the rest)
+_KSIGNS = np.array([i | (bin(i).count("1") & 1) << 7 for i in range(128)], dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """An IQ layout: each ``group`` of elements is one row of gguf-py's grid of ``quant``
+    (indexed by ``index``), with signs either from ksigns (``sign`` a 7-bit index per 8
+    elements), explicit (``sign`` one bit per element), or — IQ1 — a ±1/8 delta folded into
+    the code ``8·g ± 1`` (``sign`` one bit per ``delta`` elements, set: −)."""
+
+    quant: str
+    group: int
+    index: _Bits
+    signs: str  # "ksigns" | "bits" | "delta"
+    sign: _Bits
+    delta: int = 0
+
+
+@functools.cache
+def _grid_rows(quant: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(grid (rows, group) int16, sorted row keys, row of each sorted key)``."""
+    import gguf.quants as gq  # the grids as gguf-py (the oracle's source: ggml's tables) holds them
+
+    cls = getattr(gq, quant)
+    cls.init_grid()
+    grid = np.asarray(cls.grid).reshape(cls.grid_shape).astype(np.int16)
+    keys = _row_keys(grid[None])[0]
+    order = np.argsort(keys, kind="stable")
+    assert len(np.unique(keys)) == len(keys), quant  # grid rows are unique (§ 9)
+    return grid, keys[order], order
+
+
+def _row_keys(rows: np.ndarray) -> np.ndarray:
+    """``(..., group)`` small ints -> one uint64 key per row (its bytes, little-endian)."""
+    b = np.ascontiguousarray(rows.astype(np.int8))
+    return b.view(f"<u{rows.shape[-1]}")[..., 0].astype(np.uint64)
+
+
+def _grid_decode(g: _Grid, blocks: np.ndarray) -> np.ndarray:
+    grid = _grid_rows(g.quant)[0]
+    n = blocks.shape[0]
+    mags = grid[_unpack(blocks, g.index)].reshape(n, -1)
+    if g.signs == "delta":
+        delta = np.where(_unpack(blocks, g.sign) != 0, -1, 1).astype(np.int16)
+        return (8 * mags + np.repeat(delta, g.delta, axis=1)).astype(np.int8)
+    if g.signs == "ksigns":
+        neg = np.unpackbits(_KSIGNS[_unpack(blocks, g.sign)][..., None], axis=2, bitorder="little").reshape(n, -1)
+    else:
+        neg = _unpack(blocks, g.sign) != 0
+    return np.where(neg, -mags, mags).astype(np.int8)
+
+
+def _grid_encode(g: _Grid, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
+    grid, keys, order = _grid_rows(g.quant)
+    n = codes.shape[0]
+    c = codes.astype(np.int16)
+    if g.signs == "delta":
+        mags = (c + 4) // 8
+        step = (c - 8 * mags).reshape(n, -1, g.delta)
+        ok = (np.abs(step) == 1).all(axis=2) & (step == step[:, :, :1]).all(axis=2)
+        sign = step[:, :, 0] < 0
+        ok = np.repeat(ok, g.delta, axis=1)
+    else:
+        mags, neg = np.abs(c), c < 0
+        ok = np.ones(c.shape, dtype=bool)
+        if g.signs == "ksigns":
+            sign = np.packbits(neg.reshape(n, -1, 8), axis=2, bitorder="little")[:, :, 0]
+            ok = np.repeat(_KSIGNS[sign & 0x7F] == sign, 8, axis=1)
+            sign &= 0x7F
+        else:
+            sign = neg
+    key = _row_keys(mags.reshape(n, -1, g.group))
+    pos = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
+    found = keys[pos] == key
+    zero = (c.reshape(n, -1, g.group) == 0).all(axis=2)  # substituted: packed as index 0, as ggml writes
+    _pack(np.where(found & ~zero, order[pos], 0), g.index, out)
+    _pack(sign, g.sign, out)
+    return np.repeat(found | zero, g.group, axis=1) & (ok | np.repeat(zero, g.group, axis=1))
+
+
+def _grid_codec(g: _Grid) -> _Codec:
+    return _Codec(functools.partial(_grid_decode, g), functools.partial(_grid_encode, g))
+
+
+# ---------------------------------------------------------------------------------------
+# The per-type table.
+
+
+@dataclass(frozen=True)
+class _Spec:
+    elements: int  # per GGML block
+    block_bytes: int
+    header: tuple[tuple[int, int], ...]  # (byte, bit mask) recorded raw: d, dmin, sub-block scales
+    codec: _Codec
+    scale: str  # "d_sc": (float32(d)·(sc·mul + add))·post | "d": the f16 d | "ue4m3"
+    d: _Bits | None = None  # the f16 bits of d
+    dmin: _Bits | None = None
+    sc: _Bits | None = None
+    sc_int8: bool = False
+    mul: float = 1.0
+    add: float = 0.0
+    post: float = 1.0
+    m: _Bits | None = None  # overlay types: the minimum's multiplier (correction −dmin·m)
+    zero_code: int | None = None  # the code ggml's quantizer leaves in all-zero blocks, packed
+    # in zero-scale sub-blocks instead of the zero point (fewer exception blocks)
+
+
+def _hdr(*ranges: tuple[int, int], masked: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
+    return tuple((b, 0xFF) for a, z in ranges for b in range(a, z)) + masked
+
+
+def _f16_at(offset: int) -> _Bits:
+    return _bits(1, lambda i: _span(offset, 0, 16))
+
+
+def _grid_type(quant: str, group: int, index: Callable, signs: str, sign: tuple[int, Callable], delta: int = 0) -> _Codec:
+    return _grid_codec(_Grid(quant, group, _bits(256 // group, index), signs, _bits(*sign), delta))
+
+
+_I8, _U8 = np.int8, np.uint8
+
+
+def _r(a: int, b: int) -> tuple[int, ...]:
+    return tuple(range(a, b))
+
+
+@functools.cache
+def _specs() -> dict[str, _Spec]:
+    q45 = dict(d=_f16_at(0), dmin=_f16_at(2), sc=_bits(8, _q4k_sc), m=_bits(8, _q4k_m))
+    iq2 = dict(d=_f16_at(0), add=0.5, post=0.25)
+    iq1 = dict(mul=2.0, add=1.0, post=0.125)
+    return {
+        "Q2_K": _Spec(256, 84, _hdr((0, 16), (80, 84)), _bit_lut(256, _q2k, _r(0, 4), _U8), "d_sc",
+                      d=_f16_at(80), dmin=_f16_at(82), sc=_bits(16, _byte(0, 4)), m=_bits(16, lambda i: [(i, 4, 4, 0)])),
+        "Q3_K": _Spec(256, 110, _hdr((96, 110)), _bit_lut(256, _q3k, (-4, -3, -2, -1, 0, 1, 2, 3), _I8), "d_sc",
+                      d=_f16_at(108), sc=_bits(16, _q3k_scale), add=-32.0, zero_code=-4),
+        "Q4_K": _Spec(256, 144, _hdr((0, 16)), _bit_lut(256, lambda e: [_q45k(16, e)], _r(0, 16), _U8), "d_sc", **q45),
+        "Q5_K": _Spec(256, 176, _hdr((0, 16)), _bit_lut(256, _q5k, _r(0, 32), _U8), "d_sc", **q45),
+        "Q6_K": _Spec(256, 210, _hdr((192, 210)), _bit_lut(256, _q6k, _r(-32, 32), _I8), "d_sc",
+                      d=_f16_at(208), sc=_bits(16, _byte(192)), sc_int8=True, zero_code=-32),
+        "IQ4_NL": _Spec(32, 18, _hdr((0, 2)), _bit_lut(32, _nibbles(2, 16), _IQ4NL_VALUES, _I8), "d", d=_f16_at(0),
+                        zero_code=1),
+        "IQ4_XS": _Spec(256, 136, _hdr((0, 8)), _bit_lut(256, _nibbles(8, 16), _IQ4NL_VALUES, _I8), "d_sc",
+                        d=_f16_at(0), sc=_bits(8, _iq4xs_scale), add=-32.0, zero_code=1),
+        "TQ1_0": _Spec(256, 54, _hdr((52, 54)), _lut_codec(_r(0, 3), _U8, 1, _tq1_unpack, _tq1_pack), "d", d=_f16_at(52)),
+        "TQ2_0": _Spec(256, 66, _hdr((64, 66)), _bit_lut(256, _tq2, _r(0, 4), _U8, 1), "d", d=_f16_at(64)),
+        "NVFP4": _Spec(64, 36, _hdr((0, 4)), _bit_lut(64, _nibbles(4, 8), _FP4X2_VALUES, _I8), "ue4m3"),
+        "IQ2_XXS": _Spec(256, 66, _hdr((0, 2), masked=tuple((9 + 8 * i, 0xF0) for i in range(8))),
+                         _grid_type("IQ2_XXS", 8, lambda g: [(2 + 8 * (g // 4) + g % 4, 0, 8, 0)], "ksigns",
+                                    (32, lambda h: _span(6 + 8 * (h // 4), 7 * (h % 4), 7))),
+                         "d_sc", sc=_bits(8, lambda i: _span(6 + 8 * i, 28, 4)), **iq2),
+        "IQ2_XS": _Spec(256, 74, _hdr((0, 2), (66, 74)),
+                        _grid_type("IQ2_XS", 8, lambda g: _span(2 + 2 * g, 0, 9), "ksigns", (32, lambda g: _span(2 + 2 * g, 9, 7))),
+                        "d_sc", sc=_bits(16, lambda i: [(66 + i // 2, 4 * (i % 2), 4, 0)]), **iq2),
+        "IQ2_S": _Spec(256, 82, _hdr((0, 2), (74, 82)),
+                       _grid_type("IQ2_S", 8, lambda g: [(2 + g, 0, 8, 0), (66 + g // 4, 2 * (g % 4), 2, 8)], "bits",
+                                  (256, lambda e: [(34 + e // 8, e % 8, 1, 0)])),
+                       "d_sc", sc=_bits(16, lambda i: [(74 + i // 2, 4 * (i % 2), 4, 0)]), **iq2),
+        "IQ3_XXS": _Spec(256, 98, _hdr((0, 2), masked=tuple((69 + 4 * i, 0xF0) for i in range(8))),
+                         _grid_type("IQ3_XXS", 4, lambda g: [(2 + g, 0, 8, 0)], "ksigns",
+                                    (32, lambda h: _span(66 + 4 * (h // 4), 7 * (h % 4), 7))),
+                         "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: _span(66 + 4 * i, 28, 4)), add=0.5, post=0.5),
+        "IQ3_S": _Spec(256, 110, _hdr((0, 2), (106, 110)),
+                       _grid_type("IQ3_S", 4, lambda g: [(2 + g, 0, 8, 0), (66 + g // 8, g % 8, 1, 8)], "bits",
+                                  (256, lambda e: [(74 + e // 8, e % 8, 1, 0)])),
+                       "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: [(106 + i // 2, 4 * (i % 2), 4, 0)]), mul=2.0, add=1.0),
+        "IQ1_S": _Spec(256, 50, _hdr((0, 2), masked=tuple((35 + 2 * i, 0x70) for i in range(8))),
+                       _grid_type("IQ1_S", 8, lambda g: [(2 + g, 0, 8, 0)] + _span(34 + 2 * (g // 4), 3 * (g % 4), 3, 8),
+                                  "delta", (8, lambda i: _span(34 + 2 * i, 15, 1)), delta=32),
+                       "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: _span(34 + 2 * i, 12, 3)), **iq1),
+        "IQ1_M": _Spec(256, 56, _hdr((48, 56)),
+                       _grid_type("IQ1_M", 8, lambda g: [(g, 0, 8, 0), (32 + g // 2, 4 * (g % 2), 3, 8)],
+                                  "delta", (32, lambda g: [(32 + g // 2, 4 * (g % 2) + 3, 1, 0)]), delta=8),
+                       "d_sc", d=_bits(1, lambda i: [(49 + 2 * k, 4, 4, 4 * k) for k in range(4)]),
+                       sc=_bits(16, lambda i: _span(48 + 2 * (i // 4), 3 * (i % 4), 3)), **iq1),
+    }
+
+
+#: the GGML types this module expands, in the order of docs/conversion-rules.md § 9
+EXPANDED_TYPES: tuple[str, ...] = (
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "NVFP4",
+    "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------
+# Scales.
+
+
+def _half(blocks: np.ndarray, b: _Bits) -> np.ndarray:
+    return np.ascontiguousarray(_unpack(blocks, b)[:, 0]).view(np.float16)
+
+
+def _refuse_non_finite(x: np.ndarray, name: str, first_block: int) -> None:
+    bad = ~np.isfinite(x)
+    if bad.any():
+        i = int(np.argmax(bad))
+        bits = int(x[i : i + 1].view(np.uint16)[0])
+        raise NonFiniteScale(
+            f"block {first_block + i}: super-block scale {name} is not finite (0x{bits:04x})",
+            block=first_block + i,
+            field=name,
+        )
+
+
+def _ue4m3_half(b: np.ndarray) -> np.ndarray:
+    """UE4M3 byte → float16 of value × ½ (ggml_ue4m3_to_fp32; 0x00 and 0x7F give 0)."""
+    e = ((b >> 3) & 15).astype(np.int32)
+    man = (b & 7).astype(np.float64)
+    v = np.where(e == 0, man * 2.0**-9, (1 + man / 8) * np.exp2(e - 7.0)) * 0.5
+    return np.where((b == 0) | (b == 0x7F), 0.0, v).astype(np.float16)
+
+
+def _scales(spec: _Spec, blocks: np.ndarray, first_block: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(scales, correction)``: the exact ggml sub-block scales (``(n, subs)``, float32 or
+    float16) and, for overlay types, ``−(dmin·m)`` (float32), both possibly ±0. The float32
+    operations are gguf-py's, in its order."""
+    if spec.scale == "ue4m3":
+        return _ue4m3_half(blocks[:, :4]), None
+    assert spec.d is not None
+    d = _half(blocks, spec.d)
+    _refuse_non_finite(d, "d", first_block)
+    if spec.scale == "d":
+        return d[:, None].copy(), None
+    assert spec.sc is not None
+    sc = _unpack(blocks, spec.sc)
+    f = (sc.astype(np.uint8).view(np.int8) if spec.sc_int8 else sc).astype(np.float32)
+    if spec.mul != 1.0:
+        f = f * np.float32(spec.mul)
+    if spec.add:
+        f = np.float32(spec.add) + f
+    scales = d.astype(np.float32)[:, None] * f
+    if spec.post != 1.0:
+        scales = scales * np.float32(spec.post)
+    if spec.dmin is None:
+        return scales, None
+    dmin = _half(blocks, spec.dmin)
+    _refuse_non_finite(dmin, "dmin", first_block)
+    assert spec.m is not None
+    return scales, -(dmin.astype(np.float32)[:, None] * _unpack(blocks, spec.m).astype(np.float32))
+
+
+def _one_like(x: np.ndarray) -> np.ndarray:
+    """±1 carrying the sign of each (zero) element of ``x``, same dtype."""
+    return np.copysign(np.ones_like(x), x)
+
+
+# ---------------------------------------------------------------------------------------
+# The expanded tensor chunk and its record.
+
+
+@dataclass
+class Record:
+    """What restores the GGUF bytes (docs/conversion-rules.md § 9): ``header`` — the raw
+    header bytes of every block, ``(n, record_bytes)`` uint8 — and the exception blocks,
+    stored verbatim: ``exception_index`` (absolute block indices, ascending, uint32) and
+    ``exception_blocks`` (``(m, block_bytes)`` uint8).
+
+    Serialised (:meth:`to_bytes`): the header bytes, then per exception a little-endian
+    uint32 block index followed by the block's bytes."""
+
+    type: str
+    header: np.ndarray
+    exception_index: np.ndarray
+    exception_blocks: np.ndarray
+
+    def to_bytes(self) -> bytes:
+        spec = _specs()[self.type]
+        exc = np.empty((len(self.exception_index), 4 + spec.block_bytes), dtype=np.uint8)
+        exc[:, :4] = self.exception_index.astype("<u4").reshape(-1, 1).view(np.uint8)
+        exc[:, 4:] = self.exception_blocks
+        return self.header.tobytes() + exc.tobytes()
+
+    @classmethod
+    def from_bytes(cls, ggml_type: str, data: bytes, n_blocks: int, first_block: int = 0) -> "Record":
+        """Parse a record of ``n_blocks`` blocks; a FormatError (field ``record``) if its
+        length or its exception indices are wrong."""
+        spec, h = _specs()[ggml_type], form(ggml_type).record_bytes
+        rest = len(data) - n_blocks * h
+        if rest < 0 or rest % (4 + spec.block_bytes):
+            raise FormatError(
+                f"{len(data)} bytes for {n_blocks} {ggml_type} blocks: expected {n_blocks * h} + a multiple "
+                f"of {4 + spec.block_bytes}",
+                field="record",
+            )
+        raw = np.frombuffer(data, dtype=np.uint8)
+        exc = raw[n_blocks * h :].reshape(-1, 4 + spec.block_bytes)
+        index = np.ascontiguousarray(exc[:, :4]).view("<u4").reshape(-1).astype(np.uint32)
+        rec = cls(ggml_type, raw[: n_blocks * h].reshape(n_blocks, h), index, exc[:, 4:])
+        rec.check(n_blocks, first_block)
+        return rec
+
+    def check(self, n_blocks: int, first_block: int = 0) -> None:
+        """Shapes and exception indices (ascending, inside the chunk)."""
+        spec, h = _specs()[self.type], form(self.type).record_bytes
+        if self.header.shape != (n_blocks, h):
+            raise FormatError(f"header is {self.header.shape}, expected ({n_blocks}, {h})", field="record")
+        idx = self.exception_index.astype(np.int64)
+        if self.exception_blocks.shape != (len(idx), spec.block_bytes):
+            raise FormatError(f"exception blocks are {self.exception_blocks.shape}", field="record")
+        bad = (idx < first_block) | (idx >= first_block + n_blocks)
+        bad[1:] |= np.diff(idx) <= 0
+        if bad.any():
+            raise FormatError(
+                f"exception block index {int(idx[np.argmax(bad)])} out of order or outside blocks "
+                f"{first_block}..{first_block + n_blocks - 1}",
+                field="record",
+            )
+
+
+@dataclass
+class Expanded:
+    """One chunk of a tensor in its expanded Hurray form (docs/conversion-rules.md § 9).
+
+    * ``codes`` — ``(n, elements)`` int8/uint8, one stored code per element in GGUF element
+      order (Hurray storage per :func:`form`; the value is ``scale · (code − zero_point)``).
+    * ``scales`` — ``(n, subs)`` float32 or float16, never zero, one per K-element sub-block.
+    * ``correction`` / ``correction_codes`` — overlay types: ``(n, subs)`` float32 scale and
+      uint8 code (1, or 0 where the correction is ±0) of the uint2 correction member; its
+      every element in the sub-block has that code. ``None`` otherwise.
+    * ``zero_patch_index`` / ``zero_patch`` — sub-blocks (flat ``block·subs + sub`` index in
+      the chunk) whose ±0 values are mixed, and their ``(m, K)`` float32 ±0 patterns (added).
+    * ``record`` — the :class:`Record` that restores the GGUF bytes.
+    """
+
+    type: str
+    codes: np.ndarray
+    scales: np.ndarray
+    correction: np.ndarray | None
+    correction_codes: np.ndarray | None
+    zero_patch_index: np.ndarray
+    zero_patch: np.ndarray
+    record: Record
+
+
+# ---------------------------------------------------------------------------------------
+# expand / values / rebuild
+
+
+def _check_blocks(spec: _Spec, ggml_type: str, blocks: np.ndarray) -> None:
+    if blocks.dtype != np.uint8 or blocks.ndim != 2 or blocks.shape[1] != spec.block_bytes:
+        raise FormatError(
+            f"expected (n, {spec.block_bytes}) uint8 {ggml_type} blocks, got {blocks.shape} {blocks.dtype}",
+            field="blocks",
+        )
+
+
+def _fix_zeros(codes: np.ndarray, scales: np.ndarray, zp: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Substitute ±1 for every ±0 scale (in place) and the zero point for its codes; return
+    the zero patches of sub-blocks whose ±0 values are mixed (module docstring)."""
+    n, subs = scales.shape
+    nb, sb = np.nonzero(scales == 0)
+    if len(nb) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, k), dtype=np.float32)
+    sub_codes = codes.reshape(n, subs, k)
+    c = sub_codes[nb, sb].astype(np.int16) - zp
+    neg = np.signbit(scales[nb, sb])[:, None] ^ (c < 0)  # ggml's zero is −0 here
+    mixed = neg.any(axis=1) & ~neg.all(axis=1)
+    scales[nb, sb] = np.where(neg.any(axis=1), -1, 1)
+    sub_codes[nb, sb] = zp
+    patch = np.where(neg[mixed], np.float32(-0.0), np.float32(0.0)).astype(np.float32)
+    return (nb * subs + sb)[mixed].astype(np.int64), patch
+
+
+def _header(spec: _Spec, blocks: np.ndarray) -> np.ndarray:
+    cols = [b for b, _ in spec.header]
+    return blocks[:, cols] & np.array([m for _, m in spec.header], dtype=np.uint8)
+
+
+def _pack_blocks(spec: _Spec, codes: np.ndarray, header: np.ndarray, first_block: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(blocks, valid)``: the codes packed with the header bits, and which codes were valid."""
+    out = np.zeros((codes.shape[0], spec.block_bytes), dtype=np.uint8)
+    out[:, [b for b, _ in spec.header]] = header
+    if spec.zero_code is not None:  # (a code that is not the zero point there fails _compare)
+        zero = _scales(spec, out, first_block)[0] == 0
+        if zero.any():
+            zero = np.repeat(zero, codes.shape[1] // zero.shape[1], axis=1)
+            codes = np.where(zero, np.asarray(spec.zero_code, dtype=codes.dtype), codes)
+    return out, spec.codec.encode(codes, out)
+
+
+def _exceptions(spec: _Spec, codes: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """The blocks that packing their (substituted) codes with their header would not restore."""
+    packed, _ = _pack_blocks(spec, codes, _header(spec, blocks), 0)
+    return np.flatnonzero((packed != blocks).any(axis=1))
+
+
+def expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded:
+    """The expanded form of a chunk of whole ``ggml_type`` blocks (``(n, block_bytes)`` uint8).
+
+    Raises :class:`NonFiniteScale` for a NaN/inf ``d`` or ``dmin``."""
+    spec, f = _specs()[ggml_type], form(ggml_type)
+    _check_blocks(spec, ggml_type, blocks)
+    codes = spec.codec.decode(blocks)
+    scales, corr0 = _scales(spec, blocks, first_block)
+    scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
+    patch_index, patch = _fix_zeros(codes, scales, f.zero_point or 0, f.sub_block)
+    correction = correction_codes = None
+    if corr0 is not None:
+        correction_codes = (corr0 != 0).astype(np.uint8)
+        correction = np.where(corr0 == 0, _one_like(corr0), corr0).astype(np.float32)
+    exc = _exceptions(spec, codes, blocks)
+    record = Record(
+        ggml_type,
+        _header(spec, blocks),
+        (exc + first_block).astype(np.uint32),
+        np.ascontiguousarray(blocks[exc]),
+    )
+    return Expanded(ggml_type, codes, scales, correction, correction_codes, patch_index, patch, record)
+
+
+def values(x: Expanded) -> np.ndarray:
+    """The ``(n, elements)`` float32 values of the Hurray form as Hurray evaluates it:
+    ``float32(scale)·float32(code − zero_point)``, plus the overlay correction
+    ``correction·code`` and the zero patches, in float32."""
+    f = form(x.type)
+    n, subs = x.scales.shape
+    c = (x.codes.astype(np.int32) - (f.zero_point or 0)).astype(np.float32).reshape(n, subs, f.sub_block)
+    v = x.scales.astype(np.float32)[:, :, None] * c
+    if x.correction is not None and x.correction_codes is not None:
+        v = v + (x.correction * x.correction_codes.astype(np.float32))[:, :, None]
+    flat = v.reshape(n * subs, f.sub_block)
+    flat[x.zero_patch_index] = flat[x.zero_patch_index] + x.zero_patch
+    return v.reshape(n, subs * f.sub_block)
+
+
+def _shape_checks(x: Expanded, spec: _Spec, f: Form) -> int:
+    """The number of blocks of ``x``; a FormatError naming the field whose shape or type is wrong."""
+    n = x.codes.shape[0] if x.codes.ndim == 2 else -1
+    subs = spec.elements // f.sub_block
+    want = [
+        ("codes", x.codes, (n, spec.elements), _STORAGE[f.storage][1]),
+        ("scales", x.scales, (n, subs), _SCALE_DTYPE[f.scale]),
+        ("zero_patch", x.zero_patch, (len(x.zero_patch_index), f.sub_block), np.float32),
+    ]
+    if f.overlay:
+        want += [("correction", x.correction, (n, subs), np.float32), ("correction_codes", x.correction_codes, (n, subs), np.uint8)]
+    elif x.correction is not None or x.correction_codes is not None:
+        raise FormatError(f"{x.type} has no correction member", field="correction")
+    for name, arr, shape, dtype in want:
+        if arr is None or arr.shape != shape or arr.dtype != dtype:
+            got = "missing" if arr is None else f"{arr.shape} {arr.dtype}"
+            raise FormatError(f"expected {shape} {np.dtype(dtype)}, got {got}", field=name)
+    return n
+
+
+def _first_bad(bad: np.ndarray, first_block: int, field: str, what: str) -> None:
+    if bad.any():
+        flat = int(np.argmax(bad.reshape(-1)))
+        b, j = divmod(flat, bad.shape[1]) if bad.ndim == 2 else (flat, 0)
+        raise FormatError(f"block {first_block + b}: {what.format(j=j)}", field=field)
+
+
+def _bits_of(a: np.ndarray) -> np.ndarray:
+    return a.view({2: np.uint16, 4: np.uint32}[a.dtype.itemsize]) if a.dtype.kind == "f" else a
+
+
+def _compare(x: Expanded, y: Expanded, first_block: int) -> None:
+    """FormatError at the first block where the given form ``x`` differs from ``y``, the
+    expansion of the blocks rebuilt from ``x``'s codes and record."""
+    subs = x.scales.shape[1]
+    pairs = [
+        ("codes", x.codes, y.codes, "code of element {j} differs from the record's block"),
+        ("scales", x.scales, y.scales, "scale of sub-block {j} is not float32(d·sc) of the record"),
+        ("correction", x.correction, y.correction, "correction of sub-block {j} is not −dmin·m of the record"),
+        ("correction_codes", x.correction_codes, y.correction_codes, "correction code of sub-block {j} is wrong"),
+    ]
+    for field, a, b, what in pairs:
+        if a is not None and b is not None:
+            _first_bad(_bits_of(a) != _bits_of(b), first_block, field, what)
+    n = x.scales.shape[0]
+    mine = np.zeros((n * subs, x.zero_patch.shape[1]), dtype=np.uint32)
+    theirs = mine.copy()
+    present = np.zeros((2, n * subs), dtype=bool)
+    mine[x.zero_patch_index] = x.zero_patch.view(np.uint32) | 1  # | 1: present
+    theirs[y.zero_patch_index] = y.zero_patch.view(np.uint32) | 1
+    present[0, x.zero_patch_index] = present[1, y.zero_patch_index] = True
+    bad = (mine != theirs).any(axis=1) | (present[0] != present[1])
+    _first_bad(bad.reshape(n, subs), first_block, "zero_patch", "±0 pattern of sub-block {j} is wrong")
+    _first_bad(x.record.header != y.record.header, first_block, "record", "header byte {j} differs from the rebuilt block")
+    exc = np.zeros((2, n), dtype=bool)
+    exc[0, x.record.exception_index.astype(np.int64) - first_block] = True
+    exc[1, y.record.exception_index.astype(np.int64) - first_block] = True
+    _first_bad(exc[0] != exc[1], first_block, "record", "exception block listed wrongly")
+
+
+def rebuild(x: Expanded, first_block: int = 0) -> np.ndarray:
+    """The original ``(n, block_bytes)`` GGML blocks of ``x``, byte for byte.
+
+    Checked: shapes, codes in range, the record's length and indices, and consistency —
+    the rebuilt blocks must expand to exactly ``x`` (codes, scale bits, corrections, zero
+    patches, exceptions); else a :class:`FormatError` naming the block and the field."""
+    spec, f = _specs()[x.type], form(x.type)
+    n = _shape_checks(x, spec, f)
+    x.record.check(n, first_block)
+    try:
+        blocks, valid = _pack_blocks(spec, x.codes, x.record.header, first_block)
+        _first_bad(~valid, first_block, "codes", f"code of element {{j}} is out of range for {x.type}")
+        blocks[x.record.exception_index.astype(np.int64) - first_block] = x.record.exception_blocks
+        y = expand(x.type, blocks, first_block)
+    except NonFiniteScale as e:
+        raise FormatError(e.message, field="record") from None
+    _compare(x, y, first_block)
+    return blocks

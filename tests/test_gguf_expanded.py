@@ -1,0 +1,325 @@
+"""The exact expanded forms of docs/conversion-rules.md § 9 (hurray_interop.conversions.gguf_expanded).
+
+Oracle: gguf-py 0.19.0's ``gguf.quants.dequantize`` (bit-identical to ggml's C decoder, § 9),
+compared as uint32 bits so that ±0 counts; blocks from ggml's own quantizer
+(``fixtures/ggml-quantized-types.gguf``) and random well-formed blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gguf
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize
+
+from hurray_interop.conversions import gguf_expanded as ge
+from hurray_interop.errors import ConversionRefused, FormatError
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ggml-quantized-types.gguf"
+TYPES = ge.EXPANDED_TYPES
+
+#: docs/conversion-rules.md § 9, "Measured forms": Hurray bits per weight of each form
+CONTRACT_BPW = {
+    "Q2_K": 8.0, "Q3_K": 6.0, "Q4_K": 8.0, "Q5_K": 12.0, "Q6_K": 10.0, "IQ4_NL": 8.5, "IQ4_XS": 9.0,
+    "TQ1_0": 2.1875, "TQ2_0": 2.1875, "NVFP4": 9.0,
+    "IQ2_XXS": 9.0, "IQ2_XS": 10.0, "IQ2_S": 10.0, "IQ3_XXS": 9.0, "IQ3_S": 9.0, "IQ1_S": 9.0, "IQ1_M": 10.0,
+}  # fmt: skip
+
+#: where each type keeps its float16 super-block scales (gguf-notes § 2; ggml-common.h)
+F16_FIELDS = {
+    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
+    "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,), "NVFP4": (), "IQ2_XXS": (0,), "IQ2_XS": (0,),
+    "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ1_S": (0,), "IQ1_M": (),
+}  # fmt: skip
+OVERLAY = {"Q2_K", "Q4_K", "Q5_K"}
+
+
+def block_bytes(t: str) -> int:
+    return gguf.GGML_QUANT_SIZES[Q[t]][1]
+
+
+def set_d(t: str, blocks: np.ndarray, rows: np.ndarray, value: np.ndarray, field: int = 0) -> None:
+    """Write float16 ``value`` as the ``field``-th super-block scale of ``blocks[rows]``."""
+    bits = np.asarray(value, dtype=np.float16).view(np.uint16)
+    if t == "IQ1_M":  # d is split over the top nibbles of the four uint16 scales at 48..55
+        for k in range(4):
+            top = blocks[rows, 49 + 2 * k]
+            blocks[rows, 49 + 2 * k] = (top & 0x0F) | (((bits >> (4 * k)) & 0xF) << 4).astype(np.uint8)
+        return
+    off = F16_FIELDS[t][field]
+    blocks[rows, off : off + 2] = bits.reshape(-1, 1).view(np.uint8).reshape(-1, 2)
+
+
+def random_blocks(t: str, n: int, seed: int) -> np.ndarray:
+    """Random codes and sub-block scales with sane f16 super-block scales; then rows with
+    d = +0 and d = −0 over stale codes, an all-zero block, and a d = −0 block of zero bytes."""
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, size=(n, block_bytes(t)), dtype=np.uint8)
+    all_rows = np.arange(n)
+    for k in range(len(F16_FIELDS[t]) or (t == "IQ1_M")):
+        set_d(t, b, all_rows, (rng.standard_normal(n) * 0.02).astype(np.float16), k)
+    if F16_FIELDS[t] or t == "IQ1_M":
+        set_d(t, b, np.array([3, 4]), np.array([0.0, 0.0]))
+        set_d(t, b, np.array([5, 6]), np.array([-0.0, -0.0]))
+        extremes = np.array([2.0**-24, -(2.0**-24), 65504.0, -65504.0, 6.1e-5])  # subnormal, f16 max
+        for k in range((len(F16_FIELDS[t]) or 1) if n >= 15 else 0):
+            set_d(t, b, np.arange(10, 15), extremes, k)
+    b[7] = 0
+    if t == "NVFP4":
+        b[8, :4] = (0x00, 0x7F, 0x80, 0xFF)  # UE4M3 zeros (0x00, 0x7F; 0x80 reads as 0) over stale codes
+    elif F16_FIELDS[t] or t == "IQ1_M":
+        b[8] = 0
+        set_d(t, b, np.array([8]), np.array([-0.0]))
+    return b
+
+
+def assert_bits_equal(x: ge.Expanded, blocks: np.ndarray, t: str) -> None:
+    ref = dequantize(blocks, Q[t]).astype(np.float32).reshape(blocks.shape[0], -1)
+    got = ge.values(x)
+    diff = np.flatnonzero(got.view(np.uint32) != ref.view(np.uint32))
+    assert diff.size == 0, f"{t}: {diff.size} elements differ, first {diff[0]}: {got.flat[diff[0]]} vs {ref.flat[diff[0]]}"
+
+
+def fixture_blocks() -> dict[str, np.ndarray]:
+    if not FIXTURE.is_file():
+        pytest.skip(f"fixture missing: {FIXTURE} (python fixtures/make_kquant_fixtures.py)")
+    r = gguf.GGUFReader(str(FIXTURE))
+    return {t.name[2:]: np.asarray(t.data).reshape(-1, block_bytes(t.name[2:])) for t in r.tensors}
+
+
+# --- the forms -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_form_bits_per_weight(t: str) -> None:
+    f = ge.form(t)
+    elems, nbytes = gguf.GGML_QUANT_SIZES[Q[t]]
+    assert f.ggml_bpw == nbytes * 8 / elems
+    assert f.hurray_bpw == CONTRACT_BPW[t]
+    assert f.overlay == (t in OVERLAY)
+    assert t in f.describe()
+
+
+def test_ksigns_match_ggml() -> None:
+    assert ge._KSIGNS.tobytes() == gguf.quants.IQ2_XXS.ksigns
+
+
+# --- expand: bit-exact values; rebuild: byte-identical blocks -------------------------
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_random_blocks_bit_exact_and_rebuilt(t: str) -> None:
+    blocks = random_blocks(t, 96, seed=sum(map(ord, t)))
+    x = ge.expand(t, blocks)
+    assert_bits_equal(x, blocks, t)
+    f = ge.form(t)
+    assert x.codes.dtype == (np.int8 if f.storage.startswith("int") else np.uint8)
+    assert x.scales.dtype == np.dtype(f.scale) and np.all(x.scales != 0) and np.all(np.isfinite(x.scales))
+    assert x.record.header.shape == (96, f.record_bytes)
+    if f.overlay:
+        assert x.correction is not None and np.all(x.correction != 0)
+        assert len(x.zero_patch_index) == 0  # unsigned codes never mix ±0 (§ 9)
+    else:
+        assert x.correction is None
+        assert len(x.zero_patch_index) > 0  # the d = ±0 rows over stale signed codes mix ±0
+    assert len(x.record.exception_index) > 0  # zero-scale sub-blocks keep stale codes
+    assert np.array_equal(ge.rebuild(x), blocks)
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_ggml_quantizer_blocks_bit_exact_and_rebuilt(t: str) -> None:
+    blocks = fixture_blocks()[t]
+    x = ge.expand(t, blocks)
+    assert_bits_equal(x, blocks, t)
+    assert np.array_equal(ge.rebuild(x), blocks)
+
+
+def test_fixture_has_the_edge_cases() -> None:
+    """ggml leaves stale codes under zero scales (§ 9): the fixture must show it."""
+    fx = fixture_blocks()
+    patched = [t for t in TYPES if len(ge.expand(t, fx[t]).zero_patch_index)]
+    assert {"Q3_K", "Q6_K"} <= set(patched)
+
+
+def test_all_zero_rows_need_no_exception_blocks() -> None:
+    """ggml's all-zero blocks (fixture rows 0 and 1: all +0, all −0) rebuild from the header
+    alone; only stale codes under zero scales are kept whole."""
+    fx = fixture_blocks()
+    for t in TYPES:
+        per_row = fx[t].shape[0] // 32
+        x = ge.expand(t, fx[t])
+        assert not np.any(x.record.exception_index < 2 * per_row), t
+
+
+@pytest.mark.parametrize("t", ["Q4_K", "Q6_K", "IQ4_NL", "TQ1_0", "NVFP4", "IQ2_XS", "IQ1_M"])
+def test_chunks_and_serialised_record(t: str) -> None:
+    """Chunks carry absolute exception indices; records survive to_bytes/from_bytes."""
+    blocks = random_blocks(t, 40, seed=7)
+    whole = ge.expand(t, blocks)
+    out, indices = [], []
+    for first, stop in ((0, 17), (17, 40)):
+        x = ge.expand(t, blocks[first:stop], first_block=first)
+        indices.append(x.record.exception_index)
+        x.record = ge.Record.from_bytes(t, x.record.to_bytes(), stop - first, first)
+        out.append(ge.rebuild(x, first_block=first))
+    assert np.array_equal(np.concatenate(out), blocks)
+    assert np.array_equal(np.concatenate(indices), whole.record.exception_index)
+
+
+def test_tq1_non_canonical_bytes_are_recorded() -> None:
+    """Random TQ1_0 bytes are mostly not ggml's canonical base-3 encoding: recorded whole."""
+    b = random_blocks("TQ1_0", 16, seed=1)[9:]  # rows with d != 0
+    x = ge.expand("TQ1_0", b)
+    assert_bits_equal(x, b, "TQ1_0")
+    assert len(x.record.exception_index) >= 5
+    assert np.array_equal(ge.rebuild(x), b)
+    no_exceptions = ge.Record("TQ1_0", x.record.header, np.zeros(0, np.uint32), np.zeros((0, 54), np.uint8))
+    canonical = ge.rebuild(dataclasses.replace(x, record=no_exceptions))  # ggml's encoding of the same trits
+    assert not np.array_equal(canonical, b)
+    same = dequantize(canonical, Q.TQ1_0).view(np.uint32) == dequantize(b, Q.TQ1_0).view(np.uint32)
+    assert same.all()
+
+
+# --- refusals and located errors -----------------------------------------------------
+
+
+@pytest.mark.parametrize("t", [t for t in TYPES if F16_FIELDS[t] or t == "IQ1_M"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_d_refused(t: str, bad: float) -> None:
+    blocks = random_blocks(t, 12, seed=3)
+    set_d(t, blocks, np.array([9]), np.array([bad]))
+    with pytest.raises(ge.NonFiniteScale) as e:
+        ge.expand(t, blocks, first_block=100)
+    assert e.value.block == 109 and "block 109" in str(e.value) and e.value.field == "d"
+    assert isinstance(e.value, ConversionRefused)
+
+
+@pytest.mark.parametrize("t", sorted(OVERLAY))
+def test_non_finite_dmin_refused(t: str) -> None:
+    blocks = random_blocks(t, 12, seed=3)
+    set_d(t, blocks, np.array([2]), np.array([np.inf]), field=1)
+    with pytest.raises(ge.NonFiniteScale, match="block 2: super-block scale dmin"):
+        ge.expand(t, blocks)
+
+
+def expanded(t: str, seed: int = 11) -> ge.Expanded:
+    return ge.expand(t, random_blocks(t, 24, seed=seed), first_block=1000)
+
+
+def raises_at(x: ge.Expanded, block: int, field: str) -> None:
+    with pytest.raises(FormatError) as e:
+        ge.rebuild(x, first_block=1000)
+    assert f"block {1000 + block}" in str(e.value) and e.value.field == field, str(e.value)
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_stale_scale_is_located(t: str) -> None:
+    x = expanded(t)
+    x.scales.view(np.uint32 if x.scales.dtype == np.float32 else np.uint16)[13, -1] ^= 1  # one ulp off
+    raises_at(x, 13, "scales")
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_stale_record_header_is_located(t: str) -> None:
+    x = expanded(t)
+    x.record.header[15] ^= np.uint8(0x01) if t != "IQ1_S" else np.uint8(0x10)
+    with pytest.raises(FormatError, match="block 1015"):
+        ge.rebuild(x, first_block=1000)
+
+
+OUT_OF_RANGE = {  # a code no GGML block of the type can hold
+    "Q2_K": 4, "Q3_K": 5, "Q4_K": 16, "Q5_K": 32, "Q6_K": 40, "IQ4_NL": 2, "IQ4_XS": 2, "TQ1_0": 3,
+    "TQ2_0": 4, "NVFP4": 5, "IQ2_XXS": 9, "IQ2_XS": 9, "IQ2_S": 9, "IQ3_XXS": 5, "IQ3_S": 2, "IQ1_S": 3, "IQ1_M": 3,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_out_of_range_code_is_located(t: str) -> None:
+    x = expanded(t)
+    x.codes[17, 5] = OUT_OF_RANGE[t]
+    raises_at(x, 17, "codes")
+
+
+@pytest.mark.parametrize("t", ["Q3_K", "Q6_K", "IQ4_XS", "NVFP4", "IQ1_M"])
+def test_code_contradicting_the_record_is_located(t: str) -> None:
+    """Codes of a block the record holds verbatim (an exception block) must be its codes."""
+    x = expanded(t)
+    b = int(x.record.exception_index[-1]) - 1000
+    x.codes[b, 0] = x.codes.flat[np.flatnonzero(x.codes != x.codes[b, 0])[0]]
+    with pytest.raises(FormatError, match=f"block {1000 + b}"):
+        ge.rebuild(x, first_block=1000)
+
+
+@pytest.mark.parametrize("t", sorted(OVERLAY))
+def test_stale_correction_is_located(t: str) -> None:
+    x = expanded(t)
+    assert x.correction is not None
+    x.correction[19, 2] = -x.correction[19, 2]
+    raises_at(x, 19, "correction")
+
+
+@pytest.mark.parametrize("t", ["Q3_K", "Q6_K", "IQ3_S", "NVFP4"])
+def test_missing_zero_patch_is_located(t: str) -> None:
+    x = expanded(t)
+    assert len(x.zero_patch_index)
+    first = int(x.zero_patch_index[0]) // x.scales.shape[1]
+    x.zero_patch_index, x.zero_patch = x.zero_patch_index[1:], x.zero_patch[1:]
+    raises_at(x, first, "zero_patch")
+
+
+@pytest.mark.parametrize("t", ["Q2_K", "Q6_K", "TQ2_0", "IQ1_M"])
+def test_record_of_wrong_length(t: str) -> None:
+    x = expanded(t)
+    data = x.record.to_bytes()
+    for bad in (data[:-1], data + b"\0", data[: len(data) // 3]):
+        with pytest.raises(FormatError) as e:
+            ge.Record.from_bytes(t, bad, 24, 1000)
+        assert e.value.field == "record"
+
+
+def test_record_exception_outside_chunk() -> None:
+    x = expanded("Q6_K")
+    assert len(x.record.exception_index)
+    x.record.exception_index = x.record.exception_index - 1000  # chunk-relative: wrong
+    with pytest.raises(FormatError, match="outside blocks 1000..1023"):
+        ge.Record.from_bytes("Q6_K", x.record.to_bytes(), 24, 1000)
+
+
+def test_record_missing_an_exception_is_located() -> None:
+    x = expanded("Q3_K")
+    first = int(x.record.exception_index[0]) - 1000
+    x.record.exception_index = x.record.exception_index[1:]
+    x.record.exception_blocks = x.record.exception_blocks[1:]
+    with pytest.raises(FormatError, match=f"block {1000 + first}"):
+        ge.rebuild(x, first_block=1000)
+
+
+def test_wrong_shapes_name_the_field() -> None:
+    x = expanded("Q4_K")
+    x.scales = x.scales.astype(np.float64)
+    with pytest.raises(FormatError) as e:
+        ge.rebuild(x)
+    assert e.value.field == "scales"
+    with pytest.raises(FormatError):
+        ge.expand("Q4_K", np.zeros((2, 143), dtype=np.uint8))
+
+
+# --- the fixture script --------------------------------------------------------------
+
+
+def test_fixture_regenerates_identically(tmp_path: Path) -> None:
+    if importlib.util.find_spec("libggml") is None:
+        pytest.skip("libggml-python (prebuilt ggml) not installed: pip install libggml-python==0.20.2.post1")
+    if not FIXTURE.is_file():
+        pytest.skip(f"fixture missing: {FIXTURE}")
+    script = FIXTURE.parent / "make_kquant_fixtures.py"
+    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, capture_output=True)
+    assert (tmp_path / FIXTURE.name).read_bytes() == FIXTURE.read_bytes()
