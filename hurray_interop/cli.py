@@ -3,7 +3,9 @@
     hurray-interop convert SRC DST [--from F] [--to F] [--fallback float32|float16|bfloat16]
                                    [--q4-1 overlay|requantize] [--convention gpt-oss|compressed-tensors|mxfp8]
                                    [--dry-run] [--force] [--json] [--quiet] [--jobs N]
+    hurray-interop convert --to F --out-dir DIR SRC [SRC ...] [convert options] [--workers N | --scheduler ADDRESS]
     hurray-interop verify FILE [FILE ...] [--pair | --each] [--json] [--quiet] [--jobs N]
+                                          [--workers N | --scheduler ADDRESS]
     hurray-interop inspect FILE [--json]
 
 Exit status: 0 success; 1 refused or inexact conversion, failed verification;
@@ -50,6 +52,24 @@ def _add_run_options(p: argparse.ArgumentParser, *, quiet: str) -> None:
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
 
+def _add_batch_options(p: argparse.ArgumentParser, *, out_dir: bool = False) -> None:
+    """Options of a batch: many files, in local processes or on a Dask cluster."""
+    if out_dir:
+        p.add_argument(
+            "--out-dir", metavar="DIR",
+            help="convert every SRC into DIR/<stem>.<extension of --to> (a batch; --to is required)",
+        )
+    p.add_argument(
+        "--workers", type=int, default=1, metavar="N",
+        help="run the files in N local processes (default 1: one after another in this process)",
+    )
+    p.add_argument(
+        "--scheduler", metavar="ADDRESS",
+        help="run one task per file on the Dask distributed scheduler at ADDRESS (tcp://host:8786); "
+        "needs hurray-interop[dask] and workers that see the same paths",
+    )
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="hurray-interop",
@@ -61,8 +81,7 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     c = sub.add_parser("convert", help="convert SRC into DST (formats from extensions, confirmed by magic bytes)")
-    c.add_argument("src", metavar="SRC")
-    c.add_argument("dst", metavar="DST")
+    c.add_argument("paths", nargs="+", metavar="PATH", help="SRC DST, or with --out-dir DIR: SRC [SRC ...]")
     c.add_argument("--from", dest="src_format", choices=format_names(), help="force the source format")
     c.add_argument("--to", dest="dst_format", choices=format_names(), help="force the destination format")
     c.add_argument(
@@ -85,6 +104,7 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dry-run", action="store_true", help="show the plan per tensor; write nothing")
     c.add_argument("--force", action="store_true", help="overwrite an existing DST")
     _add_run_options(c, quiet="no progress bar, no summary")
+    _add_batch_options(c, out_dir=True)
 
     v = sub.add_parser(
         "verify",
@@ -95,6 +115,7 @@ def _build_parser() -> argparse.ArgumentParser:
     v.add_argument("--pair", action="store_true", help="compare exactly two files with each other")
     v.add_argument("--each", action="store_true", help="round-trip every file, even two of different formats")
     _add_run_options(v, quiet="print summary lines only")
+    _add_batch_options(v)
 
     i = sub.add_parser("inspect", help="show tensors, their mapping and metadata of a .hrry, .gguf or .safetensors file")
     i.add_argument("file", metavar="FILE")
@@ -108,14 +129,15 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 @contextmanager
-def _progress(enabled: bool, desc: str) -> Iterator[Callable[[int, int], None] | None]:
-    """A ``progress(done_bytes, total_bytes)`` callback drawing a tqdm bar on a terminal."""
+def _progress(enabled: bool, desc: str, unit: str = "B") -> Iterator[Callable[[int, int], None] | None]:
+    """A ``progress(done, total)`` callback (bytes, or files) drawing a tqdm bar on a terminal."""
     if not enabled or not sys.stderr.isatty():
         yield None
         return
     from tqdm import tqdm
 
-    bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, leave=False, file=sys.stderr)
+    scale = dict(unit_scale=True, unit_divisor=1024) if unit == "B" else {}
+    bar = tqdm(total=0, unit=unit, **scale, desc=desc, leave=False, file=sys.stderr)
 
     def update(done: int, total: int) -> None:
         if bar.total != total:
@@ -295,7 +317,97 @@ def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"convert": _cmd_convert, "verify": _cmd_verify, "inspect": _cmd_inspect}
+# ---------------------------------------------------------------------------
+# batches: many files, one result line (or JSON object) each as it finishes
+
+_BATCH_LABELS = {"ok": "OK", "refused": "REFUSED", "verification failed": "FAILED", "bad input": "ERROR", "error": "ERROR"}
+
+
+def _cmd_convert_any(args: argparse.Namespace, out: TextIO) -> int:
+    """``convert SRC DST``, or a batch: ``convert --to F --out-dir DIR SRC [SRC ...]``."""
+    if args.out_dir is not None:
+        return _cmd_convert_batch(args, out)
+    if args.workers != 1 or args.scheduler is not None:
+        raise UsageError("--workers and --scheduler run batches: give --out-dir DIR")
+    if len(args.paths) != 2:
+        if len(args.paths) == 1:
+            raise UsageError("the following arguments are required: DST (or --out-dir DIR)")
+        raise UsageError(f"convert takes SRC DST, not {len(args.paths)} paths; to convert several files give --out-dir DIR")
+    args.src, args.dst = args.paths
+    return _cmd_convert(args, out)
+
+
+def _cmd_convert_batch(args: argparse.Namespace, out: TextIO) -> int:
+    from .batch import plan_convert
+
+    if args.dst_format is None:
+        raise UsageError("--out-dir needs --to FORMAT (the format of the outputs)")
+    batch = plan_convert(
+        args.paths, args.out_dir, dst_format=args.dst_format, src_format=args.src_format, fallback=args.fallback,
+        q4_1=args.q4_1, convention=args.convention, dry_run=args.dry_run, force=args.force, jobs=args.jobs,
+    )
+    return _run_batch(batch, args, out, "would convert" if args.dry_run else "converted")
+
+
+def _cmd_verify_any(args: argparse.Namespace, out: TextIO) -> int:
+    """``verify FILE ...`` in this process (today's output), or as a batch with --workers/--scheduler."""
+    if args.workers == 1 and args.scheduler is None:
+        return _cmd_verify(args, out)
+    from .batch import plan_verify
+
+    batch = plan_verify(args.files, pair=args.pair, each=args.each, jobs=args.jobs)
+    return _run_batch(batch, args, out, "verified exact")
+
+
+def _run_batch(batch: Any, args: argparse.Namespace, out: TextIO, verb: str) -> int:
+    """Run a checked batch; print each file's result as it finishes, then the summary."""
+    from .batch import Summary, open_executor
+
+    summary = Summary()
+    show = not (args.quiet or args.json)
+    try:
+        with open_executor(args.workers, args.scheduler) as executor, \
+                _progress(show and batch.files > 1, "files", unit="file") as progress:
+            for result in batch.run(executor):
+                summary.add(result)
+                _write_result(result, args, out)
+                if progress is not None:
+                    progress(summary.files, batch.files)
+    except KeyboardInterrupt:
+        sys.stderr.write(
+            f"hurray-interop: interrupted after {summary.files} of {batch.files} files; "
+            "the others cancelled, no partial output\n"
+        )
+        return 130
+    if args.json:
+        _write_line(out, json.dumps(summary.to_dict()))
+    elif not args.quiet:
+        others = ", ".join(f"{n} {status}" for status, n in sorted(summary.counts.items()) if status != "ok")
+        ok = summary.counts.get("ok", 0)
+        _write_line(out, f"{ok} of {summary.files} files {verb}" + (f" ({others})" if others else ""))
+    return summary.exit_code
+
+
+def _write_result(result: Any, args: argparse.Namespace, out: TextIO) -> None:
+    if args.json:
+        _write_line(out, json.dumps(result.to_dict()))
+    if result.exit_code == EXIT_BAD_INPUT:  # one line on stderr, as for a single file
+        _write_line(sys.stderr, f"hurray-interop: error: {result.reason}")
+    elif not args.json and not (args.quiet and result.exit_code == EXIT_OK):
+        body = result.reason if result.reason.startswith(result.source) else f"{result.source}: {result.reason}"
+        _write_line(out, f"{_BATCH_LABELS[result.status]:<7} {body}")
+
+
+def _write_line(stream: TextIO, line: str) -> None:
+    """Write one line now (a progress bar on the terminal steps aside)."""
+    from tqdm import tqdm
+
+    with tqdm.external_write_mode(file=stream):
+        stream.write(line + "\n")
+        stream.flush()
+
+
+_COMMANDS = {"convert": _cmd_convert_any, "verify": _cmd_verify_any, "inspect": _cmd_inspect}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -111,7 +111,8 @@ ALLOWED = {
     "_verify": {"registry", "verification"},
     "_inspect": {"registry"},
     "__init__": {"_convert", "_verify", "_inspect", "registry", "dequant", "core", "report", "verification"},
-    "cli": {"__init__", "_convert", "_verify", "_inspect", "registry", "report"},
+    "batch": {"_convert", "_verify", "registry", "report", "verification"},
+    "cli": {"__init__", "_convert", "_verify", "_inspect", "registry", "report", "batch"},
     "__main__": {"cli"},
     **{low: set(LOW) for low in LOW},
 }

@@ -33,7 +33,7 @@ CONTRACT_BPW = {
     "IQ2_XXS": 9.0, "IQ2_XS": 10.0, "IQ2_S": 10.0, "IQ3_XXS": 9.0, "IQ3_S": 9.0, "IQ1_S": 9.0, "IQ1_M": 10.0,
 }  # fmt: skip
 
-#: where each type keeps its float16 super-block scales (gguf-notes § 2; ggml-common.h)
+#: where each type keeps its float16 super-block scales (docs/format-notes.md § 1.4; ggml-common.h)
 F16_FIELDS = {
     "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
     "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,), "NVFP4": (), "IQ2_XXS": (0,), "IQ2_XS": (0,),

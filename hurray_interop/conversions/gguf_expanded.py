@@ -250,7 +250,7 @@ def _pack(values: np.ndarray, b: _Bits, out: np.ndarray) -> None:
         out[:, p.dest] |= x.astype(np.uint8, copy=False)
 
 
-# Element -> code bits, one builder per layout (docs/conversion-rules.md § 9; gguf-notes § 2).
+# Element -> code bits, one builder per layout (docs/conversion-rules.md § 9; docs/format-notes.md § 1.4).
 def _q2k(e: int) -> list[tuple[int, int, int, int]]:  # qs[16:80]: 2 bits, shift 2j
     return [(16 + 32 * (e // 128) + e % 32, 2 * ((e % 128) // 32), 2, 0)]
 
@@ -307,7 +307,7 @@ _FP4X2_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 # ---------------------------------------------------------------------------------------
-# TQ1_0: five (four) base-3 digits per byte, most significant first (gguf-notes § 2.2).
+# TQ1_0: five (four) base-3 digits per byte, most significant first (docs/format-notes.md § 1.7).
 
 _TQ1_POW = np.array([1, 3, 9, 27, 81], dtype=np.uint8)
 _TQ1_WEIGHT5 = np.array([81, 27, 9, 3, 1], dtype=np.uint16)

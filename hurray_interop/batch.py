@@ -1,0 +1,460 @@
+"""Many files at once: convert or verify a model collection, locally or on a cluster.
+
+:func:`convert_many` and :func:`verify_many` run one task per source file on
+any :class:`concurrent.futures.Executor` -- a
+:class:`~concurrent.futures.ProcessPoolExecutor`, a Dask distributed
+``Client.get_executor()``, or ``None`` to run in this process, one file after
+another.  They check every path *before* submitting anything (each input
+exists and is readable; no two sources map to the same output), then yield one
+:class:`FileResult` per file as each finishes::
+
+    from concurrent.futures import ProcessPoolExecutor
+    from hurray_interop.batch import convert_many, summarize
+
+    with ProcessPoolExecutor(4) as pool:
+        results = list(convert_many(["a.gguf", "b.gguf"], "out", dst_format="hurray", executor=pool))
+    print(summarize(results).exit_code)
+
+Tasks carry paths, never file contents: every worker must see the same files
+under the same (absolute) paths -- a shared file system on a cluster -- and
+writes its outputs itself, atomically, exactly as a single conversion does.
+A task never raises: an error inside it (malformed input, a refusal, a bug)
+becomes that file's result; a failure of the executor itself (a lost worker, a
+broken pool) becomes that file's result too.  One bad file never stops the
+others.  Closing the result iterator early (or Ctrl-C while it waits) cancels
+every task not yet finished.
+
+The functions the tasks call -- :func:`convert_file`, :func:`verify_files`,
+:func:`output_extension` -- are the only places this module touches the
+conversion and verification code.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+
+from .errors import ConversionRefused, HurrayInteropError, UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .report import ConversionReport
+    from .verification.common import VerifyResult
+
+__all__ = [
+    "OK",
+    "REFUSED",
+    "BAD_INPUT",
+    "FAILED",
+    "ERROR",
+    "ConvertOptions",
+    "FileResult",
+    "Summary",
+    "convert_many",
+    "verify_many",
+    "convert_task",
+    "verify_task",
+    "Batch",
+    "plan_convert",
+    "plan_verify",
+    "group_sources",
+    "check_inputs",
+    "plan_outputs",
+    "summarize",
+    "open_executor",
+    "DASK_HINT",
+]
+
+#: per-file statuses and the exit status each stands for (the worst one is the batch's)
+OK = "ok"
+REFUSED = "refused"
+FAILED = "verification failed"
+BAD_INPUT = "bad input"
+ERROR = "error"  # a defect of ours or of the executor (lost worker, broken pool)
+EXIT_STATUS = {OK: 0, REFUSED: 1, FAILED: 1, BAD_INPUT: 2, ERROR: 2}
+
+DASK_HINT = "--scheduler needs Dask distributed, which is not installed: install hurray-interop[dask] (pip install 'hurray-interop[dask]')"
+
+Group = tuple[str, ...]
+
+
+# ---------------------------------------------------------------------------
+# the conversion and verification code: one adapter each
+
+
+def convert_file(src: str, dst: str, options: "ConvertOptions") -> "ConversionReport":
+    """Convert one source (the single-file entry point, every option passed through)."""
+    from ._convert import convert
+
+    return convert(src, dst, **asdict(options))
+
+
+def verify_files(files: Sequence[str], *, pair: bool, each: bool, jobs: int | None) -> list["VerifyResult"]:
+    """Verify what ``hurray-interop verify FILE ...`` would for ``files``."""
+    from ._verify import verify_files as verify
+
+    return verify(list(files), pair=pair, each=each, jobs=jobs)
+
+
+def output_extension(fmt: str) -> str:
+    """The file extension of format ``fmt`` (``"hurray"`` -> ``".hrry"``)."""
+    from .registry import get_format
+
+    return get_format(fmt).extensions[0]
+
+
+# ---------------------------------------------------------------------------
+# results
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """The single-file options of :func:`hurray_interop.convert` (no progress callback)."""
+
+    src_format: str | None = None
+    dst_format: str | None = None
+    fallback: str | None = None
+    q4_1: str = "overlay"
+    convention: str | None = None
+    dry_run: bool = False
+    force: bool = False
+    jobs: int | None = None
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """What happened to one file: small and picklable, made where the file was handled.
+
+    ``reason`` is one line (it names the file, and for malformed input the tensor
+    and offset); ``output`` is the file written (None when nothing was);
+    ``other`` the second file of a pair comparison; ``seconds`` the time the
+    task took on its worker.
+    """
+
+    source: str
+    status: str
+    reason: str
+    output: str | None = None
+    other: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_STATUS[self.status]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "file", **asdict(self), "exit_code": self.exit_code}
+
+
+@dataclass
+class Summary:
+    """Counts per status; ``exit_code`` is the worst outcome (2 > 1 > 0)."""
+
+    files: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    exit_code: int = 0
+
+    def add(self, result: FileResult) -> None:
+        self.files += 1
+        self.counts[result.status] = self.counts.get(result.status, 0) + 1
+        self.exit_code = max(self.exit_code, result.exit_code)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "summary", **asdict(self)}
+
+
+def summarize(results: Iterable[FileResult]) -> Summary:
+    summary = Summary()
+    for r in results:
+        summary.add(r)
+    return summary
+
+
+def _failure(source: str, exc: BaseException, started: float | None = None) -> FileResult:
+    """The result of a file whose task raised ``exc`` (never raises itself)."""
+    seconds = 0.0 if started is None else time.perf_counter() - started
+    if isinstance(exc, ConversionRefused):
+        status, reason = REFUSED, str(exc)
+        if exc.reasons:
+            name, typ, why = exc.reasons[0]
+            reason += f"; first: tensor {name!r} ({typ}): {why}"
+    elif isinstance(exc, HurrayInteropError):
+        status, reason = BAD_INPUT, str(exc)
+    elif isinstance(exc, OSError):
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else f"{source}: "
+        status, reason = BAD_INPUT, f"{where}{exc.strerror or exc}"
+    else:
+        status, reason = ERROR, f"{source}: internal error: {type(exc).__name__}: {exc}"
+    return FileResult(source=source, status=status, reason=" ".join(reason.split("\n")), seconds=seconds)
+
+
+# ---------------------------------------------------------------------------
+# tasks: top-level functions (picklable), run on the workers
+
+
+def convert_task(group: Group, output: str, options: ConvertOptions) -> tuple[FileResult, ...]:
+    """Convert one source (a group of files that form one model) into ``output``."""
+    started = time.perf_counter()
+    src = group[0]
+    try:
+        report = convert_file(src, output, options)
+    except Exception as exc:  # noqa: BLE001 - every failure is this file's result
+        return (_failure(src, exc, started),)
+    seconds = time.perf_counter() - started
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(report.counts().items()))
+    line = f"{src} -> {output}: {len(report.tensors)} tensors ({counts})"
+    if options.dry_run:
+        status = REFUSED if report.refused else OK
+        return (FileResult(src, status, f"{line}, dry run: nothing written", seconds=seconds),)
+    return (FileResult(src, OK, line, output=output, seconds=seconds),)
+
+
+def verify_task(group: Group, pair: bool, each: bool, jobs: int | None) -> tuple[FileResult, ...]:
+    """Verify one file (a round trip), or two files with each other (a pair)."""
+    started = time.perf_counter()
+    try:
+        results = verify_files(group, pair=pair, each=each, jobs=jobs)
+    except Exception as exc:  # noqa: BLE001 - every failure is this file's result
+        return (_failure(group[0], exc, started),)
+    seconds = time.perf_counter() - started
+    out = []
+    for r in results:
+        if r.error is not None:
+            status, reason = BAD_INPUT, r.error
+        else:
+            status, reason = (OK if r.ok else FAILED), r.summary_line().split(None, 1)[1]
+        out.append(FileResult(r.source, status, reason, other=r.other, seconds=seconds))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------
+# checks before anything is submitted
+
+
+def group_sources(sources: Sequence[str]) -> list[Group]:
+    """The models among ``sources``: each a tuple of files, its first the one to convert.
+
+    Today every file is a model of its own; a split GGUF set
+    (``model-00001-of-00003.gguf`` ...) will become one group here.
+    """
+    return [(os.path.abspath(s),) for s in sources]
+
+
+def check_inputs(groups: Iterable[Group]) -> None:
+    """Every file exists and is a readable file; raises :class:`UsageError` naming the first one that is not."""
+    problems = []
+    for path in (p for g in groups for p in g):
+        try:
+            with open(path, "rb"):
+                pass
+        except FileNotFoundError:
+            problems.append(f"{path}: no such file")
+        except IsADirectoryError:
+            problems.append(f"{path}: is a directory")
+        except OSError as exc:
+            problems.append(f"{path}: cannot read: {'permission denied' if isinstance(exc, PermissionError) else exc.strerror or exc}")
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UsageError(problems[0] + more)
+
+
+def plan_outputs(groups: Sequence[Group], out_dir: str | os.PathLike[str], dst_format: str) -> list[str]:
+    """``out_dir/<stem>.<ext>`` for each group; raises :class:`UsageError` when two groups would share one."""
+    ext = output_extension(dst_format)
+    base = Path(os.path.abspath(out_dir))
+    outputs = [str(base / (Path(g[0]).stem + ext)) for g in groups]
+    seen: dict[str, str] = {}
+    for g, out in zip(groups, outputs):
+        if out in seen:
+            raise UsageError(f"{seen[out]} and {g[0]} would both be written to {out}")
+        seen[out] = g[0]
+    return outputs
+
+
+def _create_out_dir(out_dir: str | os.PathLike[str], *, create: bool = True) -> None:
+    p = Path(out_dir)
+    if p.exists() and not p.is_dir():
+        raise UsageError("the output directory is a file", path=p)
+    try:
+        if create:
+            p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the output directory: {exc.strerror or exc}", path=p) from None
+
+
+# ---------------------------------------------------------------------------
+# running
+
+
+def _run(executor: cf.Executor | None, task: Callable[..., tuple[FileResult, ...]], calls: list[tuple[Any, ...]]) -> Iterator[FileResult]:
+    """Run ``task(*call)`` for every call; yield the results as each task finishes.
+
+    The first element of every call is the task's group of files (it names
+    the result when the executor itself fails).  Leaving the loop early --
+    an exception, Ctrl-C, ``close()`` -- cancels every task not yet started.
+    """
+    if executor is None:
+        for call in calls:
+            yield from task(*call)
+        return
+    futures = {executor.submit(task, *call): call for call in calls}
+    try:
+        for fut in cf.as_completed(futures):
+            try:
+                results = fut.result()
+            except Exception as exc:  # noqa: BLE001 - the executor failed, not the task
+                results = (_failure(futures[fut][0][0], exc),)
+            yield from results
+    finally:
+        for fut in futures:
+            fut.cancel()
+
+
+@dataclass
+class Batch:
+    """Checked work, ready to run: ``task(*call)`` for every call, one call per model (or pair)."""
+
+    task: Callable[..., tuple[FileResult, ...]]
+    calls: list[tuple[Any, ...]]
+    out_dir: str | None = None  # created when the batch runs
+
+    @property
+    def files(self) -> int:
+        """The number of input files."""
+        return sum(len(call[0]) for call in self.calls)
+
+    def run(self, executor: cf.Executor | None = None) -> Iterator[FileResult]:
+        """Submit the tasks to ``executor`` (None: run them here, in order); yield results as each finishes."""
+        if self.out_dir is not None:
+            _create_out_dir(self.out_dir)
+        return _run(executor, self.task, self.calls)
+
+
+def plan_convert(
+    sources: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    *,
+    dst_format: str,
+    **options: Any,
+) -> Batch:
+    """The checked :class:`Batch` of :func:`convert_many` (raises :class:`UsageError` on a bad path;
+    ``options``: the fields of :class:`ConvertOptions`)."""
+    opts = ConvertOptions(dst_format=dst_format, **options)
+    groups = group_sources([os.fspath(s) for s in sources])
+    check_inputs(groups)
+    outputs = plan_outputs(groups, out_dir, dst_format)
+    _create_out_dir(out_dir, create=False)
+    calls: list[tuple[Any, ...]] = [(g, out, opts) for g, out in zip(groups, outputs)]
+    return Batch(convert_task, calls, out_dir=None if opts.dry_run else os.fspath(out_dir))
+
+
+def convert_many(
+    sources: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    *,
+    dst_format: str,
+    executor: cf.Executor | None = None,
+    **options: Any,
+) -> Iterator[FileResult]:
+    """Convert every source to ``out_dir/<stem>.<ext of dst_format>``; yield a result per file as each finishes.
+
+    ``options`` are those of :func:`hurray_interop.convert` (``src_format``,
+    ``fallback``, ``q4_1``, ``convention``, ``dry_run``, ``force``, ``jobs``); the
+    outputs are the bytes single conversions write.  Checks every path first
+    (raises :class:`UsageError` before submitting anything) and creates
+    ``out_dir`` unless ``dry_run``.  Paths in the results are absolute.
+    """
+    return plan_convert(sources, out_dir, dst_format=dst_format, **options).run(executor)
+
+
+def plan_verify(
+    files: Sequence[str | os.PathLike[str]], *, pair: bool = False, each: bool = False, jobs: int | None = None
+) -> Batch:
+    """The checked :class:`Batch` of :func:`verify_many` (raises :class:`UsageError` on a bad path)."""
+    groups = group_sources([os.fspath(f) for f in files])
+    check_inputs(groups)
+    if pair or (len(groups) == 2 and not each):  # verify_files decides: one pair, or two round trips
+        groups = [tuple(p for g in groups for p in g)]
+    return Batch(verify_task, [(g, pair, each, jobs) for g in groups])
+
+
+def verify_many(
+    files: Sequence[str | os.PathLike[str]],
+    *,
+    executor: cf.Executor | None = None,
+    pair: bool = False,
+    each: bool = False,
+    jobs: int | None = None,
+) -> Iterator[FileResult]:
+    """Verify like ``hurray-interop verify FILE ...``, one task per file; yield a result per file as each finishes.
+
+    ``pair`` (or two files of different formats without ``each``) compares the
+    files with each other in one task.  Checks every path first.  Paths in the
+    results are absolute.
+    """
+    return plan_verify(files, pair=pair, each=each, jobs=jobs).run(executor)
+
+
+# ---------------------------------------------------------------------------
+# executors for the command line
+
+
+def _dask_executor(address: str) -> tuple[cf.Executor, Any]:
+    try:
+        from distributed import Client
+        from distributed.comm import get_address_host_port
+    except ImportError:
+        raise UsageError(DASK_HINT) from None
+    try:
+        get_address_host_port(address)  # a malformed address fails here, before a client exists
+    except ValueError as exc:
+        raise UsageError(f"--scheduler {address}: {exc} (expected tcp://host:port)") from None
+    try:
+        client = Client(address, set_as_default=False)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+    return client.get_executor(pure=False), client
+
+
+def _cancel(executor: cf.Executor) -> None:
+    try:
+        executor.shutdown(wait=False, cancel_futures=True)
+    except TypeError:  # executors without cancel_futures (Dask's cancels on wait=False)
+        executor.shutdown(wait=False)
+
+
+@contextmanager
+def open_executor(workers: int = 1, scheduler: str | None = None) -> Iterator[cf.Executor | None]:
+    """``None`` (run in this process) for one worker, a process pool for more, or an
+    executor on the Dask scheduler at ``scheduler`` (``tcp://host:8786``).
+
+    On an exception (Ctrl-C) the tasks not yet started are cancelled.
+    """
+    if not isinstance(workers, int) or workers < 1:
+        raise UsageError(f"--workers takes a positive number of processes, not {workers!r}")
+    if scheduler is not None and workers != 1:
+        raise UsageError("--workers and --scheduler exclude each other (the cluster's workers run the tasks)")
+    if scheduler is None and workers == 1:
+        yield None
+        return
+    client = None
+    if scheduler is not None:
+        executor, client = _dask_executor(scheduler)
+    else:
+        import multiprocessing
+
+        executor = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        yield executor
+    except BaseException:
+        _cancel(executor)
+        raise
+    else:
+        executor.shutdown(wait=True)
+    finally:
+        if client is not None:
+            client.close()

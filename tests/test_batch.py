@@ -1,0 +1,338 @@
+"""Batch convert and verify (issue 14): a model collection in local processes and on a Dask cluster.
+
+* a real ``distributed.LocalCluster`` (worker processes, loopback only) verifies a folder
+  of generated GGUF files plus a truncated one: every good file OK, the bad one reported
+  with its located error, exit status 2, results identical to the serial run and to
+  ``verify_files`` (today's in-process verify);
+* batch conversion on the cluster and with ``--workers 2`` writes files byte-identical to
+  single :func:`hurray_interop.convert` calls; a refused file leaves the others
+  written and itself absent; options pass through (``--fallback``);
+* paths are checked before anything is submitted (duplicate outputs, missing inputs);
+* JSON Lines output, Ctrl-C, executor failures, and the hint when the ``dask`` extra is missing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import json
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from fuzzing import run_cli
+from gguf_factory import TensorDef, write_gguf_py
+from hurray_interop import batch
+from hurray_interop._convert import convert
+from hurray_interop.errors import ConversionRefused, UsageError
+from hurray_interop._verify import verify_files
+
+GOOD = ["tiny-llama.gguf", "kv-types.gguf", "gen-a.gguf", "gen-b.gguf", "gen-c.gguf"]
+
+
+@pytest.fixture(scope="module")
+def collection(tmp_path_factory, fixtures_dir) -> Path:
+    """A folder of good GGUF files (fixtures + generated), a K-quant one and a truncated one."""
+    d = tmp_path_factory.mktemp("models")
+    shutil.copyfile(fixtures_dir / "tiny-llama.gguf", d / "tiny-llama.gguf")
+    shutil.copyfile(fixtures_dir / "kv-types.gguf", d / "kv-types.gguf")
+    shutil.copyfile(fixtures_dir / "tiny-llama-kquant.gguf", d / "kquant.gguf")
+    for seed, (name, types) in enumerate([("gen-a", ("Q8_0", "F16")), ("gen-b", ("Q4_0", "Q5_1")), ("gen-c", ("MXFP4", "BF16"))]):
+        defs = [TensorDef(f"blk.0.w{i}", t, (4, 64)) for i, t in enumerate(types)]
+        write_gguf_py(d / f"{name}.gguf", defs, seed=seed)
+    data = (fixtures_dir / "tiny-llama.gguf").read_bytes()
+    (d / "truncated.gguf").write_bytes(data[: len(data) - 1000])
+    return d
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One real Dask cluster for the module: two worker processes on the loopback interface."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+        dashboard_address=None, silence_logs=logging.ERROR,
+    ) as c, distributed.Client(c, set_as_default=False) as client:
+        yield c, client
+
+
+def comparable(results) -> list[dict]:
+    """Results without their timings, in input order."""
+    return sorted(({k: v for k, v in r.to_dict().items() if k != "seconds"} for r in results), key=lambda d: d["source"])
+
+
+def files_in(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+# -- verify a collection ---------------------------------------------------------------------------
+
+
+def test_cluster_verifies_a_collection_like_the_serial_run(collection, cluster):
+    _, client = cluster
+    paths = [os.fspath(collection / n) for n in GOOD + ["truncated.gguf"]]
+    serial = list(batch.verify_many(paths))
+    on_cluster = list(batch.verify_many(paths, executor=client.get_executor(pure=False)))
+
+    assert comparable(on_cluster) == comparable(serial)
+    by_name = {Path(r.source).name: r for r in on_cluster}
+    assert sorted(by_name) == sorted(GOOD + ["truncated.gguf"])
+    for name in GOOD:
+        assert by_name[name].status == batch.OK, by_name[name].reason
+    bad = by_name["truncated.gguf"]
+    assert (bad.status, bad.exit_code) == (batch.BAD_INPUT, 2)
+    assert bad.reason.startswith(os.fspath(collection / "truncated.gguf")) and "offset" in bad.reason
+    assert batch.summarize(on_cluster).exit_code == 2
+
+    # today's in-process verify (the oracle): the same verdict and the same error per file
+    today = {Path(r.source).name: r for r in verify_files(paths, each=True)}
+    assert {n: r.ok for n, r in today.items()} == {n: r.status == batch.OK for n, r in by_name.items()}
+    assert today["truncated.gguf"].error == bad.reason
+
+
+def test_cli_verify_on_the_scheduler(collection, cluster):
+    c, _ = cluster
+    paths = [os.fspath(collection / n) for n in GOOD + ["truncated.gguf"]]
+    status, out, err = run_cli(["verify", "--scheduler", c.scheduler_address, *paths])
+    assert status == 2
+    lines = out.splitlines()
+    assert len(lines) == len(GOOD) + 1  # one line per good file, then the summary
+    assert sorted(line.split()[1].rstrip(":") for line in lines[:-1]) == sorted(paths[:-1])
+    assert all(line.startswith("OK ") for line in lines[:-1])
+    assert lines[-1] == f"{len(GOOD)} of {len(paths)} files verified exact (1 bad input)"
+    assert err.splitlines() == [f"hurray-interop: error: {verify_files([paths[-1]])[0].error}"]
+
+
+def test_cli_verify_with_local_workers_json_lines(collection):
+    paths = [os.fspath(collection / n) for n in ["tiny-llama.gguf", "kquant.gguf", "truncated.gguf"]]
+    status, out, err = run_cli(["verify", "--workers", "2", "--json", *paths])
+    assert status == 2
+    objects = [json.loads(line) for line in out.splitlines()]  # every line is one JSON object
+    *files, summary = objects
+    assert all(o["type"] == "file" for o in files) and summary["type"] == "summary"
+    status_of = {Path(o["source"]).name: (o["status"], o["exit_code"]) for o in files}
+    assert status_of == {
+        "tiny-llama.gguf": ("ok", 0),
+        "kquant.gguf": ("verification failed", 1),  # K-quants have no exact Hurray mapping
+        "truncated.gguf": ("bad input", 2),
+    }
+    assert summary == {"type": "summary", "files": 3, "counts": {"ok": 1, "verification failed": 1, "bad input": 1}, "exit_code": 2}
+    assert len(err.splitlines()) == 1 and "truncated.gguf" in err
+
+
+def test_two_files_of_different_formats_are_one_pair_task(collection, tmp_path):
+    src, hrry = collection / "kv-types.gguf", tmp_path / "kv.hrry"
+    convert(src, hrry)
+    ex = RecordingExecutor([None])
+    (result,) = batch.verify_many([src, hrry], executor=ex)
+    assert len(ex.submitted) == 1
+    assert (result.source, result.other, result.status) == (os.fspath(src), os.fspath(hrry), batch.OK)
+    assert result.reason == verify_files([os.fspath(src), os.fspath(hrry)])[0].summary_line().split(None, 1)[1]
+    assert "pair" in result.reason
+    results = list(batch.verify_many([src, hrry], pair=False, each=True))  # --each: two tasks, round trips
+    assert [r.status for r in results] == [batch.OK, batch.BAD_INPUT]  # a .hrry alone has no source
+    (bad,) = batch.verify_many([src, hrry, src], pair=True)
+    assert (bad.status, bad.reason) == (batch.BAD_INPUT, "--pair compares exactly two files, got 3")
+
+
+def test_quiet_prints_only_the_files_that_did_not_succeed(collection, tmp_path):
+    sources = [os.fspath(collection / n) for n in ["kv-types.gguf", "kquant.gguf", "tiny-llama.gguf"]]
+    status, out, err = run_cli(["convert", "-q", "--to", "hurray", "--out-dir", os.fspath(tmp_path), *sources])
+    assert (status, err) == (1, "")
+    assert len(out.splitlines()) == 1 and out.startswith(f"REFUSED {sources[1]}: ")
+
+
+# -- convert a collection --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def singles(collection, tmp_path_factory) -> dict[str, dict[str, bytes]]:
+    """The oracle: one single conversion per file, without and with --fallback float32."""
+    out = {}
+    for label, opts in [("plain", {}), ("fallback", {"fallback": "float32"})]:
+        d = tmp_path_factory.mktemp(f"single-{label}")
+        for name in GOOD + ["kquant.gguf"]:
+            with contextlib.suppress(ConversionRefused):
+                convert(collection / name, d / (Path(name).stem + ".hrry"), **opts)
+        out[label] = files_in(d)
+    assert "kquant.hrry" not in out["plain"] and "kquant.hrry" in out["fallback"]
+    return out
+
+
+@pytest.mark.parametrize("where", ["scheduler", "workers"])
+def test_batch_convert_writes_what_single_conversions_write(collection, cluster, singles, tmp_path, where):
+    c, _ = cluster
+    run_on = ["--scheduler", c.scheduler_address] if where == "scheduler" else ["--workers", "2"]
+    sources = [os.fspath(collection / n) for n in GOOD + ["kquant.gguf"]]
+
+    status, out, err = run_cli(["convert", "--to", "hurray", "--out-dir", os.fspath(tmp_path / "plain"), *run_on, *sources])
+    assert status == 1, err  # the refused K-quant file is the worst outcome
+    assert files_in(tmp_path / "plain") == singles["plain"]  # the others written, it absent, no temporary files
+    refused = [line for line in out.splitlines() if line.startswith("REFUSED")]
+    assert len(refused) == 1 and "kquant.gguf" in refused[0] and "Q4_K" in refused[0]
+
+    status, out, err = run_cli(
+        ["convert", "--to", "hurray", "--fallback", "float32", "--out-dir", os.fspath(tmp_path / "fb"), *run_on, *sources]
+    )
+    assert status == 0, err
+    assert files_in(tmp_path / "fb") == singles["fallback"]
+    assert out.splitlines()[-1] == f"{len(sources)} of {len(sources)} files converted"
+
+
+def test_convert_many_in_process_and_bad_files_do_not_stop_the_others(collection, singles, tmp_path):
+    sources = [collection / "truncated.gguf", collection / "kquant.gguf", *(collection / n for n in GOOD)]
+    results = list(batch.convert_many(sources, tmp_path / "out", dst_format="hurray"))
+    assert [Path(r.source).name for r in results] == [p.name for p in sources]  # no executor: in order
+    assert [r.status for r in results] == [batch.BAD_INPUT, batch.REFUSED] + [batch.OK] * len(GOOD)
+    assert all(r.output == os.fspath(tmp_path / "out" / (Path(r.source).stem + ".hrry")) for r in results[2:])
+    assert files_in(tmp_path / "out") == singles["plain"]
+
+
+def test_dry_run_writes_nothing_and_reports_refusals(collection, tmp_path):
+    sources = [os.fspath(collection / n) for n in ["tiny-llama.gguf", "kquant.gguf"]]
+    status, out, _ = run_cli(["convert", "--to", "hurray", "--dry-run", "--out-dir", os.fspath(tmp_path / "o"), *sources])
+    assert status == 1
+    assert not (tmp_path / "o").exists()
+    assert out.splitlines()[-1] == "1 of 2 files would convert (1 refused)"
+
+
+# -- checks before submission ----------------------------------------------------------------------
+
+
+class RecordingExecutor(cf.Executor):
+    """Runs nothing: records submissions; futures stay pending unless ``outcomes`` settles them."""
+
+    def __init__(self, outcomes=()):
+        self.submitted: list = []
+        self.futures: list[cf.Future] = []
+        self.outcomes = list(outcomes)
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.submitted.append((fn, args))
+        fut: cf.Future = cf.Future()
+        if self.outcomes:
+            outcome = self.outcomes.pop(0)
+            if isinstance(outcome, BaseException):
+                fut.set_exception(outcome)
+            else:
+                fut.set_result(fn(*args))
+        self.futures.append(fut)
+        return fut
+
+
+def test_duplicate_outputs_fail_before_submission(collection, tmp_path):
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    shutil.copyfile(collection / "kv-types.gguf", other / "tiny-llama.gguf")
+    sources = [collection / "kv-types.gguf", collection / "tiny-llama.gguf", other / "tiny-llama.gguf"]
+    ex = RecordingExecutor()
+    with pytest.raises(UsageError, match="would both be written to"):
+        batch.convert_many(sources, tmp_path / "out", dst_format="hurray", executor=ex)
+    assert ex.submitted == [] and not (tmp_path / "out").exists()
+
+    status, out, err = run_cli(["convert", "--to", "hurray", "--out-dir", os.fspath(tmp_path / "out"), *map(os.fspath, sources)])
+    assert (status, out) == (2, "")
+    assert err == (
+        f"hurray-interop: error: {collection / 'tiny-llama.gguf'} and {other / 'tiny-llama.gguf'} "
+        f"would both be written to {tmp_path / 'out' / 'tiny-llama.hrry'}\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["convert", "verify"])
+def test_missing_input_fails_before_submission(collection, tmp_path, command):
+    typo = tmp_path / "tiny-lama.gguf"
+    sources = [collection / "tiny-llama.gguf", typo, tmp_path]
+    ex = RecordingExecutor()
+    with pytest.raises(UsageError) as info:
+        if command == "convert":
+            batch.convert_many(sources, tmp_path / "out", dst_format="hurray", executor=ex)
+        else:
+            batch.verify_many(sources, executor=ex)
+    assert ex.submitted == []
+    assert str(info.value) == f"{typo}: no such file (and 1 more)"
+
+    extra = ["--to", "hurray", "--out-dir", os.fspath(tmp_path / "out")] if command == "convert" else []
+    status, out, err = run_cli([command, "--workers", "2", *extra, *map(os.fspath, sources)])
+    assert (status, out, err) == (2, "", f"hurray-interop: error: {typo}: no such file (and 1 more)\n")
+    assert not (tmp_path / "out").exists()
+
+
+# -- running: failures of the executor, Ctrl-C, the missing extra -----------------------------------
+
+
+def test_an_executor_failure_is_that_files_result(collection):
+    paths = [collection / "kv-types.gguf", collection / "tiny-llama.gguf"]
+    ex = RecordingExecutor([RuntimeError("worker lost"), None])
+    results = sorted(batch.verify_many(paths, executor=ex, each=True), key=lambda r: r.source)
+    assert [(Path(r.source).name, r.status, r.exit_code) for r in results] == [
+        ("kv-types.gguf", batch.ERROR, 2),
+        ("tiny-llama.gguf", batch.OK, 0),
+    ]
+    assert results[0].reason == f"{paths[0]}: internal error: RuntimeError: worker lost"
+
+
+def test_leaving_the_results_early_cancels_the_outstanding_tasks(collection):
+    paths = [collection / n for n in GOOD]
+    ex = RecordingExecutor([None])  # the first task finishes, the others never start
+    results = batch.verify_many(paths, executor=ex, each=True)
+    first = next(results)
+    assert first.status == batch.OK
+    results.close()
+    assert len(ex.futures) == len(GOOD)
+    assert [f.cancelled() for f in ex.futures] == [False] + [True] * (len(GOOD) - 1)
+
+
+def test_ctrl_c_stops_the_batch_with_no_partial_output(collection, tmp_path, monkeypatch):
+    real = batch.convert_file
+    calls = []
+
+    def convert_file(src, dst, options):
+        calls.append(src)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(src, dst, options)
+
+    monkeypatch.setattr(batch, "convert_file", convert_file)
+    sources = [os.fspath(collection / n) for n in GOOD]
+    status, out, err = run_cli(["convert", "--to", "hurray", "--out-dir", os.fspath(tmp_path), *sources])
+    assert status == 130
+    assert err == f"hurray-interop: interrupted after 1 of {len(GOOD)} files; the others cancelled, no partial output\n"
+    assert len(calls) == 2  # nothing ran after the interruption
+    assert os.listdir(tmp_path) == [Path(GOOD[0]).stem + ".hrry"]
+
+
+def test_scheduler_without_the_dask_extra_exits_2_with_the_hint(collection, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "distributed", None)  # `import distributed` now fails
+    path = os.fspath(collection / "kv-types.gguf")
+    for argv in (["verify", "--scheduler", "tcp://127.0.0.1:8786", path],
+                 ["convert", "--to", "hurray", "--out-dir", "unused", "--scheduler", "tcp://127.0.0.1:8786", path]):
+        status, out, err = run_cli(argv)
+        assert (status, out) == (2, "")
+        assert len(err.splitlines()) == 1 and "install hurray-interop[dask]" in err
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["convert", "--workers", "2", "{src}", "x.hrry"], "--workers and --scheduler run batches: give --out-dir DIR"),
+        (["convert", "{src}", "{src}", "x.hrry"], "convert takes SRC DST, not 3 paths"),
+        (["convert", "--out-dir", "o", "{src}"], "--out-dir needs --to FORMAT"),
+        (["verify", "--workers", "0", "{src}"], "--workers takes a positive number of processes, not 0"),
+        (["verify", "--workers", "2", "--scheduler", "tcp://127.0.0.1:8786", "{src}"], "--workers and --scheduler exclude each other"),
+        (["verify", "--scheduler", "nonsense", "{src}"], "--scheduler nonsense: missing port number"),
+    ],
+    ids=["workers-single", "three-paths", "no-to", "zero-workers", "both", "bad-address"],
+)
+def test_batch_usage_errors(collection, tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    status, out, err = run_cli([a.format(src=collection / "kv-types.gguf") for a in argv])
+    assert (status, out) == (2, "")
+    assert err.startswith(f"hurray-interop: error: {message}") and len(err.splitlines()) == 1
+    assert os.listdir(tmp_path) == []
