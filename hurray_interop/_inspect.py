@@ -10,7 +10,9 @@ from .registry import detect_format
 __all__ = ["inspect_file"]
 
 
-def inspect_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Describe a .hrry, .gguf or .safetensors file (format confirmed by magic bytes)."""
+def inspect_file(path: str | os.PathLike[str], *, fallback: str | None = None) -> dict[str, Any]:
+    """Describe a .hrry, .gguf or .safetensors file (format confirmed by magic bytes).
+    ``fallback``: the conversion plan shown is the one ``convert --fallback`` would follow."""
     p = os.fspath(path)
-    return detect_format(p).inspect(p)
+    fmt = detect_format(p)
+    return fmt.inspect(p, fallback=fallback) if fallback else fmt.inspect(p)

@@ -11,6 +11,8 @@ through the format registry to each format's verifier (:mod:`hurray_interop.veri
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 from typing import Callable, Sequence
 
@@ -35,15 +37,27 @@ def _run(result: VerifyResult, fn: Callable[[], None], jobs: int | None = None) 
     return result
 
 
-def verify_roundtrip(path: str | os.PathLike[str], *, jobs: int | None = None) -> VerifyResult:
+def _check_fallback(fallback: str | None) -> None:
+    from .conversions.fallback import EXACT
+
+    if fallback not in (None, EXACT):
+        raise UsageError(f"verify takes --fallback {EXACT} only (a dequantizing fallback cannot round-trip)")
+
+
+def verify_roundtrip(path: str | os.PathLike[str], *, jobs: int | None = None, fallback: str | None = None) -> VerifyResult:
     """Round-trip one source file through Hurray and back; compare bytes and values.
-    ``jobs``: threads for the conversions and the dequantizer (default: up to two)."""
+    ``jobs``: threads for the conversions and the dequantizer (default: up to two).
+    ``fallback="exact"``: the import stores types without a native mapping in their exact
+    expanded form (docs/conversion-rules.md § 9), so they are checked too."""
+    _check_fallback(fallback)
     p = os.fspath(path)
     result = VerifyResult(kind="round-trip", source=p)
 
     def go() -> None:
         fmt = detect_format(p)
         result.source_format = fmt.name
+        if fallback is not None and fmt.to_hurray is not None:
+            fmt = dataclasses.replace(fmt, to_hurray=functools.partial(fmt.to_hurray, fallback=fallback))
         fmt.verifier().roundtrip(p, result, fmt)
 
     return _run(result, go, jobs)
@@ -72,10 +86,17 @@ def verify_pair(a: str | os.PathLike[str], b: str | os.PathLike[str], *, jobs: i
 
 
 def verify_files(
-    files: Sequence[str], *, pair: bool = False, each: bool = False, jobs: int | None = None
+    files: Sequence[str], *, pair: bool = False, each: bool = False, jobs: int | None = None,
+    fallback: str | None = None,
 ) -> list[VerifyResult]:
     """What ``hurray-interop verify`` runs: a pair comparison when asked (or for two
-    files of different formats), otherwise a round trip of every file."""
+    files of different formats), otherwise a round trip of every file (``fallback``: see
+    :func:`verify_roundtrip`)."""
+    _check_fallback(fallback)
+    if fallback is not None:
+        if pair:
+            raise UsageError("--fallback applies to round trips, not to --pair")
+        return [verify_roundtrip(f, jobs=jobs, fallback=fallback) for f in files]
     if pair and each:
         raise UsageError("--pair and --each exclude each other")
     if pair:

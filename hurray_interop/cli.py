@@ -1,12 +1,12 @@
 """The ``hurray-interop`` command line.
 
-    hurray-interop convert SRC DST [--from F] [--to F] [--fallback float32|float16|bfloat16]
+    hurray-interop convert SRC DST [--from F] [--to F] [--fallback float32|float16|bfloat16|exact]
                                    [--q4-1 overlay|requantize] [--convention gpt-oss|compressed-tensors|mxfp8]
                                    [--dry-run] [--force] [--json] [--quiet] [--jobs N]
     hurray-interop convert --to F --out-dir DIR SRC [SRC ...] [convert options] [--workers N | --scheduler ADDRESS]
-    hurray-interop verify FILE [FILE ...] [--pair | --each] [--json] [--quiet] [--jobs N]
+    hurray-interop verify FILE [FILE ...] [--pair | --each] [--fallback exact] [--json] [--quiet] [--jobs N]
                                           [--workers N | --scheduler ADDRESS]
-    hurray-interop inspect FILE [--json]
+    hurray-interop inspect FILE [--fallback F] [--json]
 
 Exit status: 0 success; 1 refused or inexact conversion, failed verification;
 2 bad input or usage.  One line on stderr for every error; ``--debug`` adds the
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Sequence, TextIO
 
 from . import __version__
 from .errors import ConversionRefused, HurrayInteropError, UsageError
-from .registry import FALLBACK_CHOICES, format_names
+from .registry import FALLBACK_CHOICES, FALLBACK_EXACT, format_names
 from .report import ConversionReport
 from .tables import load_table
 
@@ -87,7 +87,8 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--fallback",
         choices=FALLBACK_CHOICES,
-        help="store tensors that cannot be converted exactly dequantized as this type (reported per tensor)",
+        help="store tensors that cannot be converted exactly dequantized as this type (reported per tensor); "
+        "exact: GGUF types without a native mapping (K-quants, IQ, TQ, NVFP4) in their exact expanded form",
     )
     c.add_argument(
         "--q4-1",
@@ -114,11 +115,16 @@ def _build_parser() -> argparse.ArgumentParser:
     v.add_argument("files", nargs="+", metavar="FILE")
     v.add_argument("--pair", action="store_true", help="compare exactly two files with each other")
     v.add_argument("--each", action="store_true", help="round-trip every file, even two of different formats")
+    v.add_argument(
+        "--fallback", choices=(FALLBACK_EXACT,),
+        help="round-trip with the import's --fallback exact (GGUF types without a native mapping, expanded)",
+    )
     _add_run_options(v, quiet="print summary lines only")
     _add_batch_options(v)
 
     i = sub.add_parser("inspect", help="show tensors, their mapping and metadata of a .hrry, .gguf or .safetensors file")
     i.add_argument("file", metavar="FILE")
+    i.add_argument("--fallback", choices=FALLBACK_CHOICES, help="show the plan of convert --fallback CHOICE")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -286,7 +292,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
 def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     from ._verify import verify_files
 
-    results = verify_files(args.files, pair=args.pair, each=args.each, jobs=args.jobs)
+    results = verify_files(args.files, pair=args.pair, each=args.each, jobs=args.jobs, fallback=args.fallback)
     status = EXIT_OK
     if args.json:
         out.write(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
@@ -309,7 +315,7 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
 def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     from ._inspect import inspect_file
 
-    info = inspect_file(args.file)
+    info = inspect_file(args.file, fallback=args.fallback)
     if args.json:
         out.write(json.dumps(info, indent=2, default=str) + "\n")
     else:
@@ -353,6 +359,8 @@ def _cmd_verify_any(args: argparse.Namespace, out: TextIO) -> int:
     """``verify FILE ...`` in this process (today's output), or as a batch with --workers/--scheduler."""
     if args.workers == 1 and args.scheduler is None:
         return _cmd_verify(args, out)
+    if args.fallback:
+        raise UsageError("verify --fallback runs in this process only (no --workers, no --scheduler)")
     from .batch import plan_verify
 
     batch = plan_verify(args.files, pair=args.pair, each=args.each, jobs=args.jobs)

@@ -143,7 +143,7 @@ def _gguf_value(v: Any) -> tuple[str, Any]:
     return t, v.to_python("replace")
 
 
-def inspect_gguf(path: str) -> dict[str, Any]:
+def inspect_gguf(path: str, *, fallback: str | None = None) -> dict[str, Any]:
     from .conversions.gguf import plan_gguf_open
     from .formats import gguf as G
 
@@ -161,7 +161,7 @@ def inspect_gguf(path: str) -> dict[str, Any]:
             "file_size": gf.file_size,
             "metadata": metadata,
         }
-        plan = plan_gguf_open(gf)
+        plan = plan_gguf_open(gf, fallback=fallback)  # the plan of convert --dry-run [--fallback]
     _add_plan(info, plan, "ggml_type")
     return info
 

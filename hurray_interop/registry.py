@@ -31,10 +31,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .conversions.fallback import CHOICES as FALLBACK_CHOICES  # the --fallback vocabulary (no numpy)
+from .conversions.fallback import EXACT as FALLBACK_EXACT
 from .errors import BadMagicError, FormatError, UsageError
 
 __all__ = [
     "FALLBACK_CHOICES",
+    "FALLBACK_EXACT",
     "HURRAY",
     "SNIFF_BYTES",
     "Format",
@@ -228,22 +230,22 @@ def _open_safetensors(path: str) -> Any:
     return SafetensorsFile(path)
 
 
-def _inspect_gguf(path: str) -> dict[str, Any]:
+def _inspect_gguf(path: str, fallback: str | None = None) -> dict[str, Any]:
     from .inspection import inspect_gguf
 
-    return inspect_gguf(path)
+    return inspect_gguf(path, fallback=fallback)
 
 
-def _inspect_hurray(path: str) -> dict[str, Any]:
+def _inspect_hurray(path: str, fallback: str | None = None) -> dict[str, Any]:
     from .inspection import inspect_hurray
 
-    return inspect_hurray(path)
+    return inspect_hurray(path)  # a .hrry has no conversion plan into it
 
 
-def _inspect_safetensors(path: str) -> dict[str, Any]:
+def _inspect_safetensors(path: str, fallback: str | None = None) -> dict[str, Any]:
     from .inspection import inspect_safetensors
 
-    return inspect_safetensors(path)
+    return inspect_safetensors(path)  # no safetensors tensor has an expanded form
 
 
 def _gguf_verifier() -> Any:

@@ -13,9 +13,10 @@ Every path that stores values instead of codes -- GGUF import and export
 * the tensor's max abs error is the max over its values; 0 means value-exact, anything
   else (``inf`` included) lossy (:func:`status`).
 
-:data:`CHOICES` is what ``--fallback`` offers.  A choice is a dtype name
-(:data:`DTYPE_CHOICES`) today; a later choice that is not a dtype (``exact``) adds
-itself to :data:`CHOICES` and is handled before :func:`dtype` is asked.
+:data:`CHOICES` is what ``--fallback`` offers: a dtype name (:data:`DTYPE_CHOICES`), or
+:data:`EXACT` -- GGUF types without a native mapping stored in their exact expanded form
+(docs/conversion-rules.md § 9, :mod:`.gguf_exact`).  ``exact`` stores nothing dequantized:
+every other path treats it as no fallback (:func:`dtype_choice`).
 
 numpy is imported inside the functions, so that the command line can read
 :data:`CHOICES` without loading it.
@@ -31,18 +32,27 @@ from ..report import LOSSY, VALUE_EXACT
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["DTYPE_CHOICES", "CHOICES", "check", "dtype", "cast", "lossless", "max_abs_error", "ErrorMeter", "status"]
+__all__ = ["DTYPE_CHOICES", "EXACT", "CHOICES", "check", "dtype_choice", "dtype", "cast", "lossless", "max_abs_error", "ErrorMeter", "status"]
 
 #: fallbacks that store the values as this Hurray element type
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")
+#: the exact expanded forms of the GGML types without a native mapping (GGUF import)
+EXACT = "exact"
 #: every ``--fallback`` choice
-CHOICES = DTYPE_CHOICES
+CHOICES = DTYPE_CHOICES + (EXACT,)
 
 
 def check(fallback: str | None, **where: Any) -> None:
     """Raise :class:`UsageError` unless ``fallback`` is ``None`` or one of :data:`CHOICES`."""
     if fallback is not None and fallback not in CHOICES:
         raise UsageError(f"unknown fallback {fallback!r} (one of: {', '.join(CHOICES)})", **where)
+
+
+def dtype_choice(fallback: str | None, **where: Any) -> str | None:
+    """The dtype fallback chosen (checked), or ``None`` for none and for :data:`EXACT`,
+    which never stores values dequantized."""
+    check(fallback, **where)
+    return None if fallback == EXACT else fallback
 
 
 def dtype(fallback: str) -> "np.dtype":

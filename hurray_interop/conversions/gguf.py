@@ -26,6 +26,8 @@ GGUF's own keys are stored first, under their own names, in file order):
 ``hurray_interop.gguf.tensors``       string (JSON): per tensor, in GGUF order,
                                       ``[name, ggml type, ne, offset]``
 ``hurray_interop.scale_substitutions.<tensor>``  see :mod:`hurray_interop.core.records`
+``hurray_interop.gguf.expanded.<tensor>``         ``--fallback exact``: the restore record
+                                      of an expanded tensor, see :mod:`.gguf_exact`
 
 GGUF values map to Hurray KV types naturally: unsigned integers → uint64,
 signed → int64, FLOAT32/FLOAT64 → float64 (float32 widened exactly), BOOL →
@@ -70,7 +72,9 @@ from ..parallel import pmap, use_jobs
 from ..report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan
 from ..tables import load_table
 from . import fallback as fallbacks
+from . import gguf_exact
 from .gguf_codec import BlockCodec, Parts, codec, codecs
+from .gguf_expanded import NonFiniteScale
 
 if TYPE_CHECKING:  # the .hrry container is imported when a file is written or read,
     from ..core.hrry import HrryWriter  # so that planning (inspect, --dry-run) starts fast
@@ -312,6 +316,7 @@ class _Job:
     write: Callable[[HrryWriter], None] | None = None
     records: list[tuple[str, KVValue]] = field(default_factory=list)
     names: tuple[str, ...] = ()
+    expanded: bool = False  # --fallback exact
 
 
 def _blocks(info: "G.GGUFTensorInfo") -> np.ndarray:
@@ -673,6 +678,8 @@ def _check_options(fallback: str | None, q4_1: str = "overlay") -> None:
     fallbacks.check(fallback)
     if q4_1 not in ("overlay", "requantize"):
         raise UsageError(f"unknown --q4-1 mode {q4_1!r} (overlay or requantize)")
+    if fallback == fallbacks.EXACT and q4_1 == "requantize":
+        raise UsageError("--fallback exact keeps every value exact: it cannot be combined with --q4-1 requantize")
 
 
 @functools.cache
@@ -738,6 +745,38 @@ def _plan_fallback(job: _Job, fallback: str, reason: str) -> None:
     job.names = (info.name,)
 
 
+def _plan_exact(job: _Job, reason: str) -> None:
+    """``--fallback exact``: the tensor's exact expanded form (docs/conversion-rules.md § 9), or
+    refused when its type has none or a super-block scale is not finite."""
+    info, plan = job.info, job.plan
+    t = info.ggml_type
+    try:
+        if not gguf_exact.has_form(t.name):
+            raise _Refuse(reason + "; no exact expanded form (--fallback exact)")
+        p = gguf_exact.plan(info.name, t.name, _shape(info), _blocks(info))
+    except (_Refuse, NonFiniteScale) as r:
+        plan.status, plan.mapping = REFUSED, "-"
+        plan.reason = r.reason if isinstance(r, _Refuse) else f"{r.message} (tensor {info.name!r})"
+        return
+    n = max(int(np.prod(_shape(info), dtype=np.int64)), 1)
+    plan.mapping = p.describe()
+    plan.bytes_out = p.bytes_out + p.record_bytes
+    plan.reason = (f"--fallback exact: {8 * plan.bytes_in / n:.4g} → {8 * plan.bytes_out / n:.4g} bits per weight "
+                   f"(record {8 * p.record_bytes / n:.2g}); no native mapping: {reason}")
+    job.write = lambda w: p.write(w, job.records)
+    job.names = p.names
+    job.expanded = True
+
+
+def _exact_note(jobs: Sequence[_Job]) -> str:
+    """What ``--fallback exact`` cost: e.g. "--fallback exact: 3 tensor(s) in their exact
+    expanded form; 1,234 → 2,345 bytes of tensor data (+90.0 %)"."""
+    ex = [j.plan for j in jobs if j.expanded]
+    a, b = sum(j.plan.bytes_in for j in jobs), sum(j.plan.bytes_out for j in jobs)
+    return (f"--fallback exact: {len(ex)} tensor(s) in their exact expanded form; {a:,} → {b:,} bytes of "
+            f"tensor data ({100 * (b - a) / max(a, 1):+.1f} %)")
+
+
 def _refusal_reason(type_name: str, family: str) -> str:
     r = _table()["refusals"]
     return r["by_type"].get(type_name) or r["by_family"].get(family) or r["by_family"]["default"]
@@ -766,7 +805,9 @@ def _plan(info: "G.GGUFTensorInfo", *, fallback: str | None, q4_1: str) -> _Job:
             raise _Refuse(_refusal_reason(t.name, t.family))
         _PLANNERS[c.mapping](job, c, q4_1)
     except _Refuse as r:
-        if fallback:
+        if fallback == fallbacks.EXACT:
+            _plan_exact(job, r.reason)
+        elif fallback:
             _plan_fallback(job, fallback, r.reason)
         else:
             plan.status = REFUSED
@@ -831,8 +872,10 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
         )
     if any(j.plan.status == LOSSY for j in planned):
         report.notes.append("lossy tensors were stored as chosen; see max abs error per tensor")
-    if any(j.plan.mapping.startswith("overlay") for j in planned):
+    if any(j.plan.mapping.startswith("overlay") and not j.expanded for j in planned):
         report.notes.append(_overlay_note())
+    if any(j.expanded for j in planned):
+        report.notes.append(_exact_note(planned))
     if _plan_only(report, src, "cannot be converted exactly", dst, dry_run):
         return report
 
@@ -969,6 +1012,8 @@ def _block_chunks(c: BlockCodec, codes: np.ndarray, scales: Callable[[], np.ndar
 def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tuple[str, Chunks] | str:
     """Find the GGML type this Hurray tensor matches exactly.  Returns (type, chunk source) or a refusal reason."""
     d = t.descriptor
+    if recorded is not None and gguf_exact.has_form(recorded) and gguf_exact.record_key(t.name) in kv:
+        return recorded, gguf_exact.export(t, kv, recorded)  # --fallback exact: rebuilt from the record
     if d.is_composite:
         return _export_overlay(t, kv, recorded)
     if d.shard is not None:
@@ -1219,6 +1264,7 @@ def hurray_to_gguf(
     """Convert a .hrry file into GGUF (exact, or refused; see the module docstring).
     ``jobs``: threads converting chunks (default: :func:`hurray_interop.parallel.jobs`)."""
     _check_options(fallback)
+    fallback = fallbacks.dtype_choice(fallback)  # exact: the records restore, nothing is dequantized
     with use_jobs(jobs):
         return _hurray_to_gguf(os.fspath(src), dst, fallback=fallback, dry_run=dry_run, force=force, progress=progress)
 

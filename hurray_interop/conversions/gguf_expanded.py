@@ -75,6 +75,7 @@ __all__ = [
     "Expanded",
     "NonFiniteScale",
     "expand",
+    "expand_scales",
     "rebuild",
     "values",
 ]
@@ -781,10 +782,7 @@ def expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded
     scales, corr0 = _scales(spec, blocks, first_block)
     scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
     patch_index, patch = _fix_zeros(codes, scales, f.zero_point or 0, f.sub_block)
-    correction = correction_codes = None
-    if corr0 is not None:
-        correction_codes = (corr0 != 0).astype(np.uint8)
-        correction = np.where(corr0 == 0, _one_like(corr0), corr0).astype(np.float32)
+    correction, correction_codes = _correction(corr0)
     exc = _exceptions(spec, codes, blocks)
     record = Record(
         ggml_type,
@@ -793,6 +791,35 @@ def expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded
         np.ascontiguousarray(blocks[exc]),
     )
     return Expanded(ggml_type, codes, scales, correction, correction_codes, patch_index, patch, record)
+
+
+def _correction(corr0: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The overlay correction's ``(scales, codes)``: ``−dmin·m`` with code 1, or ±1 with code
+    0 where it is ±0 (the sign of the zero kept); ``(None, None)`` for other types."""
+    if corr0 is None:
+        return None, None
+    return np.where(corr0 == 0, _one_like(corr0), corr0).astype(np.float32), (corr0 != 0).astype(np.uint8)
+
+
+def expand_scales(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded:
+    """What :func:`expand` gives for the scales, corrections and zero patches, without the
+    codes (``codes`` is ``None``) and the record: cheap, for planning and for writing the
+    scale buffers. Codes are decoded only in blocks that have a zero-scale sub-block."""
+    spec, f = _specs()[ggml_type], form(ggml_type)
+    _check_blocks(spec, ggml_type, blocks)
+    scales, corr0 = _scales(spec, blocks, first_block)
+    scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
+    zb = np.flatnonzero((scales == 0).any(axis=1))
+    patch_index, patch = np.zeros(0, dtype=np.int64), np.zeros((0, f.sub_block), dtype=np.float32)
+    if zb.size:
+        sub = scales[zb]
+        patch_index, patch = _fix_zeros(spec.codec.decode(blocks[zb]), sub, f.zero_point or 0, f.sub_block)
+        subs = scales.shape[1]
+        patch_index = zb[patch_index // subs] * subs + patch_index % subs
+        scales[zb] = sub
+    correction, correction_codes = _correction(corr0)
+    empty = Record(ggml_type, np.zeros((0, f.record_bytes), np.uint8), np.zeros(0, np.uint32), np.zeros((0, spec.block_bytes), np.uint8))
+    return Expanded(ggml_type, None, scales, correction, correction_codes, patch_index, patch, empty)  # type: ignore[arg-type]
 
 
 def values(x: Expanded) -> np.ndarray:

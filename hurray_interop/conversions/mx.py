@@ -541,6 +541,7 @@ def from_codes(
     """
     if int8 not in ("ocp", "hurray"):
         raise UsageError(f"int8 must be 'ocp' or 'hurray', not {int8!r}", tensor=name)
+    fallback = fallbacks.dtype_choice(fallback, tensor=name)  # exact: no dtype fallback
     el, arr, is_packed, pshape = _normalize_codes(codes, element, packed, name)
     shape = tuple(int(d) for d in (pshape if is_packed else arr.shape))
     axis = _check_geometry(shape, block_size, axis, name)

@@ -115,7 +115,7 @@ def safetensors_to_hurray(
     given.  ``dry_run`` (or ``dst=None``): return the plan -- refused tensors included --
     and write nothing.  ``progress(done_bytes, total_bytes)`` is called after each tensor.
     """
-    fallbacks.check(fallback)
+    fallback = fallbacks.dtype_choice(fallback)  # exact: no dtype fallback
     rep = report.ConversionReport(
         str(src), None if dry_run or dst is None else str(dst), "safetensors", "hurray", dry_run=dry_run
     )
@@ -280,7 +280,7 @@ def hurray_to_safetensors(
     """
     if convention is not None and convention not in CONVENTIONS:
         raise UsageError(f"unknown convention {convention!r} (one of: {', '.join(CONVENTIONS)})")
-    fallbacks.check(fallback)
+    fallback = fallbacks.dtype_choice(fallback)  # exact: no dtype fallback
     rep = report.ConversionReport(
         str(src), None if dst is None else str(dst), "hurray", "safetensors", dry_run=dry_run
     )

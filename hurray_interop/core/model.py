@@ -18,6 +18,7 @@ Conventions:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Sequence, Union
 
@@ -393,11 +394,16 @@ class Tensor:
 
     def describe(self) -> str:
         """A short description for reports: ``float32``, ``per-block int4``,
-        ``MXFP float4_e2m1``, ``overlay(uint4+uint2)``."""
+        ``MXFP float4_e2m1``, ``overlay(uint4+uint2)``; a run of more than 8 members of one
+        element type is counted: ``overlay(int4+96×float32)``."""
         d = self.descriptor
         if isinstance(d.layout, CompositeHead):
             rule = _RULE_NAMES.get(d.layout.composition_rule, "composite")
-            return f"{rule}({'+'.join(m.element_type.name for m in self.members)})"
+            parts = []
+            for name, run in itertools.groupby(m.element_type.name for m in self.members):
+                k = len(list(run))
+                parts += [f"{k}×{name}"] if k > 8 else [name] * k
+            return f"{rule}({'+'.join(parts)})"
         if d.quantization is None:
             return d.element_type.name
         return f"{_SCHEME_NAMES[d.quantization.scheme_tag]} {d.element_type.name}"

@@ -1,0 +1,385 @@
+"""``--fallback exact``: GGUF tensors without a native mapping, stored in their exact expanded
+form and restored byte for byte (docs/conversion-rules.md § 9).
+
+:mod:`.gguf_expanded` computes the forms; this module lays them out as Hurray tensors and
+records, for the generic converter :mod:`.gguf` (which calls :func:`plan` on import and
+:func:`export` on export, per tensor, and never names a GGML type):
+
+* ``<name>``: per-block affine along the last axis, codes of the form's storage, block size
+  K (the GGML sub-block), the form's scale type (float32 ``d·sc`` or float16 ``d``), an
+  int32 zero point per block where the form has one (TQ1_0, TQ2_0).
+* Where the form is an overlay (Q2_K, Q4_K, Q5_K) or the tensor has *zero patches*
+  (sub-blocks whose ±0 values are mixed, docs/conversion-rules.md § 9), ``<name>`` is a
+  float32 overlay-add composite instead: ``<name>.base`` (the above, a shard spanning the
+  tensor, role base), ``<name>.min`` (overlay types: uint2 codes 1 or 0, K, float32 scale
+  ``−dmin·m``, role correction), then one ``<name>.zero.<i>`` per zero patch: a float32
+  shard of shape ``(1, …, 1, K)`` over its sub-block holding the ±0 pattern (role correction).
+* The restore record, KV ``hurray_interop.gguf.expanded.<name>`` (bytes): the
+  :class:`~.gguf_expanded.Record` of the whole tensor -- every block's header bytes, then the
+  exception blocks with their absolute block indices (``Record.to_bytes``).
+
+The export rebuilds the GGML blocks chunk by chunk with :func:`~.gguf_expanded.rebuild`,
+which proves the stored codes, scales, corrections and patches are those of the rebuilt
+blocks; any mismatch is a :class:`~hurray_interop.errors.FormatError` naming the tensor,
+the block and the field (nothing is written: the output is atomic).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import numpy as np
+
+from ..core.elements import buffer_size, element_type, pack, sign_extend, unpack
+from ..core.kv import KVValue
+from ..core.model import (
+    OP_ADD,
+    ROLE_BASE,
+    ROLE_CORRECTION,
+    RULE_OVERLAY,
+    BufferHandle,
+    CompositeHead,
+    CompositeMember,
+    Descriptor,
+    PerBlockAffine,
+    RowMajor,
+    Shard,
+    Tensor,
+)
+from ..errors import FormatError
+from ..parallel import pmap
+from ..tables import load_table
+from . import gguf_expanded as X
+
+if TYPE_CHECKING:
+    from ..core.hrry import HrryWriter
+
+__all__ = ["RECORD_PREFIX", "record_key", "has_form", "ExactPlan", "plan", "export"]
+
+RECORD_PREFIX = "hurray_interop.gguf.expanded."
+#: GGML blocks per chunk (≈ 4 Mi elements of 256-element blocks)
+CHUNK_BLOCKS = 1 << 14
+_ZP = np.dtype("<i4")
+_CORRECTION = "uint2"
+_ONES = 0x55  # four uint2 codes 1
+
+
+def record_key(tensor: str) -> str:
+    return RECORD_PREFIX + tensor
+
+
+def has_form(ggml_type: str) -> bool:
+    """Does ``ggml_type`` have an exact expanded form (a row of ``gguf_expanded.toml``)?"""
+    return ggml_type in X.EXPANDED_TYPES
+
+
+@functools.cache
+def _names() -> dict[str, str]:
+    overlay = load_table("gguf_hurray")["overlay"]
+    return {"base": overlay["base_suffix"], "min": overlay["correction_suffix"],
+            "zero": load_table("gguf_expanded")["names"]["zero_patch_suffix"]}
+
+
+def _chunks(n: int) -> Iterator[slice]:
+    for i in range(0, n, CHUNK_BLOCKS):
+        yield slice(i, min(i + CHUNK_BLOCKS, n))
+
+
+# ---------------------------------------------------------------------------
+# descriptors
+
+
+def _affine(shape: tuple[int, ...], f: X.Form, storage: str, scale: str, zp: bool, role: int | None) -> Descriptor:
+    n = int(np.prod(shape, dtype=np.int64))
+    nsub = n // f.sub_block
+    bufs = [BufferHandle.cpu(buffer_size(storage, n)), BufferHandle.cpu(nsub * element_type(scale).bits // 8)]
+    if zp:
+        bufs.append(BufferHandle.cpu(nsub * _ZP.itemsize))
+    return Descriptor(
+        element_type=element_type(storage),
+        shape=shape,
+        buffers=tuple(bufs),
+        layout=RowMajor(),
+        quantization=PerBlockAffine(axis=len(shape) - 1, block_size=f.sub_block, scale_buffer_index=1,
+                                    zero_point_buffer_index=2 if zp else None, scale_type=element_type(scale)),
+        shard=Shard(parent_shape=shape, offset=(0,) * len(shape)) if role is not None else None,
+        composite_member=CompositeMember(role) if role is not None else None,
+    )
+
+
+def _patch_offset(shape: tuple[int, ...], sub: int, k: int) -> tuple[int, ...]:
+    return tuple(int(x) for x in np.unravel_index(sub * k, shape))
+
+
+def _patch_desc(shape: tuple[int, ...], sub: int, k: int) -> Descriptor:
+    box = (1,) * (len(shape) - 1) + (k,)
+    return Descriptor(
+        element_type=element_type("float32"), shape=box, buffers=(BufferHandle.cpu(4 * k),), layout=RowMajor(),
+        shard=Shard(parent_shape=shape, offset=_patch_offset(shape, sub, k)),
+        composite_member=CompositeMember(ROLE_CORRECTION),
+    )
+
+
+# ---------------------------------------------------------------------------
+# import
+
+
+@dataclass
+class ExactPlan:
+    """One tensor's expanded form: what the report says and how it is written."""
+
+    type: str
+    form: X.Form
+    names: tuple[str, ...]
+    bytes_out: int
+    record_bytes: int  # the record's header part (exception blocks come on top)
+    zero_patches: int
+    write: Callable[["HrryWriter", list[tuple[str, KVValue]]], None]
+
+    def describe(self) -> str:
+        n = self.zero_patches
+        return self.form.describe() + (f", {n} zero patch{'es' if n > 1 else ''}" if n else "")
+
+
+def _scan(ggml_type: str, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The tensor's zero patches (absolute sub-block indices, patterns); raises
+    :class:`~.gguf_expanded.NonFiniteScale` for a non-finite ``d``/``dmin``."""
+    idx, pat = [], []
+    k = X.form(ggml_type).sub_block
+    per = X._specs()[ggml_type].elements // k
+    for sl in _chunks(blocks.shape[0]):
+        e = X.expand_scales(ggml_type, blocks[sl], sl.start)
+        if e.zero_patch_index.size:
+            idx.append(e.zero_patch_index + sl.start * per)
+            pat.append(e.zero_patch)
+    if not idx:
+        return np.zeros(0, np.int64), np.zeros((0, k), np.float32)
+    return np.concatenate(idx), np.concatenate(pat)
+
+
+def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray) -> ExactPlan:
+    """Plan ``name`` (``blocks``: its ``(n, block_bytes)`` GGML blocks) in its expanded form."""
+    f = X.form(ggml_type)
+    k = f.sub_block
+    patch_index, patches = _scan(ggml_type, blocks)
+    composite = f.overlay or patch_index.size > 0
+    sfx = _names()
+    base = _affine(shape, f, f.storage, f.scale, f.zero_point is not None, ROLE_BASE if composite else None)
+    members: list[tuple[str, Descriptor]] = [(name + sfx["base"] if composite else name, base)]
+    if f.overlay:
+        members.append((name + sfx["min"], _affine(shape, f, _CORRECTION, "float32", False, ROLE_CORRECTION)))
+    members += [(f"{name}{sfx['zero']}.{i}", _patch_desc(shape, int(p), k)) for i, p in enumerate(patch_index)]
+    head = Descriptor(element_type=element_type("float32"), shape=shape, buffers=(),
+                      layout=CompositeHead(composition_rule=RULE_OVERLAY, combine_op=OP_ADD, member_count=len(members)))
+    nb = blocks.shape[0]
+    sources = _Sources(ggml_type, blocks)
+
+    def write(w: "HrryWriter", records: list[tuple[str, KVValue]]) -> None:
+        rec = _RecordSink(ggml_type)
+        bufs = [[sources.codes(rec), sources.scales()] + ([sources.zero_points()] if f.zero_point is not None else [])]
+        if f.overlay:
+            bufs.append([sources.correction_codes(), sources.correction_scales()])
+        bufs += [[[p.astype("<f4").reshape(-1)]] for p in patches]
+        if composite:
+            w.write_composite(name, head, [(mn, md, b) for (mn, md), b in zip(members, bufs)])
+        else:
+            w.write(name, base, bufs[0])
+        records.append((record_key(name), KVValue("bytes", rec.to_bytes())))
+
+    out = sum(h.byte_size for _, d in members for h in d.buffers)
+    names = ((name,) if composite else ()) + tuple(mn for mn, _ in members)
+    return ExactPlan(ggml_type, f, names, out, nb * f.record_bytes, int(patch_index.size), write)
+
+
+class _RecordSink:
+    """The tensor's record, gathered chunk by chunk while its codes are written."""
+
+    def __init__(self, ggml_type: str) -> None:
+        self.type = ggml_type
+        self.header = bytearray()
+        self.index: list[np.ndarray] = []
+        self.blocks: list[np.ndarray] = []
+
+    def add(self, r: X.Record) -> None:
+        self.header += r.header.tobytes()
+        if r.exception_index.size:
+            self.index.append(r.exception_index)
+            self.blocks.append(r.exception_blocks)
+
+    def to_bytes(self) -> bytes:
+        spec, h = X._specs()[self.type], X.form(self.type).record_bytes
+        idx = np.concatenate(self.index) if self.index else np.zeros(0, np.uint32)
+        blk = np.concatenate(self.blocks) if self.blocks else np.zeros((0, spec.block_bytes), np.uint8)
+        exceptions = X.Record(self.type, np.zeros((0, h), np.uint8), idx, blk).to_bytes()
+        return bytes(self.header) + exceptions
+
+
+@dataclass
+class _Sources:
+    """The buffers of one expanded tensor, chunk by chunk (each pass reads the memory map)."""
+
+    type: str
+    blocks: np.ndarray
+
+    def _scales(self) -> Iterator[X.Expanded]:
+        return pmap(lambda sl: X.expand_scales(self.type, self.blocks[sl], sl.start), self.blocks.shape[0], CHUNK_BLOCKS)
+
+    def codes(self, rec: _RecordSink) -> Iterator[np.ndarray]:
+        storage = X.form(self.type).storage
+        for x in pmap(lambda sl: X.expand(self.type, self.blocks[sl], sl.start), self.blocks.shape[0], CHUNK_BLOCKS):
+            rec.add(x.record)
+            yield pack(x.codes, storage)
+
+    def scales(self) -> Iterator[np.ndarray]:
+        for e in self._scales():
+            yield e.scales.reshape(-1).view(np.uint8)
+
+    def zero_points(self) -> Iterator[np.ndarray]:
+        f = X.form(self.type)
+        per = X._specs()[self.type].elements // f.sub_block
+        for sl in _chunks(self.blocks.shape[0]):
+            yield np.full((sl.stop - sl.start) * per, f.zero_point, dtype=_ZP)
+
+    def correction_codes(self) -> Iterator[np.ndarray]:
+        per = buffer_size(_CORRECTION, X.form(self.type).sub_block)
+        for e in self._scales():
+            assert e.correction_codes is not None
+            yield np.repeat((e.correction_codes.reshape(-1) * _ONES).astype(np.uint8), per)
+
+    def correction_scales(self) -> Iterator[np.ndarray]:
+        for e in self._scales():
+            assert e.correction is not None
+            yield e.correction.reshape(-1).view(np.uint8)
+
+
+# ---------------------------------------------------------------------------
+# export
+
+
+def _bad(message: str, tensor: str, field: str) -> FormatError:
+    return FormatError(f"--fallback exact form: {message}", tensor=tensor, field=field)
+
+
+def _parts(t: Tensor, f: X.Form) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    """``(base, correction, zero patches)`` of an expanded tensor; FormatError if it is not one."""
+    d = t.descriptor
+    if not d.is_composite:
+        if f.overlay:
+            raise _bad(f"{f.type} is stored as an overlay, found a plain tensor", t.name, "layout")
+        return t, None, []
+    lay = d.layout
+    assert isinstance(lay, CompositeHead)
+    if lay.composition_rule != RULE_OVERLAY or lay.combine_op != OP_ADD or d.element_type.name != "float32":
+        raise _bad("the head is not a float32 overlay (add)", t.name, "layout")
+    members = list(t.members)
+    base = members.pop(0)
+    corr = members.pop(0) if f.overlay and members else None
+    if f.overlay and corr is None:
+        raise _bad("the overlay has no correction member", t.name, "member_count")
+    return base, corr, members
+
+
+def _check_desc(m: Tensor, shape: tuple[int, ...], f: X.Form, storage: str, scale: str, zp: bool) -> None:
+    want = _affine(shape, f, storage, scale, zp, None)
+    d = m.descriptor
+    if (d.element_type.name, tuple(d.shape), d.quantization, type(d.layout), d.byte_offset) != (
+            storage, tuple(shape), want.quantization, RowMajor, 0) or (d.shard is not None and any(d.shard.offset)):
+        raise _bad(f"member is not {storage} per-block affine K={f.sub_block} {scale} along the last axis "
+                   f"over the whole tensor", m.name, "descriptor")
+
+
+def _patches(ps: list[Tensor], shape: tuple[int, ...], k: int) -> tuple[np.ndarray, np.ndarray]:
+    idx = np.zeros(len(ps), np.int64)
+    pat = np.zeros((len(ps), k), np.float32)
+    for i, p in enumerate(ps):
+        d = p.descriptor
+        box = (1,) * (len(shape) - 1) + (k,)
+        off = d.shard.offset if d.shard is not None else None
+        flat = int(np.ravel_multi_index(off, shape)) if off is not None and tuple(d.shape) == box else -1
+        if d.element_type.name != "float32" or d.quantization is not None or flat < 0 or flat % k:
+            raise _bad(f"zero patch is not a float32 (1, …, {k}) box on a sub-block", p.name, "descriptor")
+        idx[i] = flat // k
+        pat[i] = p.data[0].view("<f4")[:k]
+    order = np.argsort(idx, kind="stable")
+    return idx[order], pat[order]
+
+
+def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> Callable[[], Iterator[np.ndarray]]:
+    """The GGML blocks of the expanded tensor ``t`` (recorded as ``ggml_type``), chunk by chunk.
+
+    The structure and the record's length are checked here (FormatError); each chunk's
+    consistency is checked by :func:`~.gguf_expanded.rebuild` as it is written."""
+    f = X.form(ggml_type)
+    spec = X._specs()[ggml_type]
+    shape = tuple(int(x) for x in t.descriptor.shape)  # type: ignore[arg-type]
+    n = int(np.prod(shape, dtype=np.int64))
+    if not shape or shape[-1] % spec.elements:
+        raise _bad(f"shape {list(shape)} is not whole {ggml_type} blocks along the last axis", t.name, "shape")
+    nb, per = n // spec.elements, spec.elements // f.sub_block
+    base, corr, patch_members = _parts(t, f)
+    _check_desc(base, shape, f, f.storage, f.scale, f.zero_point is not None)
+    if corr is not None:
+        _check_desc(corr, shape, f, _CORRECTION, "float32", False)
+    patch_index, patch = _patches(patch_members, shape, f.sub_block)
+    raw = kv[record_key(t.name)]
+    if raw.type != "bytes":
+        raise _bad("the record is not bytes", t.name, record_key(t.name))
+    try:
+        record = X.Record.from_bytes(ggml_type, raw.value, nb)
+    except FormatError as e:
+        raise _bad(f"record: {e.message}", t.name, record_key(t.name)) from None
+    data = _Stored(f, spec.elements, per, base, corr, patch_index, patch, record)
+    if f.zero_point is not None:
+        zp = base.data[2].view(_ZP)
+        if np.any(zp != f.zero_point):
+            b = int(np.argmax(zp != f.zero_point)) // per
+            raise _bad(f"block {b}: zero point is not {f.zero_point}", t.name, "zero_point")
+
+    def chunk(sl: slice) -> np.ndarray:
+        try:
+            return X.rebuild(data.expanded(sl), sl.start)
+        except FormatError as e:
+            raise FormatError(f"--fallback exact record mismatch: {e.message}", tensor=t.name, field=e.field) from None
+
+    return lambda: pmap(chunk, nb, CHUNK_BLOCKS)
+
+
+@dataclass
+class _Stored:
+    """An expanded tensor as stored, sliced into :class:`~.gguf_expanded.Expanded` chunks."""
+
+    form: X.Form
+    elements: int
+    per: int
+    base: Tensor
+    corr: Tensor | None
+    patch_index: np.ndarray
+    patch: np.ndarray
+    record: X.Record
+
+    def expanded(self, sl: slice) -> X.Expanded:
+        f, nb = self.form, sl.stop - sl.start
+        et = element_type(f.storage)
+        per_block = buffer_size(et, self.elements)
+        raw = self.base.data[0][sl.start * per_block : sl.stop * per_block]
+        codes = unpack(raw, et, nb * self.elements)
+        if et.packed and et.kind == "int":
+            codes = sign_extend(codes, et.bits)
+        codes = np.ascontiguousarray(codes).view(X._STORAGE[f.storage][1]).reshape(nb, self.elements)
+        s0, s1 = sl.start * self.per, sl.stop * self.per
+        scales = self.base.data[1].view(np.dtype(X._SCALE_DTYPE[f.scale]).newbyteorder("<"))[s0:s1]
+        corr = ccodes = None
+        if self.corr is not None:
+            width = buffer_size(_CORRECTION, f.sub_block)
+            cc = self.corr.data[0][s0 * width : s1 * width].reshape(-1, width)
+            ccodes = np.where((cc == _ONES).all(axis=1), 1, np.where((cc == 0).all(axis=1), 0, 2)).astype(np.uint8)
+            corr = self.corr.data[1].view("<f4")[s0:s1].reshape(nb, self.per).astype(np.float32)
+            ccodes = ccodes.reshape(nb, self.per)
+        lo, hi = np.searchsorted(self.patch_index, [s0, s1])
+        r = self.record
+        e0, e1 = np.searchsorted(r.exception_index, [sl.start, sl.stop])
+        rec = X.Record(r.type, r.header[sl], r.exception_index[e0:e1], r.exception_blocks[e0:e1])
+        return X.Expanded(f.type, codes, scales.reshape(nb, self.per).astype(X._SCALE_DTYPE[f.scale]), corr, ccodes,
+                          self.patch_index[lo:hi] - s0, self.patch[lo:hi], rec)
