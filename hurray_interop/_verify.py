@@ -17,7 +17,7 @@ import os
 from typing import Callable, Sequence
 
 from .errors import ConversionRefused, HurrayInteropError, UnsupportedError, UsageError
-from .registry import HURRAY, detect_format
+from .registry import FALLBACK_EXACT, HURRAY, detect_format
 from .parallel import check_jobs, use_jobs
 from .verification.common import TensorCheck, VerifyResult
 
@@ -38,10 +38,8 @@ def _run(result: VerifyResult, fn: Callable[[], None], jobs: int | None = None) 
 
 
 def _check_fallback(fallback: str | None) -> None:
-    from .conversions.fallback import EXACT
-
-    if fallback not in (None, EXACT):
-        raise UsageError(f"verify takes --fallback {EXACT} only (a dequantizing fallback cannot round-trip)")
+    if fallback not in (None, FALLBACK_EXACT):
+        raise UsageError(f"verify takes --fallback {FALLBACK_EXACT} only (a dequantizing fallback cannot round-trip)")
 
 
 def verify_roundtrip(path: str | os.PathLike[str], *, jobs: int | None = None, fallback: str | None = None) -> VerifyResult:
