@@ -14,6 +14,12 @@ The mix per layer (llama layout, ``blk.N.*``):
 
 plus ``token_embd`` (F16), ``output_norm`` (F32) and ``output`` (Q8_0), and
 llama tokenizer metadata (``tokenizer.ggml.tokens`` / ``scores`` / ``token_type``).
+
+Other mixes (``--mix``, :data:`MIXES`): ``q4_k_m`` -- llama.cpp's Q4_K_M layout (Q4_K
+everywhere but Q6_K for attn_v, ffn_down and output; F32 norms) with well-formed random
+super-blocks (f16 d/dmin in [2^-10, 2^-4], every 6-bit sub-block scale non-zero), the
+input of ``--fallback exact`` (bench/exact.py); ``q4_0`` -- the same layout all Q4_0, its
+baseline of the same size.
 """
 
 from __future__ import annotations
@@ -37,7 +43,11 @@ BLOCKS = {
     "Q8_0": (34, [(0, "f16")]),
     "Q4_1": (20, [(0, "f16"), (2, "f16m")]),
     "MXFP4": (17, [(0, "e8m0")]),
+    # K-quants: super-blocks of 256 elements; "sc4k"/"sc6k": make every sub-block scale non-zero
+    "Q4_K": (144, [(0, "f16"), (2, "f16"), (4, "sc4k")]),
+    "Q6_K": (210, [(208, "f16"), (192, "sc6k")]),
 }
+ELEMENTS = {"Q4_K": 256, "Q6_K": 256}  # elements per block (others: 32)
 
 LAYER = [
     ("attn_q", "Q4_0", "dd"),
@@ -49,7 +59,13 @@ LAYER = [
     ("ffn_down", "Q8_0", "df"),
 ]
 
-GGML_ID = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "MXFP4": 39}
+#: other layer mixes: layer tensor -> type, and the types of token_embd / output
+MIXES = {
+    "q4_k_m": ({"attn_v": "Q6_K", "ffn_down": "Q6_K", None: "Q4_K"}, "Q4_K", "Q6_K"),
+    "q4_0": ({None: "Q4_0"}, "Q4_0", "Q4_0"),
+}
+
+GGML_ID = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "MXFP4": 39}
 
 CHUNK = 32 << 20
 
@@ -64,7 +80,7 @@ def parse_size(s: str) -> int:
 
 def _nbytes(t: str, n: int) -> int:
     if t in BLOCKS:
-        return n // 32 * BLOCKS[t][0]
+        return n // ELEMENTS.get(t, 32) * BLOCKS[t][0]
     return n * (2 if t == "F16" else 4)
 
 
@@ -79,19 +95,21 @@ def dims_for(size: int) -> tuple[int, int, int]:
     return 256, 704, 4000
 
 
-def plan(size: int) -> tuple[list[tuple[str, str, tuple[int, ...]]], int]:
+def plan(size: int, mix: str = "default") -> tuple[list[tuple[str, str, tuple[int, ...]]], int]:
     """The tensor list ``[(name, type, numpy shape)]`` and the vocabulary size."""
     e, f, v = dims_for(size)
     dim = {"d": e, "f": f}
-    head = [("token_embd.weight", "F16", (v, e))]
-    tail = [("output_norm.weight", "F32", (e,)), ("output.weight", "Q8_0", (v, e))]
+    layer, embd, output = ([(n, t, s) for n, t, s in LAYER], "F16", "Q8_0") if mix == "default" else (
+        [(n, MIXES[mix][0].get(n, MIXES[mix][0][None]), s) for n, _, s in LAYER], MIXES[mix][1], MIXES[mix][2])
+    head = [("token_embd.weight", embd, (v, e))]
+    tail = [("output_norm.weight", "F32", (e,)), ("output.weight", output, (v, e))]
     fixed = sum(_nbytes(t, int(np.prod(s))) for _, t, s in head + tail)
-    per = sum(_nbytes(t, dim[a] * dim[b]) for _, t, (a, b) in ((n, t, s) for n, t, s in LAYER)) + 2 * 4 * e
+    per = sum(_nbytes(t, dim[a] * dim[b]) for _, t, (a, b) in layer) + 2 * 4 * e
     layers = max(1, round((size - fixed) / per))
     out = list(head)
     for i in range(layers):
         out.append((f"blk.{i}.attn_norm.weight", "F32", (e,)))
-        for name, t, (a, b) in LAYER:
+        for name, t, (a, b) in layer:
             out.append((f"blk.{i}.{name}.weight", t, (dim[b], dim[a])))
         out.append((f"blk.{i}.ffn_norm.weight", "F32", (e,)))
     out += tail
@@ -108,6 +126,11 @@ def _block_chunks(rng: np.random.Generator, t: str, nblocks: int, zero_run: tupl
         for off, kind in fields:
             if kind == "e8m0":
                 b[:, off] = rng.integers(118, 131, size=n, dtype=np.uint8)
+            elif kind == "sc4k":  # Q4_K: low bits of sc0..3 (bytes 4..7) and sc4..7 (low nibbles of 12..15)
+                b[:, off : off + 4] |= 1
+                b[:, off + 8 : off + 12] |= 1
+            elif kind == "sc6k":  # Q6_K: int8 sub-block scales, kept positive and non-zero
+                b[:, off : off + 16] = (b[:, off : off + 16] & 0x3F) | 1
             else:
                 # float16 in [2^-10, 2^-4] (minimum: negative, like real Q4_1)
                 exp = rng.integers(5, 12, size=n, dtype=np.uint16)
@@ -135,10 +158,11 @@ def _float_chunks(rng: np.random.Generator, t: str, shape: tuple[int, ...], norm
         yield x.astype(dt)
 
 
-def write(path: str | os.PathLike[str], size: int, seed: int = 0, *, vocab: int | None = None) -> dict:
+def write(path: str | os.PathLike[str], size: int, seed: int = 0, *, vocab: int | None = None,
+          mix: str = "default") -> dict:
     """Write the synthetic model; returns a summary (tensor count, types, bytes)."""
     rng = np.random.default_rng(seed)
-    tensors, v = plan(size)
+    tensors, v = plan(size, mix)
     if vocab is not None:
         v = vocab
     e, f, _ = dims_for(size)
@@ -170,7 +194,7 @@ def write(path: str | os.PathLike[str], size: int, seed: int = 0, *, vocab: int 
             n = int(np.prod(s))
             types[t] = types.get(t, 0) + 1
             if t in BLOCKS:
-                nb = n // 32
+                nb = n // ELEMENTS.get(t, 32)
                 z = (nb // 2, nb // 2 + min(64, nb // 4))
                 w.write_tensor_data(_block_chunks(rng, t, nb, z), name=spec.name)
             else:
@@ -215,8 +239,10 @@ if __name__ == "__main__":  # pragma: no cover
     p.add_argument("--size", default="64MB")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--big-vocab", type=int, default=0, help="write the big-vocabulary metadata file instead")
+    p.add_argument("--mix", default="default", choices=("default", *MIXES), help="the tensor types (see the docstring)")
     a = p.parse_args()
     t0 = time.perf_counter()
-    info = write_big_vocab(a.out, a.big_vocab, a.seed) if a.big_vocab else write(a.out, parse_size(a.size), a.seed)
+    info = (write_big_vocab(a.out, a.big_vocab, a.seed) if a.big_vocab
+            else write(a.out, parse_size(a.size), a.seed, mix=a.mix))
     info["seconds"] = round(time.perf_counter() - t0, 2)
     print(json.dumps(info))

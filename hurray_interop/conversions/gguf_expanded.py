@@ -58,6 +58,7 @@ record's exception indices.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Callable
@@ -355,6 +356,9 @@ def _span(byte: int, bit: int, width: int, dst: int = 0) -> list[tuple[int, int,
 class _Codec:
     decode: Callable[[np.ndarray], np.ndarray]  # blocks -> (n, elements) Hurray codes
     encode: Callable[[np.ndarray, np.ndarray], np.ndarray]  # (codes, zeroed blocks to OR into) -> valid
+    #: bijective codecs (every raw field value is one code, and back): the bits of each
+    #: block byte the codes occupy (a bytes object), else None
+    coverage: bytes | None = None
 
 
 def _lut_codec(values: tuple[int, ...], dtype: type, zp: int, unpack: Callable, pack: Callable) -> _Codec:
@@ -368,20 +372,45 @@ def _lut_codec(values: tuple[int, ...], dtype: type, zp: int, unpack: Callable, 
     packable = np.maximum(inverse, 0).astype(np.uint8)
     valid = (inverse >= 0) | (np.arange(256) == (zp & 0xFF))
     identity = np.array_equal(vals.view(np.uint8), np.arange(len(vals)))  # code == raw (Q2_K, Q4_K, …)
+    span = np.sort(np.arange(256, dtype=np.uint8).view(dtype)[valid]).astype(np.int16)  # the valid codes
+    lo, hi = (int(span[0]), int(span[-1])) if len(span) == int(span[-1]) - int(span[0]) + 1 else (None, None)
 
     def encode(codes: np.ndarray, out: np.ndarray) -> np.ndarray:
         u = codes.view(np.uint8)
         pack(u if identity else np.take(packable, u), out)
-        if valid[np.bincount(u.reshape(-1), minlength=256) > 0].all():  # a histogram is cheaper
-            return np.ones(u.shape, dtype=bool)
+        c = codes.view(dtype)
+        if lo is not None and (c.size == 0 or (int(c.min()) >= lo and int(c.max()) <= hi)):
+            return np.broadcast_to(True, u.shape)  # every code valid: two reductions are cheaper
         return np.take(valid, u)
 
+    shift = int(vals.astype(np.int16)[0])
+    if np.array_equal(vals.astype(np.int16), shift + np.arange(len(vals))):  # code = raw + shift: no lookup
+        def decode(blocks: np.ndarray) -> np.ndarray:
+            raw = unpack(blocks).astype(np.uint8, copy=False)
+            if shift:
+                raw += np.uint8(shift & 0xFF)  # modulo 256: two's complement of raw + shift
+            return raw.view(dtype)
+
+        return _Codec(decode, encode)
     return _Codec(lambda blocks: vals[unpack(blocks)], encode)
 
 
 def _bit_lut(n: int, parts: Callable, values: tuple[int, ...], dtype: type, zp: int = 0) -> _Codec:
     b = _bits(n, parts)
-    return _lut_codec(values, dtype, zp, lambda blocks: _unpack(blocks, b), lambda raw, out: _pack(raw, b, out))
+    c = _lut_codec(values, dtype, zp, lambda blocks: _unpack(blocks, b), lambda raw, out: _pack(raw, b, out))
+    return dataclasses.replace(c, coverage=_coverage(b, len(set(values))))
+
+
+def _coverage(b: _Bits, n_values: int) -> bytes | None:
+    """The bits per block byte of the fields ``b`` when each item is a field of ``w`` bits and
+    the code table has ``2**w`` distinct values (a bijection), else None."""
+    cov = np.zeros(1 + max(int(p.byte.max()) for p in b.unpack), dtype=np.int64)
+    width = np.zeros(b.n_items, dtype=np.int64)
+    for p in b.unpack:
+        m = p.mask.astype(np.int64)
+        np.bitwise_or.at(cov, p.byte, (m << p.shift.astype(np.int64)) & 0xFF)
+        np.add.at(width, p.items, [bin(int(x)).count("1") for x in m])
+    return cov.astype(np.uint8).tobytes() if np.all(width == width[0]) and 1 << int(width[0]) == n_values else None
 
 
 #: ggml's ksigns_iq2xs: 7-bit index -> 8 sign bits of even parity (bit 7 = parity of the rest)
@@ -766,8 +795,27 @@ def _pack_blocks(spec: _Spec, codes: np.ndarray, header: np.ndarray, first_block
     return out, spec.codec.encode(codes, out)
 
 
-def _exceptions(spec: _Spec, codes: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-    """The blocks that packing their (substituted) codes with their header would not restore."""
+@functools.cache
+def _dense(ggml_type: str) -> bool:
+    """Is every bit of a block a recorded header bit or a bit of a bijective code field? Then
+    packing the codes with the header restores every block whose codes were not substituted,
+    and only blocks with a zero-scale sub-block can be exception blocks."""
+    spec = _specs()[ggml_type]
+    if spec.codec.coverage is None:
+        return False
+    bits = np.zeros(spec.block_bytes, dtype=np.uint8)
+    cov = np.frombuffer(spec.codec.coverage, dtype=np.uint8)
+    bits[: len(cov)] |= cov
+    for byte, mask in spec.header:
+        bits[byte] |= mask
+    return bool(np.all(bits == 0xFF))
+
+
+def _exceptions(spec: _Spec, codes: np.ndarray, blocks: np.ndarray, candidates: np.ndarray | None = None) -> np.ndarray:
+    """The blocks that packing their (substituted) codes with their header would not restore
+    (among ``candidates`` when given: the others are known to be restored)."""
+    if candidates is not None:
+        return candidates[_exceptions(spec, codes[candidates], blocks[candidates])]
     packed, _ = _pack_blocks(spec, codes, _header(spec, blocks), 0)
     return np.flatnonzero((packed != blocks).any(axis=1))
 
@@ -781,9 +829,10 @@ def expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded
     codes = spec.codec.decode(blocks)
     scales, corr0 = _scales(spec, blocks, first_block)
     scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
+    zero_blocks = np.flatnonzero((scales == 0).any(axis=1)) if _dense(ggml_type) else None
     patch_index, patch = _fix_zeros(codes, scales, f.zero_point or 0, f.sub_block)
     correction, correction_codes = _correction(corr0)
-    exc = _exceptions(spec, codes, blocks)
+    exc = _exceptions(spec, codes, blocks, zero_blocks)
     record = Record(
         ggml_type,
         _header(spec, blocks),
