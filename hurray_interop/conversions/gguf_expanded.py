@@ -931,14 +931,15 @@ def _compare(x: Expanded, y: Expanded, first_block: int) -> None:
         if a is not None and b is not None:
             _first_bad(_bits_of(a) != _bits_of(b), first_block, field, what)
     n = x.scales.shape[0]
-    mine = np.zeros((n * subs, x.zero_patch.shape[1]), dtype=np.uint32)
-    theirs = mine.copy()
-    present = np.zeros((2, n * subs), dtype=bool)
-    mine[x.zero_patch_index] = x.zero_patch.view(np.uint32) | 1  # | 1: present
-    theirs[y.zero_patch_index] = y.zero_patch.view(np.uint32) | 1
-    present[0, x.zero_patch_index] = present[1, y.zero_patch_index] = True
-    bad = (mine != theirs).any(axis=1) | (present[0] != present[1])
-    _first_bad(bad.reshape(n, subs), first_block, "zero_patch", "±0 pattern of sub-block {j} is wrong")
+    ox, oy = np.argsort(x.zero_patch_index, kind="stable"), np.argsort(y.zero_patch_index, kind="stable")
+    xs, ys = x.zero_patch_index[ox], y.zero_patch_index[oy]
+    xp, yp = x.zero_patch[ox].view(np.uint32), y.zero_patch[oy].view(np.uint32)
+    if not (np.array_equal(xs, ys) and np.array_equal(xp, yp)):  # (sparse: patches are rare)
+        bad = np.zeros(n * subs, dtype=bool)
+        bad[np.setxor1d(xs, ys)] = True
+        common, ix, iy = np.intersect1d(xs, ys, return_indices=True)
+        bad[common[(xp[ix] != yp[iy]).any(axis=1)]] = True
+        _first_bad(bad.reshape(n, subs), first_block, "zero_patch", "±0 pattern of sub-block {j} is wrong")
     _first_bad(x.record.header != y.record.header, first_block, "record", "header byte {j} differs from the rebuilt block")
     exc = np.zeros((2, n), dtype=bool)
     exc[0, x.record.exception_index.astype(np.int64) - first_block] = True
