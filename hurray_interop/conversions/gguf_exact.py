@@ -59,8 +59,8 @@ if TYPE_CHECKING:
 __all__ = ["RECORD_PREFIX", "record_key", "has_form", "ExactPlan", "plan", "export"]
 
 RECORD_PREFIX = "hurray_interop.gguf.expanded."
-#: GGML blocks per chunk (≈ 4 Mi elements of 256-element blocks)
-CHUNK_BLOCKS = 1 << 14
+#: GGML blocks per chunk (2 Mi elements of 256-element blocks: bounded temporaries)
+CHUNK_BLOCKS = 1 << 13
 _ZP = np.dtype("<i4")
 _CORRECTION = "uint2"
 _ONES = 0x55  # four uint2 codes 1
