@@ -27,9 +27,17 @@ _MAPPING_TEXT = {
 }
 
 
+def _expanded_text(f: dict) -> str:
+    """The exact expanded form of a ``gguf_expanded.toml`` row (``--fallback exact``)."""
+    kind = f"overlay {f['storage']} + uint2 minimum" if f["overlay"] else f["storage"]
+    zp = f", int32 zero point {f['zero_point']}" if "zero_point" in f else ""
+    return f"`--fallback exact`: {kind}, K={f['sub_block']}, {f['scale'].replace('float', 'f')} scales{zp}"
+
+
 def _ggml_rows() -> list[str]:
     ggml = load_table("ggml_types")
     mapping = load_table("gguf_hurray")
+    expanded = load_table("gguf_expanded")["types"]
     rows = []
     for name, row in sorted(ggml.items(), key=lambda kv: int(kv[1]["id"])):
         if row["family"] == "removed":
@@ -45,7 +53,11 @@ def _ggml_rows() -> list[str]:
             )
             fallback = name not in mapping["fallback"]["no_reference_dequantizer"]
             how = "refused; `--fallback` stores it dequantized" if fallback else "refused (no reference dequantizer, so no fallback)"
-            rows.append(f"| {name} | {int(row['id'])} | {how} | {reason} | — |")
+            if name in expanded:
+                how = "refused; `--fallback exact` stores it exactly, `--fallback` float32/16 dequantized"
+                reason = f"{_expanded_text(expanded[name])}; by default: {reason}"
+            back = "exact (from the record of `--fallback exact`)" if name in expanded else "—"
+            rows.append(f"| {name} | {int(row['id'])} | {how} | {reason} | {back} |")
     return rows
 
 

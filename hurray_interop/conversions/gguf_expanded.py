@@ -192,6 +192,29 @@ class _Bits:
     dtype: type  # uint8 when every field fits in 8 bits
     unpack: tuple[_Part, ...]
     pack: tuple[_Part, ...]
+    #: the same fields as a few slice-to-slice moves, when they allow it (the K-quants: runs
+    #: of 16..64 consecutive items in consecutive bytes): ``(item, byte, length, shift,
+    #: mask, dst)`` each; else None (gathers by ``unpack``/``pack``)
+    runs: tuple[tuple[int, int, int, int, int, int], ...] | None = None
+
+
+#: at most this many runs make the slice moves cheaper than one gather
+_MAX_RUNS = 48
+
+
+def _runs(rows: list[list[tuple[int, int, int, int]]]) -> tuple[tuple[int, int, int, int, int, int], ...] | None:
+    """The fields of ``rows`` (per item: ``(byte, shift, bits, dst)`` parts) as runs of
+    consecutive items in consecutive bytes with one shift, mask and dst, or None."""
+    flat = sorted((shift, bits, dst, i, byte) for i, r in enumerate(rows) for byte, shift, bits, dst in r)
+    runs: list[list[int]] = []
+    for shift, bits, dst, i, byte in flat:
+        last = runs[-1] if runs else None
+        if last and (last[3], last[4], last[5]) == (shift, (1 << bits) - 1, dst) and \
+                (last[0] + last[2], last[1] + last[2]) == (i, byte):
+            last[2] += 1
+        else:
+            runs.append([i, byte, 1, shift, (1 << bits) - 1, dst])
+    return tuple(tuple(r) for r in runs) if len(runs) <= _MAX_RUNS else None  # type: ignore[misc]
 
 
 def _bits(n_items: int, parts: Callable[[int], list[tuple[int, int, int, int]]]) -> _Bits:
@@ -214,11 +237,21 @@ def _bits(n_items: int, parts: Callable[[int], list[tuple[int, int, int, int]]])
         if step > 0 and np.array_equal(dest, dest[0] + step * np.arange(len(dest))):
             dest = slice(int(dest[0]), int(dest[-1]) + 1, step)
         pack.append(_Part(items[o], byte[o], *(f[o] for f in fields), dest=dest, starts=starts, run=run))
-    return _Bits(n_items, dtype, tuple(unpack), tuple(pack))
+    return _Bits(n_items, dtype, tuple(unpack), tuple(pack), _runs(rows))
 
 
 def _unpack(blocks: np.ndarray, b: _Bits) -> np.ndarray:
     """``(n, items)`` values (uint8 or uint16) of the fields ``b`` in every block."""
+    if b.runs is not None:
+        res = np.zeros((blocks.shape[0], b.n_items), dtype=b.dtype)
+        for item, byte, length, shift, mask, dst in b.runs:
+            v = blocks[:, byte : byte + length] >> shift if shift else blocks[:, byte : byte + length].copy()
+            if shift + mask.bit_length() < 8:
+                v &= mask
+            if dst:
+                v = v.astype(b.dtype) << dst
+            res[:, item : item + length] |= v
+        return res
     out = None
     for p in b.unpack:
         v = np.take(blocks, p.byte, axis=1).astype(b.dtype, copy=False)
@@ -240,6 +273,15 @@ def _unpack(blocks: np.ndarray, b: _Bits) -> np.ndarray:
 def _pack(values: np.ndarray, b: _Bits, out: np.ndarray) -> None:
     """OR the items ``values`` (``(n, items)``) into ``out`` (``(n, block_bytes)``, uint8)."""
     v = values.astype(b.dtype, copy=False)
+    if b.runs is not None:
+        for item, byte, length, shift, mask, dst in b.runs:
+            x = v[:, item : item + length] >> dst if dst else v[:, item : item + length] & mask
+            if dst:
+                x &= mask
+            if shift:
+                x <<= shift
+            out[:, byte : byte + length] |= x.astype(np.uint8, copy=False)
+        return
     for p in b.pack:
         x = np.take(v, p.items, axis=1)
         x >>= p.dst
