@@ -413,20 +413,21 @@ def _lut_codec(values: tuple[int, ...], dtype: type, zp: int, unpack: Callable, 
         inverse[int(vals[raw : raw + 1].view(np.uint8)[0])] = raw
     packable = np.maximum(inverse, 0).astype(np.uint8)
     valid = (inverse >= 0) | (np.arange(256) == (zp & 0xFF))
-    identity = np.array_equal(vals.view(np.uint8), np.arange(len(vals)))  # code == raw (Q2_K, Q4_K, …)
+    shift = int(vals.astype(np.int16)[0])
+    offset = np.array_equal(vals.astype(np.int16), shift + np.arange(len(vals)))  # code = raw + shift
     span = np.sort(np.arange(256, dtype=np.uint8).view(dtype)[valid]).astype(np.int16)  # the valid codes
     lo, hi = (int(span[0]), int(span[-1])) if len(span) == int(span[-1]) - int(span[0]) + 1 else (None, None)
 
     def encode(codes: np.ndarray, out: np.ndarray) -> np.ndarray:
         u = codes.view(np.uint8)
-        pack(u if identity else np.take(packable, u), out)
+        # (an invalid code packs as garbage bits: ``valid`` says so, and the fields are masked)
+        pack((u - np.uint8(shift & 0xFF) if shift else u) if offset else np.take(packable, u), out)
         c = codes.view(dtype)
         if lo is not None and (c.size == 0 or (int(c.min()) >= lo and int(c.max()) <= hi)):
             return np.broadcast_to(True, u.shape)  # every code valid: two reductions are cheaper
         return np.take(valid, u)
 
-    shift = int(vals.astype(np.int16)[0])
-    if np.array_equal(vals.astype(np.int16), shift + np.arange(len(vals))):  # code = raw + shift: no lookup
+    if offset:  # no lookup
         def decode(blocks: np.ndarray) -> np.ndarray:
             raw = unpack(blocks).astype(np.uint8, copy=False)
             if shift:
