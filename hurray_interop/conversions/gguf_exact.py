@@ -34,20 +34,8 @@ import numpy as np
 
 from ..core.elements import buffer_size, element_type, pack, sign_extend, unpack
 from ..core.kv import KVValue
-from ..core.model import (
-    OP_ADD,
-    ROLE_BASE,
-    ROLE_CORRECTION,
-    RULE_OVERLAY,
-    BufferHandle,
-    CompositeHead,
-    CompositeMember,
-    Descriptor,
-    PerBlockAffine,
-    RowMajor,
-    Shard,
-    Tensor,
-)
+from ..core import model as M
+from ..core.model import Descriptor, Tensor
 from ..errors import FormatError
 from ..parallel import pmap
 from ..tables import load_table
@@ -94,18 +82,18 @@ def _chunks(n: int) -> Iterator[slice]:
 def _affine(shape: tuple[int, ...], f: X.Form, storage: str, scale: str, zp: bool, role: int | None) -> Descriptor:
     n = int(np.prod(shape, dtype=np.int64))
     nsub = n // f.sub_block
-    bufs = [BufferHandle.cpu(buffer_size(storage, n)), BufferHandle.cpu(nsub * element_type(scale).bits // 8)]
+    bufs = [M.BufferHandle.cpu(buffer_size(storage, n)), M.BufferHandle.cpu(nsub * element_type(scale).bits // 8)]
     if zp:
-        bufs.append(BufferHandle.cpu(nsub * _ZP.itemsize))
+        bufs.append(M.BufferHandle.cpu(nsub * _ZP.itemsize))
     return Descriptor(
         element_type=element_type(storage),
         shape=shape,
         buffers=tuple(bufs),
-        layout=RowMajor(),
-        quantization=PerBlockAffine(axis=len(shape) - 1, block_size=f.sub_block, scale_buffer_index=1,
+        layout=M.RowMajor(),
+        quantization=M.PerBlockAffine(axis=len(shape) - 1, block_size=f.sub_block, scale_buffer_index=1,
                                     zero_point_buffer_index=2 if zp else None, scale_type=element_type(scale)),
-        shard=Shard(parent_shape=shape, offset=(0,) * len(shape)) if role is not None else None,
-        composite_member=CompositeMember(role) if role is not None else None,
+        shard=M.Shard(parent_shape=shape, offset=(0,) * len(shape)) if role is not None else None,
+        composite_member=M.CompositeMember(role) if role is not None else None,
     )
 
 
@@ -116,9 +104,9 @@ def _patch_offset(shape: tuple[int, ...], sub: int, k: int) -> tuple[int, ...]:
 def _patch_desc(shape: tuple[int, ...], sub: int, k: int) -> Descriptor:
     box = (1,) * (len(shape) - 1) + (k,)
     return Descriptor(
-        element_type=element_type("float32"), shape=box, buffers=(BufferHandle.cpu(4 * k),), layout=RowMajor(),
-        shard=Shard(parent_shape=shape, offset=_patch_offset(shape, sub, k)),
-        composite_member=CompositeMember(ROLE_CORRECTION),
+        element_type=element_type("float32"), shape=box, buffers=(M.BufferHandle.cpu(4 * k),), layout=M.RowMajor(),
+        shard=M.Shard(parent_shape=shape, offset=_patch_offset(shape, sub, k)),
+        composite_member=M.CompositeMember(M.ROLE_CORRECTION),
     )
 
 
@@ -166,13 +154,13 @@ def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray) 
     patch_index, patches = _scan(ggml_type, blocks)
     composite = f.overlay or patch_index.size > 0
     sfx = _names()
-    base = _affine(shape, f, f.storage, f.scale, f.zero_point is not None, ROLE_BASE if composite else None)
+    base = _affine(shape, f, f.storage, f.scale, f.zero_point is not None, M.ROLE_BASE if composite else None)
     members: list[tuple[str, Descriptor]] = [(name + sfx["base"] if composite else name, base)]
     if f.overlay:
-        members.append((name + sfx["min"], _affine(shape, f, _CORRECTION, "float32", False, ROLE_CORRECTION)))
+        members.append((name + sfx["min"], _affine(shape, f, _CORRECTION, "float32", False, M.ROLE_CORRECTION)))
     members += [(f"{name}{sfx['zero']}.{i}", _patch_desc(shape, int(p), k)) for i, p in enumerate(patch_index)]
     head = Descriptor(element_type=element_type("float32"), shape=shape, buffers=(),
-                      layout=CompositeHead(composition_rule=RULE_OVERLAY, combine_op=OP_ADD, member_count=len(members)))
+                      layout=M.CompositeHead(composition_rule=M.RULE_OVERLAY, combine_op=M.OP_ADD, member_count=len(members)))
     nb = blocks.shape[0]
     sources = _Sources(ggml_type, blocks)
 
@@ -270,8 +258,8 @@ def _parts(t: Tensor, f: X.Form) -> tuple[Tensor, Tensor | None, list[Tensor]]:
             raise _bad(f"{f.type} is stored as an overlay, found a plain tensor", t.name, "layout")
         return t, None, []
     lay = d.layout
-    assert isinstance(lay, CompositeHead)
-    if lay.composition_rule != RULE_OVERLAY or lay.combine_op != OP_ADD or d.element_type.name != "float32":
+    assert isinstance(lay, M.CompositeHead)
+    if lay.composition_rule != M.RULE_OVERLAY or lay.combine_op != M.OP_ADD or d.element_type.name != "float32":
         raise _bad("the head is not a float32 overlay (add)", t.name, "layout")
     members = list(t.members)
     base = members.pop(0)
@@ -285,7 +273,7 @@ def _check_desc(m: Tensor, shape: tuple[int, ...], f: X.Form, storage: str, scal
     want = _affine(shape, f, storage, scale, zp, None)
     d = m.descriptor
     if (d.element_type.name, tuple(d.shape), d.quantization, type(d.layout), d.byte_offset) != (
-            storage, tuple(shape), want.quantization, RowMajor, 0) or (d.shard is not None and any(d.shard.offset)):
+            storage, tuple(shape), want.quantization, M.RowMajor, 0) or (d.shard is not None and any(d.shard.offset)):
         raise _bad(f"member is not {storage} per-block affine K={f.sub_block} {scale} along the last axis "
                    f"over the whole tensor", m.name, "descriptor")
 
