@@ -88,6 +88,9 @@ def test_random_blocks_round_trip_and_bit_exact(t: str, tmp_path: Path) -> None:
     src = random_model(t, tmp_path / f"{t}.gguf")
     hrry = assert_round_trip(src, tmp_path)
     assert_values_bit_exact(src, hrry)
+    hurray = pytest.importorskip("hurray")
+    x = hurray.load(str(hrry))[f"w.{t}"]  # composite or not, pyhurray reads it
+    assert tuple(x.shape) == (96 * gguf.GGML_QUANT_SIZES[Q[t]][0] // 512, 512)
 
 
 def test_pyhurray_loads_every_form(fixture_hrry: Path) -> None:
