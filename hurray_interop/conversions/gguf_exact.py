@@ -26,6 +26,7 @@ the block and the field (nothing is written: the output is atomic).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -49,6 +50,8 @@ __all__ = ["RECORD_PREFIX", "record_key", "has_form", "ExactPlan", "plan", "expo
 RECORD_PREFIX = "hurray_interop.gguf.expanded."
 #: GGML blocks per chunk (2 Mi elements of 256-element blocks: bounded temporaries)
 CHUNK_BLOCKS = 1 << 13
+#: scales and corrections of one tensor kept between the writer's passes (see _Sources)
+STASH_BYTES = 16 << 20
 _ZP = np.dtype("<i4")
 _CORRECTION = "uint2"
 _ONES = 0x55  # four uint2 codes 1
@@ -206,19 +209,29 @@ class _RecordSink:
 
 @dataclass
 class _Sources:
-    """The buffers of one expanded tensor, chunk by chunk (each pass reads the memory map)."""
+    """The buffers of one expanded tensor, chunk by chunk. The writer takes each buffer whole,
+    one after the other: the codes pass keeps the chunks' scales and corrections (``stash``)
+    when they take at most :data:`STASH_BYTES`, else each later pass computes them again."""
 
     type: str
     blocks: np.ndarray
+    stash: list[X.Expanded] | None = None
 
     def _scales(self) -> Iterator[X.Expanded]:
+        if self.stash is not None:
+            return iter(self.stash)
         return pmap(lambda sl: X.expand_scales(self.type, self.blocks[sl], sl.start), self.blocks.shape[0], CHUNK_BLOCKS)
 
     def codes(self, rec: _RecordSink) -> Iterator[np.ndarray]:
-        storage = X.form(self.type).storage
+        f = X.form(self.type)
+        subs = self.blocks.shape[0] * (X._specs()[self.type].elements // f.sub_block)
+        keep: list[X.Expanded] | None = [] if subs * (4 + 4 * f.overlay + 1) <= STASH_BYTES else None
         for x in pmap(lambda sl: X.expand(self.type, self.blocks[sl], sl.start), self.blocks.shape[0], CHUNK_BLOCKS):
             rec.add(x.record)
-            yield pack(x.codes, storage)
+            if keep is not None:
+                keep.append(dataclasses.replace(x, codes=None, record=None))
+            yield pack(x.codes, f.storage)
+        self.stash = keep
 
     def scales(self) -> Iterator[np.ndarray]:
         for e in self._scales():
