@@ -27,7 +27,26 @@ typedef ptrdiff_t hk_stride;
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
 HK_API int hk_abi_version(void) { return 1; }
 
-/* (n, 16) GGML split-half nibbles -> (n, 16) Hurray pairs, each byte XOR x. */
+/* Little-endian 64-bit loads and stores (the Q5 movers work on eight bytes at once). */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+static inline uint64_t ld64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline void st64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+#else
+static inline uint64_t ld64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int k = 7; k >= 0; k--) v = v << 8 | p[k];
+    return v;
+}
+static inline void st64(uint8_t *p, uint64_t v) {
+    for (int k = 0; k < 8; k++) p[k] = (uint8_t)(v >> (8 * k));
+}
+#endif
+
+#define LO4_8 0x0F0F0F0F0F0F0F0FULL /* low nibble of each byte */
+#define BYTE_LSB 0x0101010101010101ULL
+
+/* (n, 16) GGML split-half nibbles -> (n, 16) Hurray pairs, each byte XOR x.
+ * (Byte loops: faster here than 64-bit lane arithmetic, which needs narrowing.) */
 HK_API void hk_split_to_pairs(const uint8_t *src, hk_stride ss, size_t n,
                               uint8_t *dst, hk_stride ds, uint8_t x) {
     for (size_t r = 0; r < n; r++) {
@@ -55,18 +74,26 @@ HK_API void hk_pairs_to_split(const uint8_t *src, hk_stride ss, size_t n,
     }
 }
 
+/* Bit k of each of the 8 bytes v (LSB first) -> byte k's bit 4 (spread), and back (gather). */
+static inline uint64_t spread_bits(uint8_t v) {
+    uint64_t m = (BYTE_LSB * v) & 0x8040201008040201ULL; /* byte k keeps bit k */
+    return ((m + 0x7F7F7F7F7F7F7F7FULL) >> 7 & BYTE_LSB) << 4;
+}
+static inline uint8_t gather_bits(uint64_t w) {
+    return (uint8_t)(((w >> 4 & BYTE_LSB) * 0x0102040810204080ULL) >> 56);
+}
+
 /* GGML Q5 parts (qs: 16 bytes, qh: 4 bytes little-endian) -> 32 codes 0..31. */
 HK_API void hk_q5_codes(const uint8_t *qs, hk_stride qss, const uint8_t *qh,
                         hk_stride qhs, size_t n, uint8_t *dst, hk_stride ds) {
     for (size_t r = 0; r < n; r++) {
         const uint8_t *q = qs + (hk_stride)r * qss;
         const uint8_t *h = qh + (hk_stride)r * qhs;
-        uint32_t high = (uint32_t)h[0] | (uint32_t)h[1] << 8 |
-                        (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
         uint8_t *o = dst + (hk_stride)r * ds;
-        for (int j = 0; j < 16; j++) {
-            o[j] = (uint8_t)((q[j] & 0x0F) | ((high >> j) & 1u) << 4);
-            o[16 + j] = (uint8_t)((q[j] >> 4) | ((high >> (16 + j)) & 1u) << 4);
+        for (int k = 0; k < 2; k++) {
+            uint64_t w = ld64(q + 8 * k);
+            st64(o + 8 * k, (w & LO4_8) | spread_bits(h[k]));
+            st64(o + 16 + 8 * k, (w >> 4 & LO4_8) | spread_bits(h[2 + k]));
         }
     }
 }
@@ -78,13 +105,12 @@ HK_API void hk_q5_pack(const uint8_t *src, hk_stride ss, size_t n, uint8_t *qs,
         const uint8_t *c = src + (hk_stride)r * ss;
         uint8_t *q = qs + (hk_stride)r * qss;
         uint8_t *h = qh + (hk_stride)r * qhs;
-        uint32_t high = 0;
-        for (int j = 0; j < 16; j++)
-            q[j] = (uint8_t)((c[j] & 0x0F) | (c[16 + j] << 4));
-        for (int j = 0; j < 32; j++)
-            high |= (uint32_t)((c[j] >> 4) & 1u) << j;
-        for (int k = 0; k < 4; k++)
-            h[k] = (uint8_t)(high >> (8 * k));
+        for (int k = 0; k < 2; k++) {
+            uint64_t lo = ld64(c + 8 * k), hi = ld64(c + 16 + 8 * k);
+            st64(q + 8 * k, (lo & LO4_8) | (hi & LO4_8) << 4);
+            h[k] = gather_bits(lo);
+            h[2 + k] = gather_bits(hi);
+        }
     }
 }
 
