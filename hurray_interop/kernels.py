@@ -98,7 +98,7 @@ def _rows(a: Any, width: int | None = None) -> bool:
         and a.dtype.kind in "ui"
         and a.dtype.itemsize == 1
         and (width is None or a.shape[1] == width)
-        and (a.strides[1] == 1 or a.shape[1] <= 1)
+        and (a.strides[1] == 1 or a.shape[1] <= 1 or a.shape[0] == 0)
     )
 
 
@@ -175,14 +175,15 @@ def q5_codes(qs: np.ndarray, qh: np.ndarray, *, out: np.ndarray | None = None) -
 def q5_pack(
     codes: np.ndarray, *, qs_out: np.ndarray | None = None, qh_out: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(n, 32)`` codes 0..31 → GGML ``(qs (n, 16), qh (n, 4))``."""
+    """``(n, 32)`` codes 0..31 → GGML ``(qs (n, 16), qh (n, 4))``.  ``qs_out`` and ``qh_out`` may be
+    two fields of the same blocks (they must not overlap each other)."""
     c = codes.astype(np.uint8, copy=False)
     n = c.shape[0] if _rows(c, 32) else -1
     if (
         _lib is None
         or n < 0
         or not (qs_out is None or _target(qs_out, n, 16, c))
-        or not (qh_out is None or _target(qh_out, n, 4, c, *([] if qs_out is None else [qs_out])))
+        or not (qh_out is None or _target(qh_out, n, 4, c))
     ):
         qs, qh = _np.q5_pack(c)
         return _into(qs_out, qs), _into(qh_out, qh)
