@@ -60,32 +60,36 @@ static inline uint64_t spread_evens(uint64_t v) {
     return (v | v << 8) & 0x00FF00FF00FF00FFULL;
 }
 
-/* (n, 16) GGML split-half nibbles -> (n, 16) Hurray pairs, each byte XOR x.
- * With a = qs[2i] and b = qs[2i+1] (the even and odd bytes), Hurray byte i is
- * (a & 15) | (b & 15) << 4 and byte 8+i is a >> 4 | (b & 0xF0). */
-HK_API void hk_split_to_pairs(const uint8_t *src, hk_stride ss, size_t n,
+/* (n, w) GGML split-half nibbles -> (n, w) Hurray pairs, each byte XOR x; w a
+ * multiple of 16.  With a = qs[2i] and b = qs[2i+1] (the even and odd bytes),
+ * Hurray byte i is (a & 15) | (b & 15) << 4 and byte w/2 + i is a >> 4 | (b & 0xF0). */
+HK_API void hk_split_to_pairs(const uint8_t *src, hk_stride ss, size_t n, size_t w,
                               uint8_t *dst, hk_stride ds, uint8_t x) {
     uint64_t xx = BYTE_LSB * x;
     for (size_t r = 0; r < n; r++) {
         const uint8_t *q = src + (hk_stride)r * ss;
         uint8_t *o = dst + (hk_stride)r * ds;
-        uint64_t w0 = ld64(q), w1 = ld64(q + 8);
-        uint64_t a = evens(w0) | evens(w1) << 32, b = evens(w0 >> 8) | evens(w1 >> 8) << 32;
-        st64(o, ((a & LO4_8) | (b << 4 & HI4_8)) ^ xx);
-        st64(o + 8, ((a >> 4 & LO4_8) | (b & HI4_8)) ^ xx);
+        for (size_t g = 0; g < w; g += 16) {
+            uint64_t w0 = ld64(q + g), w1 = ld64(q + g + 8);
+            uint64_t a = evens(w0) | evens(w1) << 32, b = evens(w0 >> 8) | evens(w1 >> 8) << 32;
+            st64(o + g / 2, ((a & LO4_8) | (b << 4 & HI4_8)) ^ xx);
+            st64(o + w / 2 + g / 2, ((a >> 4 & LO4_8) | (b & HI4_8)) ^ xx);
+        }
     }
 }
 
-/* The inverse (without XOR): (n, 16) Hurray pairs -> GGML split halves. */
-HK_API void hk_pairs_to_split(const uint8_t *src, hk_stride ss, size_t n,
+/* The inverse (without XOR): (n, w) Hurray pairs -> GGML split halves. */
+HK_API void hk_pairs_to_split(const uint8_t *src, hk_stride ss, size_t n, size_t w,
                               uint8_t *dst, hk_stride ds) {
     for (size_t r = 0; r < n; r++) {
         const uint8_t *h = src + (hk_stride)r * ss;
         uint8_t *o = dst + (hk_stride)r * ds;
-        uint64_t lo = ld64(h), hi = ld64(h + 8);
-        uint64_t a = (lo & LO4_8) | (hi << 4 & HI4_8), b = (lo >> 4 & LO4_8) | (hi & HI4_8);
-        st64(o, spread_evens(a) | spread_evens(b) << 8);
-        st64(o + 8, spread_evens(a >> 32) | spread_evens(b >> 32) << 8);
+        for (size_t g = 0; g < w; g += 16) {
+            uint64_t lo = ld64(h + g / 2), hi = ld64(h + w / 2 + g / 2);
+            uint64_t a = (lo & LO4_8) | (hi << 4 & HI4_8), b = (lo >> 4 & LO4_8) | (hi & HI4_8);
+            st64(o + g, spread_evens(a) | spread_evens(b) << 8);
+            st64(o + g + 8, spread_evens(a >> 32) | spread_evens(b >> 32) << 8);
+        }
     }
 }
 
@@ -98,33 +102,35 @@ static inline uint8_t gather_bits(uint64_t w) {
     return (uint8_t)(((w >> 4 & BYTE_LSB) * 0x0102040810204080ULL) >> 56);
 }
 
-/* GGML Q5 parts (qs: 16 bytes, qh: 4 bytes little-endian) -> 32 codes 0..31. */
-HK_API void hk_q5_codes(const uint8_t *qs, hk_stride qss, const uint8_t *qh,
-                        hk_stride qhs, size_t n, uint8_t *dst, hk_stride ds) {
+/* GGML Q5-style parts -> k codes 0..31 per row (k a multiple of 16): qs (k/2 bytes)
+ * holds code j in the low and code k/2 + j in the high nibble of byte j; qh (k/8
+ * bytes, little-endian bit order) holds bit 4 of code j as its bit j. */
+HK_API void hk_q5_codes(const uint8_t *qs, hk_stride qss, const uint8_t *qh, hk_stride qhs,
+                        size_t n, size_t k, uint8_t *dst, hk_stride ds) {
     for (size_t r = 0; r < n; r++) {
         const uint8_t *q = qs + (hk_stride)r * qss;
         const uint8_t *h = qh + (hk_stride)r * qhs;
         uint8_t *o = dst + (hk_stride)r * ds;
-        for (int k = 0; k < 2; k++) {
-            uint64_t w = ld64(q + 8 * k);
-            st64(o + 8 * k, (w & LO4_8) | spread_bits(h[k]));
-            st64(o + 16 + 8 * k, (w >> 4 & LO4_8) | spread_bits(h[2 + k]));
+        for (size_t g = 0; g < k / 2; g += 8) {
+            uint64_t w = ld64(q + g);
+            st64(o + g, (w & LO4_8) | spread_bits(h[g / 8]));
+            st64(o + k / 2 + g, (w >> 4 & LO4_8) | spread_bits(h[(k / 2 + g) / 8]));
         }
     }
 }
 
-/* 32 codes per row (only bits 0..4 used) -> GGML Q5 qs (16 bytes) and qh (4 bytes). */
-HK_API void hk_q5_pack(const uint8_t *src, hk_stride ss, size_t n, uint8_t *qs,
+/* k codes per row (only bits 0..4 used) -> qs (k/2 bytes) and qh (k/8 bytes). */
+HK_API void hk_q5_pack(const uint8_t *src, hk_stride ss, size_t n, size_t k, uint8_t *qs,
                        hk_stride qss, uint8_t *qh, hk_stride qhs) {
     for (size_t r = 0; r < n; r++) {
         const uint8_t *c = src + (hk_stride)r * ss;
         uint8_t *q = qs + (hk_stride)r * qss;
         uint8_t *h = qh + (hk_stride)r * qhs;
-        for (int k = 0; k < 2; k++) {
-            uint64_t lo = ld64(c + 8 * k), hi = ld64(c + 16 + 8 * k);
-            st64(q + 8 * k, (lo & LO4_8) | (hi & LO4_8) << 4);
-            h[k] = gather_bits(lo);
-            h[2 + k] = gather_bits(hi);
+        for (size_t g = 0; g < k / 2; g += 8) {
+            uint64_t lo = ld64(c + g), hi = ld64(c + k / 2 + g);
+            st64(q + g, (lo & LO4_8) | (hi & LO4_8) << 4);
+            h[g / 8] = gather_bits(lo);
+            h[(k / 2 + g) / 8] = gather_bits(hi);
         }
     }
 }

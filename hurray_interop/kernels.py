@@ -55,10 +55,10 @@ SCALE_OK, SCALE_ZERO, SCALE_BAD = 0, 1, 2
 
 _P, _S, _N, _B = ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_size_t, ctypes.c_uint8
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
-    "hk_split_to_pairs": (None, [_P, _S, _N, _P, _S, _B]),
-    "hk_pairs_to_split": (None, [_P, _S, _N, _P, _S]),
-    "hk_q5_codes": (None, [_P, _S, _P, _S, _N, _P, _S]),
-    "hk_q5_pack": (None, [_P, _S, _N, _P, _S, _P, _S]),
+    "hk_split_to_pairs": (None, [_P, _S, _N, _N, _P, _S, _B]),
+    "hk_pairs_to_split": (None, [_P, _S, _N, _N, _P, _S]),
+    "hk_q5_codes": (None, [_P, _S, _P, _S, _N, _N, _P, _S]),
+    "hk_q5_pack": (None, [_P, _S, _N, _N, _P, _S, _P, _S]),
     "hk_move": (None, [_P, _S, _N, _N, _P, _S]),
     "hk_class_f16": (_N, [_P, _S, _N, _P]),
     "hk_class_e8m0": (_N, [_P, _S, _N, _P]),
@@ -142,53 +142,62 @@ def _new(out: np.ndarray | None, n: int, width: int) -> np.ndarray:
 # the movers of conversions._gguf_blocks
 
 
+def _width(a: Any, multiple: int) -> int:
+    """Bytes per row of ``a`` when the C movers take it (a positive multiple of ``multiple``), else -1."""
+    return a.shape[1] if _rows(a) and a.shape[1] > 0 and a.shape[1] % multiple == 0 else -1
+
+
 def split_to_pairs(qs: np.ndarray, xor: int = 0, *, out: np.ndarray | None = None) -> np.ndarray:
-    """``(n, 16)`` GGML split-half nibbles → ``(n, 16)`` Hurray LSB-first pairs, each byte XOR ``xor``."""
-    n = qs.shape[0] if _rows(qs, 16) else -1
-    if _lib is None or n < 0 or not 0 <= int(xor) <= 255 or not (out is None or _target(out, n, 16, qs)):
+    """``(n, w)`` GGML split-half nibbles → ``(n, w)`` Hurray LSB-first pairs, each byte XOR ``xor``
+    (C for ``w`` a multiple of 16)."""
+    w = _width(qs, 16)
+    if _lib is None or w < 0 or not 0 <= int(xor) <= 255 or not (out is None or _target(out, len(qs), w, qs)):
         return _into(out, _np.split_to_pairs(qs, xor))
-    dst = _new(out, n, 16)
-    _lib.hk_split_to_pairs(_at(qs), qs.strides[0], n, _at(dst), dst.strides[0], int(xor))
+    dst = _new(out, len(qs), w)
+    _lib.hk_split_to_pairs(_at(qs), qs.strides[0], len(qs), w, _at(dst), dst.strides[0], int(xor))
     return dst
 
 
 def pairs_to_split(h: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     """Inverse of :func:`split_to_pairs` (without ``xor``)."""
-    n = h.shape[0] if _rows(h, 16) else -1
-    if _lib is None or n < 0 or not (out is None or _target(out, n, 16, h)):
+    w = _width(h, 16)
+    if _lib is None or w < 0 or not (out is None or _target(out, len(h), w, h)):
         return _into(out, _np.pairs_to_split(h))
-    dst = _new(out, n, 16)
-    _lib.hk_pairs_to_split(_at(h), h.strides[0], n, _at(dst), dst.strides[0])
+    dst = _new(out, len(h), w)
+    _lib.hk_pairs_to_split(_at(h), h.strides[0], len(h), w, _at(dst), dst.strides[0])
     return dst
 
 
 def q5_codes(qs: np.ndarray, qh: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
-    """GGML Q5 block parts (``qs`` (n, 16), ``qh`` (n, 4)) → ``(n, 32)`` codes 0..31 in element order."""
-    n = qs.shape[0] if _rows(qs, 16) and _rows(qh, 4) and qh.shape[0] == qs.shape[0] else -1
-    if _lib is None or n < 0 or not (out is None or _target(out, n, 32, qs, qh)):
+    """GGML Q5 block parts (``qs`` (n, k/2), ``qh`` (n, k/8)) → ``(n, k)`` codes 0..31 in element
+    order (k = 32 for Q5_0/Q5_1; C for k a multiple of 16)."""
+    k = 2 * _width(qs, 8)
+    if k > 0 and not (_rows(qh, k // 8) and len(qh) == len(qs)):
+        k = -1
+    if _lib is None or k < 0 or not (out is None or _target(out, len(qs), k, qs, qh)):
         return _into(out, _np.q5_codes(qs, qh))
-    dst = _new(out, n, 32)
-    _lib.hk_q5_codes(_at(qs), qs.strides[0], _at(qh), qh.strides[0], n, _at(dst), dst.strides[0])
+    dst = _new(out, len(qs), k)
+    _lib.hk_q5_codes(_at(qs), qs.strides[0], _at(qh), qh.strides[0], len(qs), k, _at(dst), dst.strides[0])
     return dst
 
 
 def q5_pack(
     codes: np.ndarray, *, qs_out: np.ndarray | None = None, qh_out: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(n, 32)`` codes 0..31 → GGML ``(qs (n, 16), qh (n, 4))``.  ``qs_out`` and ``qh_out`` may be
-    two fields of the same blocks (they must not overlap each other)."""
+    """``(n, k)`` codes 0..31 → GGML ``(qs (n, k/2), qh (n, k/8))``.  ``qs_out`` and ``qh_out`` may
+    be two fields of the same blocks (they must not overlap each other)."""
     c = codes.astype(np.uint8, copy=False)
-    n = c.shape[0] if _rows(c, 32) else -1
+    k, n = _width(c, 16), len(c)
     if (
         _lib is None
-        or n < 0
-        or not (qs_out is None or _target(qs_out, n, 16, c))
-        or not (qh_out is None or _target(qh_out, n, 4, c))
+        or k < 0
+        or not (qs_out is None or _target(qs_out, n, k // 2, c))
+        or not (qh_out is None or _target(qh_out, n, k // 8, c))
     ):
         qs, qh = _np.q5_pack(c)
         return _into(qs_out, qs), _into(qh_out, qh)
-    qs, qh = _new(qs_out, n, 16), _new(qh_out, n, 4)
-    _lib.hk_q5_pack(_at(c), c.strides[0], n, _at(qs), qs.strides[0], _at(qh), qh.strides[0])
+    qs, qh = _new(qs_out, n, k // 2), _new(qh_out, n, k // 8)
+    _lib.hk_q5_pack(_at(c), c.strides[0], n, k, _at(qs), qs.strides[0], _at(qh), qh.strides[0])
     return qs, qh
 
 

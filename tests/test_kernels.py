@@ -267,3 +267,40 @@ def test_environment_forces_the_numpy_path(env: str, kernel: str) -> None:
     assert _run(["-c", "import hurray_interop.kernels as k; print(k.KERNEL, k._lib is None)"],
                 HURRAY_INTEROP_KERNEL=env) == f"{kernel} {kernel == 'numpy'}"
     assert _run(["-m", "hurray_interop", "--version"], HURRAY_INTEROP_KERNEL=env).endswith(f"(kernel: {kernel})")
+
+
+def _ggml_elements(qs: np.ndarray) -> np.ndarray:
+    """The oracle, element by element: GGML byte j holds element j (low nibble) and element
+    j + w (high nibble) of a 2w-element block (docs/conversion-rules.md § 2)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+
+
+def _hurray_pairs(elements: np.ndarray) -> np.ndarray:
+    """Hurray byte k holds elements 2k (low nibble) and 2k + 1 (high nibble)."""
+    return (elements[:, 0::2] | elements[:, 1::2] << 4).astype(np.uint8)
+
+
+@needs_c
+@pytest.mark.parametrize("w", [16, 32, 64, 128])
+def test_nibble_movers_of_any_block_width_follow_the_element_order(w: int) -> None:
+    """The C movers take any width that is a multiple of 16 bytes (K-quant-sized blocks too)."""
+    rng = np.random.default_rng(w)
+    raw = rng.integers(0, 256, size=(300, w + 6), dtype=np.uint8)
+    qs = raw[::3, 3 : 3 + w]
+    want = _hurray_pairs(_ggml_elements(qs))
+    assert np.array_equal(K.split_to_pairs(qs), want)
+    assert np.array_equal(K.split_to_pairs(qs, 0x88), want ^ 0x88)
+    assert np.array_equal(K.pairs_to_split(want), qs)
+
+
+@needs_c
+@pytest.mark.parametrize("k", [16, 32, 64, 256])
+def test_q5_movers_of_any_block_width_follow_the_element_order(k: int) -> None:
+    rng = np.random.default_rng(k)
+    raw = rng.integers(0, 256, size=(200, k // 2 + k // 8 + 1), dtype=np.uint8)
+    qs, qh = raw[:, 1 : 1 + k // 2], raw[:, 1 + k // 2 :]
+    high = np.unpackbits(qh, axis=1, bitorder="little")  # bit j of qh: bit 4 of code j
+    want = _ggml_elements(qs) | high << 4
+    assert np.array_equal(K.q5_codes(qs, qh), want)
+    got_qs, got_qh = K.q5_pack(want | 0xE0)  # bits 5..7 ignored
+    assert np.array_equal(got_qs, qs) and np.array_equal(got_qh, qh)
