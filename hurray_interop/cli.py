@@ -41,6 +41,16 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+class _Version(argparse.Action):
+    """``--version``, naming the block-moving kernel that runs ("c" or "numpy"), imported only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from .kernels import KERNEL
+
+        print(f"hurray-interop {__version__} (kernel: {KERNEL})")
+        parser.exit()
+
+
 def _add_run_options(p: argparse.ArgumentParser, *, quiet: str) -> None:
     """Options that convert and verify share."""
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -76,7 +86,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Move quantized weights between GGUF, OCP MX (safetensors) and Hurray (.hrry), "
         "byte-exact, and prove it.",
     )
-    p.add_argument("--version", action="version", version=f"hurray-interop {__version__}")
+    p.add_argument("--version", action=_Version, nargs=0, help="show the version and which kernel runs, then exit")
     p.add_argument("--debug", action="store_true", help="show a traceback on errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
