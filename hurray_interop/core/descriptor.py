@@ -464,6 +464,27 @@ def _decode(buf, offset: int, path, tensor, base: int) -> Descriptor:  # type: i
     layout_at = rd.pos
     layout = _decode_layout(rd, layout_tag, rank, ctx, start)
     layout_len = rd.pos - layout_at
+    buffers = _decode_buffer_table(rd, ctx, start)
+    quant, qpad, shard, stats, ext, member = _decode_sections(rd, flags, rank, ctx, start, path, tensor, base)
+    if minor == 0 and rd.pos != rd.end:
+        raise ctx.err(
+            InconsistentError,
+            f"descriptor_length {length} but the fields end after {rd.pos - start} bytes (version 1.0 requires an exact length)",
+            "descriptor_length", 6,
+        )
+    if et is None:
+        et = private_element_type(type_tag, ext)
+    desc = Descriptor(
+        element_type=et, shape=shape, buffers=tuple(buffers), layout=layout, byte_offset=byte_offset,
+        quantization=quant, quantization_padding=qpad, shard=shard, statistics=stats, extension_type=ext,
+        composite_member=member, version_major=major, version_minor=minor,
+    )
+    _validate(desc, _locate(desc, ctx, layout_len), structural=False)
+    return desc
+
+
+def _decode_buffer_table(rd: Reader, ctx: "_Ctx", start: int) -> list[BufferHandle]:
+    """``buffer_count`` and the 16-byte buffer handles (reserved byte zero)."""
     count_at = rd.pos
     nbuf = rd.u8("buffer_count")
     raw = rd.unpack(_vec("QIBBBB", nbuf), "buffer table") if nbuf else ()
@@ -473,6 +494,12 @@ def _decode(buf, offset: int, path, tensor, base: int) -> Descriptor:  # type: i
         if res:
             raise ctx.err(FormatError, f"reserved byte is {res:#04x}, must be 0", f"buffer[{i}]._reserved", count_at + 1 + 16 * i + 15 - start)
         buffers.append(BufferHandle(size, align, dev, sync, mclass))
+    return buffers
+
+
+def _decode_sections(rd: Reader, flags: int, rank: int, ctx: "_Ctx", start: int, path, tensor, base: int):  # type: ignore[no-untyped-def]
+    """The optional sections the flags announce, in wire order: quantization (and its
+    padding), shard, statistics, extension type, composite member (None when absent)."""
     quant = None
     qpad = b""
     if flags & F_QUANT:
@@ -511,21 +538,7 @@ def _decode(buf, offset: int, path, tensor, base: int) -> Descriptor:  # type: i
         if res != bytes(15):
             raise ctx.err(FormatError, "reserved composite-member bytes must be zero", "composite_member._reserved", at + 1 - start)
         member = CompositeMember(role)
-    if minor == 0 and rd.pos != rd.end:
-        raise ctx.err(
-            InconsistentError,
-            f"descriptor_length {length} but the fields end after {rd.pos - start} bytes (version 1.0 requires an exact length)",
-            "descriptor_length", 6,
-        )
-    if et is None:
-        et = private_element_type(type_tag, ext)
-    desc = Descriptor(
-        element_type=et, shape=shape, buffers=tuple(buffers), layout=layout, byte_offset=byte_offset,
-        quantization=quant, quantization_padding=qpad, shard=shard, statistics=stats, extension_type=ext,
-        composite_member=member, version_major=major, version_minor=minor,
-    )
-    _validate(desc, _locate(desc, ctx, layout_len), structural=False)
-    return desc
+    return quant, qpad, shard, stats, ext, member
 
 
 def _decode_layout(rd: Reader, tag: int, rank: int, ctx: _Ctx, start: int) -> object:
