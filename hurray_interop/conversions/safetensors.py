@@ -269,36 +269,33 @@ def _layout_entry_ok(d: Any) -> bool:
     return isinstance(shape, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape)
 
 
-def _load_layout(kv: dict[str, Any], path: Any) -> dict[str, Any] | None:
-    raw = _kv_value(kv, KV_LAYOUT, str, path)
+def _json_record(kv: dict[str, Any], key: str, what: str, valid: Callable[[Any], bool], path: Any) -> Any:
+    """The JSON value of the string record ``key`` (None when absent); FormatError unless
+    it parses and ``valid`` accepts it."""
+    raw = _kv_value(kv, key, str, path)
     if raw is None:
         return None
     try:
-        lay = json.loads(raw)
-        ok = isinstance(lay, dict) and lay.get("version") == LAYOUT_VERSION and isinstance(lay.get("tensors"), list)
-        ok = ok and all(_layout_entry_ok(d) for d in lay["tensors"])
+        value = json.loads(raw)
+        ok = valid(value)
     except (ValueError, RecursionError, TypeError, KeyError):  # JSONDecodeError is a ValueError
         ok = False
     if not ok:
-        raise FormatError("malformed safetensors layout record", path=path, field=KV_LAYOUT)
-    return lay
+        raise FormatError(f"malformed safetensors {what} record", path=path, field=key)
+    return value
+
+
+def _layout_ok(lay: Any) -> bool:
+    ok = isinstance(lay, dict) and lay.get("version") == LAYOUT_VERSION and isinstance(lay.get("tensors"), list)
+    return ok and all(_layout_entry_ok(d) for d in lay["tensors"])
+
+
+def _metadata_ok(md: Any) -> bool:
+    return isinstance(md, dict) and all(isinstance(v, str) for v in md.values())
 
 
 #: one tensor as it will be written: (name, safetensors dtype, shape, bytes)
 _Part = tuple[str, str, tuple[int, ...], Any]
-
-
-def _load_metadata(kv: dict[str, Any], path: Any) -> dict[str, str] | None:
-    md_raw = _kv_value(kv, KV_METADATA, str, path)
-    if md_raw is None:
-        return None
-    try:
-        metadata = json.loads(md_raw)
-    except (ValueError, RecursionError):
-        metadata = None
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise FormatError("malformed safetensors metadata record", path=path, field=KV_METADATA)
-    return metadata
 
 
 class _Export:
@@ -479,8 +476,8 @@ def hurray_to_safetensors(
         str(src), None if dst is None else str(dst), "hurray", "safetensors", dry_run=dry_run
     )
     with HrryFile(src) as hf:
-        layout = _load_layout(hf.kv, src)
-        metadata = _load_metadata(hf.kv, src)
+        layout = _json_record(hf.kv, KV_LAYOUT, "layout", _layout_ok, src)
+        metadata = _json_record(hf.kv, KV_METADATA, "metadata", _metadata_ok, src)
         header = _kv_value(hf.kv, KV_HEADER, bytes, src)
         ex = _Export(hf, src, rep, convention, fallback)
         done: set[str] = set()

@@ -236,31 +236,33 @@ class PerTensorAffine:
     scheme_tag = 0x01
 
 
+class _ZeroPoints:
+    """Affine schemes with an optional zero-point buffer."""
+
+    zero_point_buffer_index: int | None
+
+    @property
+    def symmetric(self) -> bool:
+        return self.zero_point_buffer_index is None
+
+
 @dataclass(frozen=True)
-class PerChannelAffine:
+class PerChannelAffine(_ZeroPoints):
     axis: int
     scale_buffer_index: int
     zero_point_buffer_index: int | None = None  # None = SYMMETRIC
     scale_type: ElementType = field(default_factory=lambda: element_type("float32"))
     scheme_tag = 0x02
 
-    @property
-    def symmetric(self) -> bool:
-        return self.zero_point_buffer_index is None
-
 
 @dataclass(frozen=True)
-class PerBlockAffine:
+class PerBlockAffine(_ZeroPoints):
     axis: int
     block_size: int
     scale_buffer_index: int
     zero_point_buffer_index: int | None = None  # None = SYMMETRIC
     scale_type: ElementType = field(default_factory=lambda: element_type("float16"))
     scheme_tag = 0x03
-
-    @property
-    def symmetric(self) -> bool:
-        return self.zero_point_buffer_index is None
 
 
 @dataclass(frozen=True)

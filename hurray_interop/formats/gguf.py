@@ -890,13 +890,8 @@ class GGUFFile:
             )
         ne0 = ne[0] if ne else 1
         if ne0 % t.block_elements:
-            raise self._err(
-                FormatError,
-                f"ne[0] = {ne0} is not a multiple of the {t.name} block size {t.block_elements}",
-                tensor=name,
-                field="ne[0]",
-                offset=ne_at,
-            )
+            raise self._err(FormatError, f"ne[0] = {ne0} is not a multiple of the {t.name} block size {t.block_elements}",
+                            tensor=name, field="ne[0]", offset=ne_at)
         nbytes = n_el // t.block_elements * t.block_bytes
         return (name, type_id, tuple(ne), offset, nbytes, at, t), pos
 
@@ -904,13 +899,8 @@ class GGUFFile:
                at: int, t: GGMLType) -> GGUFTensorInfo:
         """A tensor's data range: aligned, inside the file; a zero-copy view of it."""
         if offset % self.alignment:
-            raise self._err(
-                InconsistentError,
-                f"data offset {offset} is not a multiple of the alignment {self.alignment}",
-                tensor=name,
-                field="tensor info offset",
-                offset=at,
-            )
+            raise self._err(InconsistentError, f"data offset {offset} is not a multiple of the alignment {self.alignment}",
+                            tensor=name, field="tensor info offset", offset=at)
         start = self.data_offset + offset
         if start + nbytes > size:
             raise self._err(
