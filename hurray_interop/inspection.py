@@ -18,24 +18,20 @@ import os
 from typing import Any
 
 from .core.kv import KVValue
-from .core.model import MXFP, NF4, CompositeHead, Descriptor, PerBlockAffine, PerChannelAffine, PerTensorAffine
+from .core.model import (
+    LAYOUT_NAMES, MXFP, NF4, OP_NAMES, RULE_NAMES, CompositeHead, Descriptor, PerBlockAffine, PerChannelAffine,
+    PerTensorAffine,
+)
 
 __all__ = ["inspect_hurray", "inspect_gguf", "inspect_safetensors", "describe_quantization", "describe_layout"]
-
-_LAYOUT_NAMES = {
-    0x01: "row-major", 0x02: "column-major", 0x03: "strided", 0x04: "tiled", 0x05: "morton", 0x06: "coo",
-    0x07: "csr", 0x08: "csc", 0x09: "csf", 0x0A: "block-paged", 0x0B: "composite", 0x40: "hilbert",
-}
-_RULES = {1: "partition", 2: "overlay", 3: "group"}
-_OPS = {0: "", 1: "replace", 2: "add"}
 
 
 def describe_layout(d: Descriptor) -> str:
     lay = d.layout
-    name = _LAYOUT_NAMES.get(lay.tag, f"private 0x{lay.tag:02x}")
+    name = LAYOUT_NAMES.get(lay.tag, f"private 0x{lay.tag:02x}")
     if isinstance(lay, CompositeHead):
-        op = _OPS.get(lay.combine_op, str(lay.combine_op))
-        return f"composite {_RULES.get(lay.composition_rule, lay.composition_rule)}{'(' + op + ')' if op else ''} x{lay.member_count}"
+        op = OP_NAMES.get(lay.combine_op, str(lay.combine_op))
+        return f"composite {RULE_NAMES.get(lay.composition_rule, lay.composition_rule)}{'(' + op + ')' if op else ''} x{lay.member_count}"
     return name
 
 
