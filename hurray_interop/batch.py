@@ -120,6 +120,9 @@ class ConvertOptions:
     fallback: str | None = None
     q4_1: str = "overlay"
     convention: str | None = None
+    merge: bool = False
+    split_max_tensors: int | None = None
+    split_max_size: int | str | None = None
     dry_run: bool = False
     force: bool = False
     jobs: int | None = None

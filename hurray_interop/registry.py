@@ -268,6 +268,7 @@ register_format(Format(
     name="gguf", title="GGUF", extensions=(".gguf",), sniff=_sniff_gguf, open=_open_gguf, inspect=_inspect_gguf,
     verifier=_gguf_verifier, to_hurray=_gguf_to_hurray, from_hurray=_hurray_to_gguf,
     import_options={"q4_1": "overlay"},
+    export_options={"merge": False, "split_max_tensors": None, "split_max_size": None},  # docs/conversion-rules.md § 10
 ))
 register_format(Format(
     name=HURRAY, title="Hurray", extensions=(".hrry",), sniff=_sniff_hurray, open=_open_hurray,
