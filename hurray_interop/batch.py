@@ -241,10 +241,39 @@ def verify_task(group: Group, pair: bool, each: bool, jobs: int | None) -> tuple
 def group_sources(sources: Sequence[str]) -> list[Group]:
     """The models among ``sources``: each a tuple of files, its first the one to convert.
 
-    Today every file is a model of its own; a split GGUF set
-    (``model-00001-of-00003.gguf`` ...) will become one group here.
+    Every file is a model of its own, except the shards of a split GGUF set
+    (``model-00001-of-00003.gguf`` ...; docs/conversion-rules.md § 10): the shards
+    of one set given -- all of them, some, or one -- form one group, in shard
+    order, in the place of the first one given (converting any shard converts the
+    whole set, and a bad set is that group's located error).  Grouping goes by the
+    names alone; a file named like a shard without ``split.*`` keys still converts
+    as the whole model it is.
     """
-    return [(os.path.abspath(s),) for s in sources]
+    from .formats.gguf_split import parse_shard_name
+
+    groups: list[list[tuple[int, str]]] = []
+    sets: dict[tuple[str, str, int], int] = {}
+    for s in sources:
+        p = os.path.abspath(s)
+        sn = parse_shard_name(os.path.basename(p))
+        if sn is None:
+            groups.append([(0, p)])
+            continue
+        key = (os.path.dirname(p), sn.prefix, sn.count)
+        if key not in sets:
+            sets[key] = len(groups)
+            groups.append([])
+        if all(q != p for _, q in groups[sets[key]]):
+            groups[sets[key]].append((sn.number, p))
+    return [tuple(p for _, p in sorted(g)) for g in groups]
+
+
+def _stem(path: str) -> str:
+    """The output stem of a source: a split set's prefix, or the file's stem."""
+    from .formats.gguf_split import parse_shard_name
+
+    sn = parse_shard_name(os.path.basename(path))
+    return sn.prefix if sn is not None else Path(path).stem
 
 
 def check_inputs(groups: Iterable[Group]) -> None:
@@ -269,7 +298,7 @@ def plan_outputs(groups: Sequence[Group], out_dir: str | os.PathLike[str], dst_f
     """``out_dir/<stem>.<ext>`` for each group; raises :class:`UsageError` when two groups would share one."""
     ext = output_extension(dst_format)
     base = Path(os.path.abspath(out_dir))
-    outputs = [str(base / (Path(g[0]).stem + ext)) for g in groups]
+    outputs = [str(base / (_stem(g[0]) + ext)) for g in groups]
     seen: dict[str, str] = {}
     for g, out in zip(groups, outputs):
         if out in seen:
@@ -380,6 +409,7 @@ def plan_verify(
     """The checked :class:`Batch` of :func:`verify_many` (raises :class:`UsageError` on a bad path)."""
     groups = group_sources([os.fspath(f) for f in files])
     check_inputs(groups)
+    groups = [g[:1] for g in groups]  # a set is verified from one shard: its round trip covers the whole set
     if pair or (len(groups) == 2 and not each):  # verify_files decides: one pair, or two round trips
         groups = [tuple(p for g in groups for p in g)]
     return Batch(verify_task, [(g, pair, each, jobs) for g in groups])

@@ -231,6 +231,10 @@ def _render_inspect(info: dict[str, Any], out: TextIO) -> None:
         if k in info:
             out.write(f", {k.replace('_', ' ')} {info[k]}")
     out.write("\n")
+    split = info.get("split")
+    if split:
+        out.write(f"split GGUF set {split['prefix']!r}: {split['count']} shards, {split['tensors']} tensors\n")
+        _table([("shard", "tensors", "bytes")] + [(r["file"], r["tensors"], r["file_size"]) for r in split["shards"]], out)
     tensors = info.get("tensors", [])
     if tensors:
         cols = info.get("tensor_columns") or list(tensors[0].keys())
