@@ -1201,26 +1201,11 @@ def _records(kv: dict[str, KVValue], path: str) -> _Records | None:
     tensors: list[tuple[str, str, tuple[int, ...], int]] = []
     seen: set[str] = set()
     for i, row in enumerate(rows):
-        ok = (
-            isinstance(row, list)
-            and len(row) == 4
-            and isinstance(row[0], str)
-            and isinstance(row[1], str)
-            and isinstance(row[2], list)
-            and 1 <= len(row[2]) <= G.MAX_DIMS
-            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 62 for x in row[2])
-            and isinstance(row[3], int)
-            and not isinstance(row[3], bool)
-            and 0 <= row[3] < 1 << 62
-        )
-        if not ok:
-            who = row[0] if isinstance(row, list) and row and isinstance(row[0], str) else None
-            raise _rec_error(path, K_TENSORS, f"entry {i} is not [name, GGML type, ne (1-4 sizes), offset]", tensor=who)
-        name, tname, ne, off = row
         try:
-            G.ggml_type(tname)
-        except (FormatError, UnsupportedError, UsageError, KeyError):
-            raise _rec_error(path, K_TENSORS, f"unknown GGML type {tname!r}", tensor=name) from None
+            name, tname, ne, off = S.tensor_row(row, min_dims=1)
+        except ValueError as e:
+            who = row[0] if isinstance(row, list) and row and isinstance(row[0], str) else None
+            raise _rec_error(path, K_TENSORS, f"entry {i}: {e}", tensor=who) from None
         if name in seen:
             raise _rec_error(path, K_TENSORS, "recorded twice", tensor=name)
         seen.add(name)
