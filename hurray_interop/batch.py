@@ -246,34 +246,39 @@ def group_sources(sources: Sequence[str]) -> list[Group]:
     of one set given -- all of them, some, or one -- form one group, in shard
     order, in the place of the first one given (converting any shard converts the
     whole set, and a bad set is that group's located error).  Grouping goes by the
-    names alone; a file named like a shard without ``split.*`` keys still converts
-    as the whole model it is.
+    names alone (the format record's ``member_of``): a lone file named like a shard
+    without ``split.*`` keys still converts as the whole model it is, but two such
+    files named as shards of one set count as one source.
     """
-    from .formats.gguf_split import parse_shard_name
-
     groups: list[list[tuple[int, str]]] = []
-    sets: dict[tuple[str, str, int], int] = {}
+    sets: dict[str, int] = {}
     for s in sources:
         p = os.path.abspath(s)
-        sn = parse_shard_name(os.path.basename(p))
-        if sn is None:
+        member = _member_of(p)
+        if member is None:
             groups.append([(0, p)])
             continue
-        key = (os.path.dirname(p), sn.prefix, sn.count)
+        key, place, _ = member
         if key not in sets:
             sets[key] = len(groups)
             groups.append([])
         if all(q != p for _, q in groups[sets[key]]):
-            groups[sets[key]].append((sn.number, p))
+            groups[sets[key]].append((place, p))
     return [tuple(p for _, p in sorted(g)) for g in groups]
+
+
+def _member_of(path: str) -> tuple[str, int, str] | None:
+    """Where the file's name places it in a multi-file model (see ``Format.member_of``)."""
+    from .registry import format_for_extension
+
+    fmt = format_for_extension(path)
+    return fmt.member_of(path) if fmt is not None and fmt.member_of is not None else None
 
 
 def _stem(path: str) -> str:
     """The output stem of a source: a split set's prefix, or the file's stem."""
-    from .formats.gguf_split import parse_shard_name
-
-    sn = parse_shard_name(os.path.basename(path))
-    return sn.prefix if sn is not None else Path(path).stem
+    member = _member_of(path)
+    return member[2] if member is not None else Path(path).stem
 
 
 def check_inputs(groups: Iterable[Group]) -> None:
