@@ -19,9 +19,11 @@ import pytest
 from fuzzing import run_cli
 from gguf_factory import TensorDef, write_gguf_py
 from hurray_interop import batch
+from hurray_interop.core.kv import KVValue
 from hurray_interop._convert import convert
 from hurray_interop.formats import gguf as G
 from hurray_interop.formats import gguf_split as S
+from test_export_gguf import rewrite_hrry
 from test_gguf_split import copy_set, hand_shard, patch_i32, patch_u16, reader_fields, reader_tensors, shard_files, split_kv
 
 gguf = pytest.importorskip("gguf")
@@ -399,3 +401,44 @@ def test_batch_counts_a_set_as_one_source(fixtures_dir, tmp_path):
     assert status == 0 and "1 of 1 files verified exact" in out
     status, out, _ = cli("verify", src[1], tmp_path / "single.hrry", "--workers", "2")
     assert status == 0 and "pair" in out
+
+
+def _layout(fn):
+    def edit(kv):
+        kv[K_SPLIT] = KVValue.string(json.dumps(fn(json.loads(kv[K_SPLIT].value))))
+        return kv
+
+    return edit
+
+
+def _swap_first_two_tensors(lay):
+    t = lay["shards"][0]["tensors"]
+    t[0][0], t[1][0] = t[1][0], t[0][0]
+    return lay
+
+
+K_SPLIT = "hurray_interop.gguf.split_layout"
+LAYOUT_TAMPERINGS = {
+    "not-json": lambda kv: {**kv, K_SPLIT: KVValue.string('{"format": ')},
+    "not-a-string": lambda kv: {**kv, K_SPLIT: KVValue.uint64(3)},
+    "count": _layout(lambda lay: {**lay, "count": 65535}),
+    "tensor-order": _layout(_swap_first_two_tensors),
+    "extra-key": _layout(lambda lay: {**lay, "shards": [{**lay["shards"][0], "kv": ["nope"] + lay["shards"][0]["kv"]},
+                                                        *lay["shards"][1:]]}),
+    "overlap": _layout(lambda lay: {**lay, "shards": [{**lay["shards"][0], "tensors": [
+        [*r[:3], 0] for r in lay["shards"][0]["tensors"]]}, *lay["shards"][1:]]}),
+    "metadata-in-second": _layout(lambda lay: {**lay, "shards": [lay["shards"][0], {
+        **lay["shards"][1], "kv": ["general.name"] + lay["shards"][1]["kv"]}, lay["shards"][2]]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUT_TAMPERINGS))
+def test_tampered_split_layout_is_a_located_error(fixtures_dir, tmp_path, case):
+    src = shard_files(fixtures_dir, "tiny-split", 3)
+    assert cli("convert", src[0], tmp_path / "m.hrry", "-q")[0] == 0
+    bad = rewrite_hrry(tmp_path / "m.hrry", tmp_path / "bad.hrry", LAYOUT_TAMPERINGS[case])
+    out = into(tmp_path / "out" / "m.gguf")
+    for extra in ((), ("--merge",)):
+        status, _, err = cli("convert", bad, out, *extra)
+        assert status == 2 and err.count("\n") == 1 and "bad.hrry" in err and K_SPLIT in err, err
+        assert list(out.parent.iterdir()) == []

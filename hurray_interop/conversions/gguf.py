@@ -1441,6 +1441,9 @@ def _set_layout(kv: dict[str, KVValue], records: _Records | None, src: str, expo
     rows = {r.name: r for r in layout.tensor_rows}
     if list(rows) != [e.name for e in exports]:
         raise _rec_error(src, K_SPLIT, f"the tensors of the split layout are not those of {K_TENSORS} (in set order)")
+    placed = [k for k in layout.shards[0].kv if k not in S.SPLIT_KEYS]
+    if placed != [k for k in kv if not k.startswith(KEY_PREFIX)]:
+        raise _rec_error(src, K_SPLIT, "the first shard's metadata keys are not the file's metadata keys (in order)")
     changed = {e.name: (e.type_name, e.ne) for e in exports if (rows[e.name].type, rows[e.name].ne) != (e.type_name, e.ne)}
     return layout.with_tensor_types(changed) if changed else layout
 
