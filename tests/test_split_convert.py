@@ -23,7 +23,7 @@ from hurray_interop.core.kv import KVValue
 from hurray_interop._convert import convert
 from hurray_interop.formats import gguf as G
 from hurray_interop.formats import gguf_split as S
-from test_export_gguf import rewrite_hrry
+from test_export_gguf import build_exportable, rewrite_hrry
 from test_gguf_split import copy_set, hand_shard, patch_i32, patch_u16, reader_fields, reader_tensors, shard_files, split_kv
 
 gguf = pytest.importorskip("gguf")
@@ -116,6 +116,19 @@ def test_single_file_to_split_max_tensors_and_merged_back(fixtures_dir, tmp_path
     assert cli("convert", tmp_path / "t2.hrry", tmp_path / "merged.gguf", "--merge", "-q")[0] == 0
     assert reader_tensors([tmp_path / "merged.gguf"]) == reader_tensors([src])
     assert model_fields(tmp_path / "merged.gguf") == model_fields(src)
+
+
+def test_native_hurray_file_to_a_new_set(tmp_path):
+    """A .hrry that never was GGUF: the set holds what its single-file export holds (DST a
+    bare prefix, as gguf-split takes it)."""
+    src = build_exportable(tmp_path / "n.hrry")
+    assert cli("convert", src, tmp_path / "one.gguf", "-q")[0] == 0
+    status, _, err = cli("convert", src, into(tmp_path / "set" / "n"), "--to", "gguf", "--split-max-tensors", "2", "-q")
+    assert (status, err) == (0, "")
+    shards = sorted((tmp_path / "set").iterdir())
+    assert len(shards) == -(-len(reader_tensors([tmp_path / "one.gguf"])) // 2)
+    assert reader_tensors(shards) == reader_tensors([tmp_path / "one.gguf"])
+    assert model_fields(shards[0]) == model_fields(tmp_path / "one.gguf")
 
 
 def test_split_max_size_writes_a_set_gguf_py_reads(tmp_path):

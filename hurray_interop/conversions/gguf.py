@@ -1429,7 +1429,7 @@ def _set_layout(kv: dict[str, KVValue], records: _Records | None, src: str, expo
         sizes = [G.tensor_nbytes(e.type_name, e.ne) for e in exports]
         plan = S.plan_split(sizes, max_tensors=shape.max_tensors, max_size=shape.max_size)
         keys = [k for k in kv if not k.startswith(KEY_PREFIX)]
-        if alignment != G.DEFAULT_ALIGNMENT and "general.alignment" not in kv:
+        if records is None and alignment != G.DEFAULT_ALIGNMENT and "general.alignment" not in kv:
             keys.append("general.alignment")  # as _export_kv adds it
         return S.new_split_layout(keys, [(e.name, e.type_name, e.ne) for e in exports], plan, alignment=alignment)
     v = kv.get(K_SPLIT) if records is not None else None
