@@ -121,7 +121,8 @@ def test_single_file_to_split_max_tensors_and_merged_back(fixtures_dir, tmp_path
 def test_native_hurray_file_to_a_new_set(tmp_path):
     """A .hrry that never was GGUF: the set holds what its single-file export holds (DST a
     bare prefix, as gguf-split takes it)."""
-    src = build_exportable(tmp_path / "n.hrry")
+    src = tmp_path / "n.hrry"
+    build_exportable(src)
     assert cli("convert", src, tmp_path / "one.gguf", "-q")[0] == 0
     status, _, err = cli("convert", src, into(tmp_path / "set" / "n"), "--to", "gguf", "--split-max-tensors", "2", "-q")
     assert (status, err) == (0, "")
