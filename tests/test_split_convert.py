@@ -386,6 +386,8 @@ def test_verify_set_shard_with_hurray(fixtures_dir, tmp_path):
     assert (status, err) == (0, "")
     (r,) = json.loads(out)
     assert r["kind"] == "pair" and r["ok"] and r["file_bytes_equal"] is True and len(r["tensors"]) == 8
+    status, out, _ = cli("verify", tmp_path / "m.hrry", src[1], "--json")  # either order
+    assert status == 0 and json.loads(out)[0]["file_bytes_equal"] is True
     # the same tensors laid out as another set: values equal, shards differ
     status, out, _ = cli("verify", src[2], tmp_path / "o.hrry", "--json")
     (r,) = json.loads(out)
