@@ -14,8 +14,9 @@ Only headers, indexes and (for the GGUF plan) scales are read.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any
+from typing import Any, Iterator
 
 from .core.kv import KVValue
 from .core.model import (
@@ -143,9 +144,10 @@ def inspect_gguf(path: str) -> dict[str, Any]:
     from .conversions.gguf import plan_gguf_open
     from .formats import gguf as G
 
-    with G.read_gguf(path) as gf:
+    with G.read_gguf(path) as gf, _split_set(gf) as s:
+        model = s.shards[0] if s is not None else gf  # a set's metadata is its first shard's
         metadata = []
-        for k, v in gf.kv.items():
+        for k, v in model.kv.items():
             t, shown = _gguf_value(v)
             metadata.append({"key": k, "type": t, "value": shown})
         info = {
@@ -153,13 +155,42 @@ def inspect_gguf(path: str) -> dict[str, Any]:
             "format": "gguf",
             "version": gf.version,
             "alignment": gf.alignment,
-            "tensor_count": len(gf.tensors),
+            "tensor_count": len(gf.tensors) if s is None else s.total_tensors,
             "file_size": gf.file_size,
             "metadata": metadata,
         }
-        plan = plan_gguf_open(gf)
+        if s is not None:
+            info["split"] = _split_info(s)
+        plan = plan_gguf_open(gf if s is None else s)
     _add_plan(info, plan, "ggml_type")
     return info
+
+
+@contextlib.contextmanager
+def _split_set(gf: Any) -> Iterator[Any]:
+    """The split GGUF set ``gf`` is a shard of (None for a whole model); the other shards
+    are closed on leaving, ``gf`` stays the caller's."""
+    from .formats.gguf_split import split_set_of
+
+    s = split_set_of(gf)
+    try:
+        yield s
+    finally:
+        for shard in s.shards if s is not None else ():
+            if shard is not gf:
+                shard.close()
+
+
+def _split_info(s: Any) -> dict[str, Any]:
+    """The shards of a set: file, tensors, bytes (docs/conversion-rules.md § 10)."""
+    return {
+        "prefix": s.prefix,
+        "count": s.count,
+        "tensors": s.total_tensors,
+        "shards": [
+            {"file": p.name, "tensors": len(gf.tensors), "file_size": gf.file_size} for p, gf in zip(s.paths, s.shards)
+        ],
+    }
 
 
 def _add_plan(info: dict[str, Any], plan: Any, source_key: str) -> None:
