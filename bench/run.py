@@ -1,13 +1,17 @@
-"""Benchmark hurray-interop against `cp` and gguf-py on a synthetic llama-shaped GGUF.
+"""Benchmark hurray-interop against a durable copy, `cp` and gguf-py on synthetic llama-shaped GGUFs.
 
-    python3 bench/run.py                      # the full run: 4 GB model, 3 repeats -> docs/benchmarks.md
+    python3 bench/run.py                      # the full run: 1 GB and 4 GB models, 3 rounds -> docs/benchmarks.md
     python3 bench/run.py --size 64MB          # a smoke run in seconds
     python3 bench/run.py --size 16MB --repeat 1 --out-dir /tmp/b --doc /tmp/b/benchmarks.md
 
-Every figure of a command is measured in a fresh child process (wall time with
-``time.perf_counter``, peak RSS from ``os.wait4``'s rusage, ``ru_maxrss``), on a
-warm page cache (the source is read once before the first run), each ``--repeat``
-times; the table shows the median and the spread.  The dequantizer throughputs
+Every figure of a command is measured in a fresh child process running this
+checkout (wall time with ``time.perf_counter``, peak RSS from GNU ``time``), on a
+warm page cache (the source is read once before the first run).  The commands
+run in ``--repeat`` interleaved rounds (A B C A B C, so a busy phase of the shared
+machine spreads over every row); the table shows the median and the spread.  The
+yardstick is a durable copy: ``cp`` then an fsync of the copy, timed as one
+command, since our converters fsync their output; plain ``cp`` is shown too.
+The header records which kernel (``c`` or ``numpy``) the commands ran.  The dequantizer throughputs
 are measured in this process, per type, on the same tensors for both sides.
 The analysis section of an existing document (between the ``analysis`` markers)
 is kept, so the hand-written explanation of the figures survives a rerun.
@@ -41,6 +45,8 @@ import synth  # noqa: E402
 PY = sys.executable
 CLI = [PY, "-m", "hurray_interop"]
 GPY = [PY, str(HERE / "gguf_py_tasks.py")]
+#: the children run this checkout (not whatever copy is installed), with the caller's environment
+CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 INSPECT_ROWS = ("startup", "inspect_model", "inspect_vocab", "gguf_py_read_vocab")
 MARK_A, MARK_B = "<!-- analysis -->", "<!-- /analysis -->"
 
@@ -115,19 +121,40 @@ def settle() -> None:
     os.sync()
 
 
-def measure(row: Row, repeat: int, cmd: Callable[[], list[str]], before: Callable[[], None] | None = None,
-            after: Callable[[], None] | None = None, log: Callable[[str], None] = print) -> Row:
+@dataclass
+class Job:
+    """One command, run once per round; the rounds interleave the jobs (A B C A B C)."""
+
+    row: Row
+    cmd: list[str]
+    before: Callable[[], None] | None = None
+    after: Callable[[], None] | None = None
+    rounds: int | None = None  # None: every round
+
+
+def run_interleaved(jobs: list[Job], repeat: int, log: Callable[[str], None] = print) -> None:
+    """Each round runs every job once, in order, so that a slow phase of the shared machine
+    spreads over all rows instead of spoiling one; the rows keep the median."""
     for i in range(repeat):
-        if before:
-            before()
-        settle()
-        t, r = run_child(cmd())
-        if after:
-            after()
-        row.times.append(t)
-        row.rss.append(r)
-        log(f"  {row.label}: run {i + 1}/{repeat}: {t:.2f} s, peak RSS {r / 2**20:.0f} MiB")
-    return row
+        for job in jobs:
+            if job.rounds is not None and i >= job.rounds:
+                continue
+            if job.before:
+                job.before()
+            settle()
+            t, r = run_child(job.cmd, env=CHILD_ENV)
+            if job.after:
+                job.after()
+            job.row.times.append(t)
+            job.row.rss.append(r)
+            log(f"  round {i + 1}/{repeat}: {job.row.label}: {t:.2f} s, peak RSS {r / 2**20:.0f} MiB")
+
+
+def durable_copy(src: Path, dst: Path) -> list[str]:
+    """`cp` then an fsync of the copy, in one child: what our converters promise (the output is
+    on disk when they return).  The fsync runs in a bare Python (-I -S), portable beyond GNU `sync`."""
+    fsync = "import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd); os.close(fd)"
+    return ["sh", "-c", 'cp -- "$1" "$2" && "$3" -I -S -c "$4" "$2"', "sh", str(src), str(dst), PY, fsync]
 
 
 def rm(*paths: Path) -> Callable[[], None]:
@@ -242,6 +269,7 @@ def machine() -> dict[str, str]:
     except OSError:
         rev = "?"
     return {
+        "kernel": _kernel(),
         "cpu": f"{cpu}, {os.cpu_count()} logical CPUs (affinity {len(os.sched_getaffinity(0))})",
         "memory": mem,
         "os": f"{platform.system()} {platform.release()}",
@@ -253,6 +281,14 @@ def machine() -> dict[str, str]:
         "BLAS": blas,
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
     }
+
+
+def _kernel() -> str:
+    """Which block-moving kernel the measured commands run ("c" or "numpy"), as they report it."""
+    out = subprocess.run(CLI + ["--version"], capture_output=True, text=True, env=CHILD_ENV).stdout
+    name = out.split("(kernel:", 1)[1].split(")", 1)[0].strip() if "(kernel:" in out else "?"
+    forced = os.environ.get("HURRAY_INTEROP_KERNEL")
+    return f"{name} (`hurray-interop --version`{'; HURRAY_INTEROP_KERNEL=' + forced if forced else ''})"
 
 
 def _dist_version(name: str) -> str:
@@ -279,9 +315,6 @@ def _spread(r: Row) -> str:
 
 
 def render(res: dict[str, Any], analysis: str) -> str:
-    rows: dict[str, Row] = res["rows"]
-    size = res["model"]["bytes"]
-    cp, cps = rows["cp"].t, rows["cp_sync"].t
     L: list[str] = []
     w = L.append
     w("# Benchmarks")
@@ -296,10 +329,24 @@ def render(res: dict[str, Any], analysis: str) -> str:
     if not TIME:
         w("- **peak RSS**: /usr/bin/time missing: figures are wait4 upper bounds including ~60 MiB of the launcher")
     w(f"- **load average** before / after the run: {res['load_before']} / {res['load_after']} "
-      "(other processes share the 2 cores; figures are medians of the repeats)")
+      "(other processes share the 2 cores; figures are medians of interleaved rounds)")
     w("")
-    m = res["model"]
-    w("## Model")
+    for s in res["sizes"]:
+        L.extend(render_size(s, res))
+    w(MARK_A)
+    w(analysis.strip("\n") if analysis.strip() else "_(no analysis written yet)_")
+    w(MARK_B)
+    w("")
+    return "\n".join(L)
+
+
+def render_size(s: dict[str, Any], res: dict[str, Any]) -> list[str]:
+    rows: dict[str, Row] = s["rows"]
+    cp, dur = rows["cp"].t, rows["cp_sync"].t
+    m, tag = s["model"], s["tag"]
+    L: list[str] = []
+    w = L.append
+    w(f"## Model: {tag}")
     w("")
     w(f"Synthetic llama-shaped GGUF (`bench/synth.py`, seed {m['seed']}): {m['bytes']:,} bytes "
       f"({m['bytes'] / 2**30:.2f} GiB), {m['tensors']} tensors in {m['layers']} layers, n_embd {m['n_embd']}, "
@@ -308,25 +355,27 @@ def render(res: dict[str, Any], analysis: str) -> str:
       + ". Q4_0/Q4_1/Q8_0/MXFP4 codes are random bytes with well-formed scales; each block tensor "
       "has a run of all-zero blocks (zero scales, as gguf-py's quantizers write them).")
     w("")
-    w("## Whole-file operations")
+    w(f"## Whole-file operations, {tag}")
     w("")
-    w(f"Each row: a fresh process, {res['repeat']} run(s), warm page cache. `cp` is the physical limit; our converters "
-      "fsync their output before renaming it into place, so `cp + fsync` (`cp` then `sync FILE`) is the like-for-like "
-      "baseline; both ratios are shown.")
+    w(f"Each row: a fresh process, {res['repeat']} round(s) of interleaved runs (every row once per round), warm "
+      "page cache, `os.sync()` before each run. Our converters fsync their output before renaming it into place, "
+      "so the durable copy (`cp`, then an fsync of the copy, timed as one command) is the like-for-like "
+      "baseline; plain `cp` is the physical limit. Both ratios are shown.")
     w("")
-    w("| operation | wall s (median) | range | MB/s | × cp | × cp+fsync | peak RSS MiB | target | result |")
+    w("| operation | wall s (median) | range | MB/s | × durable copy | × cp | peak RSS MiB | target | result |")
     w("|---|---:|---:|---:|---:|---:|---:|---|---|")
     for r in rows.values():
         if r.key in INSPECT_ROWS:
             continue
-        tgt, ok = res["targets"].get(r.key, ("", None))
+        tgt, ok = s["targets"].get(r.key, ("", None))
         mbps = _mb(r.nbytes / r.t) if r.nbytes else ""
-        w(f"| {r.label} | {r.t:.2f} | {_spread(r)} | {mbps} | {_ratio(r.t, cp)} | {_ratio(r.t, cps)} | "
+        w(f"| {r.label} | {r.t:.2f} | {_spread(r)} | {mbps} | {_ratio(r.t, dur)} | {_ratio(r.t, cp)} | "
           f"{r.peak / 2**20:,.0f} | {tgt} | {_verdict(ok)} |")
     w("")
-    w(f"GGUF → Hurray → GGUF output identical to the source (cmp): **{'yes' if res['roundtrip_identical'] else 'NO'}**.")
+    w(f"GGUF → Hurray → GGUF output identical to the source (cmp): "
+      f"**{'yes' if s['roundtrip_identical'] else 'NO'}**.")
     w("")
-    w("## inspect (and the start-up floor)")
+    w(f"## inspect (and the start-up floor), {tag}")
     w("")
     w("Short commands are dominated by starting Python and importing numpy; the first row measures that floor "
       "on this machine in this run.")
@@ -336,10 +385,28 @@ def render(res: dict[str, Any], analysis: str) -> str:
     for r in rows.values():
         if r.key not in INSPECT_ROWS:
             continue
-        tgt, ok = res["targets"].get(r.key, ("", None))
+        tgt, ok = s["targets"].get(r.key, ("", None))
         w(f"| {r.label} | {r.t:.2f} | {_spread(r)} | {r.peak / 2**20:,.0f} | {tgt} | {_verdict(ok)} |")
     w("")
-    w("## Dequantizer throughput")
+    L.extend(render_dequant(s["dequant"], res, tag))
+    w(f"## Targets, {tag}")
+    w("")
+    goals = s["goals"]
+    w(f"{sum(1 for g in goals if g[3])} of {len(goals)} targets met in this run (each judged on this run's own "
+      f"figures; the wall-time goals are issue #13's, for the `{res['machine']['kernel'].split()[0]}` kernel).")
+    w("")
+    w("| target | measured | goal | result |")
+    w("|---|---|---|---|")
+    for what, got, goal, ok in goals:
+        w(f"| {what} | {got} | {goal} | {_verdict(ok)} |")
+    w("")
+    return L
+
+
+def render_dequant(deq: list[dict[str, Any]], res: dict[str, Any], tag: str) -> list[str]:
+    L: list[str] = []
+    w = L.append
+    w(f"## Dequantizer throughput, {tag}")
     w("")
     w(f"Per type, the largest tensor of that type (at most {res['dequant_max_mb']} MB of GGUF input, its first rows), "
       f"best of {res['repeat']}; MB/s of GGUF input. Ours: `hurray_interop.dequant.iter_dequantize` on the converted "
@@ -349,27 +416,13 @@ def render(res: dict[str, Any], analysis: str) -> str:
     w("")
     w("| type | tensor | MB | ours MB/s | gguf-py MB/s | speed-up | equal values | target | result |")
     w("|---|---|---:|---:|---:|---:|---|---|---|")
-    for d in res["dequant"]:
+    for d in deq:
         sp = d["gguf_py_s"] / d["ours_s"]
-        ok = sp >= 2.0
+        equal = ("yes" if d["bit_identical"] else "yes, ±0") if d["equal"] else "NO"
         w(f"| {d['type']} | `{d['tensor']}` | {_mb(d['bytes'])} | {_mb(d['bytes'] / d['ours_s'])} | "
-          f"{_mb(d['bytes'] / d['gguf_py_s'])} | {sp:.2f}× | {('yes' if d['bit_identical'] else 'yes, ±0') if d['equal'] else 'NO'} | ≥ 2× | {_verdict(ok)} |")
+          f"{_mb(d['bytes'] / d['gguf_py_s'])} | {sp:.2f}× | {equal} | ≥ 2× | {_verdict(sp >= 2.0)} |")
     w("")
-    w("## Targets")
-    w("")
-    goals = res["goals"]
-    w(f"{sum(1 for g in goals if g[3])} of {len(goals)} targets met in this run (each judged on this run's own figures).")
-    w("")
-    w("| target | measured | goal | result |")
-    w("|---|---|---|---|")
-    for what, got, goal, ok in goals:
-        w(f"| {what} | {got} | {goal} | {_verdict(ok)} |")
-    w("")
-    w(MARK_A)
-    w(analysis.strip("\n") if analysis.strip() else "_(no analysis written yet)_")
-    w(MARK_B)
-    w("")
-    return "\n".join(L)
+    return L
 
 
 def _verdict(ok: bool | None) -> str:
@@ -389,11 +442,12 @@ def old_analysis(doc: Path) -> str:
 # ---------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--size", default="4GB", help="model size (e.g. 4GB, 64MB, 16MB)")
+    p.add_argument("--size", nargs="+", default=["1GB", "4GB"],
+                   help="model sizes, each measured in turn (default: 1GB 4GB; 64MB or 16MB for a smoke run)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=3, help="rounds of interleaved runs (the median is shown)")
     p.add_argument("--out-dir", default=str(HERE / "out"), help="where the model and outputs go (git-ignored)")
     p.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
     p.add_argument("--vocab", type=int, default=None,
@@ -402,125 +456,132 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dequant-mb", type=int, default=64, help="bytes of GGUF input per dequantizer measurement")
     p.add_argument("--keep", action="store_true", help="keep the generated files")
     p.add_argument("--json", help="also write the raw results here")
-    a = p.parse_args(argv)
-    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    return p.parse_args(argv)
 
-    size = synth.parse_size(a.size)
+
+def bench_size(a: argparse.Namespace, tag: str, kernel: str, log: Callable[[str], None]) -> dict[str, Any]:
+    """Every measurement on one synthetic model; the results of that size."""
+    size = synth.parse_size(tag)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tag = a.size.replace(" ", "")
-    src = out / f"synth-{tag}-s{a.seed}.gguf"
+    src = out / f"synth-{tag.replace(' ', '')}-s{a.seed}.gguf"
     cpy, hr, back, gp = (out / f"{src.stem}.{x}" for x in ("copy.gguf", "hrry", "back.gguf", "gguf-py.gguf"))
     vocab = a.vocab or (262144 if size >= 1_000_000_000 else 16384)
     vsrc = out / f"vocab{vocab}.gguf"
-    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    mach = machine()  # before the runs: the git revision measured
-
     t0 = time.perf_counter()
     model = synth.write(src, size, a.seed)
     model["seed"] = a.seed
     synth.write_big_vocab(vsrc, vocab, a.seed)
     log(f"generated {src} ({model['bytes']:,} bytes) and {vsrc} in {time.perf_counter() - t0:.1f} s")
     warm(src)
-    nbytes = model["bytes"]
-    R = a.repeat
-    rows: dict[str, Row] = {}
+    n = model["bytes"]
+    same = [True]
 
-    def add(key: str, label: str, cmd: list[str], n: int = nbytes, **kw: Any) -> Row:
-        rows[key] = measure(Row(key, label, nbytes=n), kw.pop("repeat", R), lambda: cmd, log=log, **kw)
-        return rows[key]
-
-    try:
-        # cp, and cp followed by an fsync of the copy
-        rows["cp"] = Row("cp", "`cp` (physical limit)", nbytes=nbytes)
-        rows["cp_sync"] = Row("cp_sync", "`cp` + fsync", nbytes=nbytes)
-        for i in range(R):
-            rm(cpy)()
-            settle()
-            t, r = run_child(["cp", str(src), str(cpy)])
-            ts, _ = run_child(["sync", str(cpy)])
-            rows["cp"].times.append(t)
-            rows["cp"].rss.append(r)
-            rows["cp_sync"].times.append(t + ts)
-            rows["cp_sync"].rss.append(r)
-            log(f"  cp: run {i + 1}/{R}: {t:.2f} s (+ fsync {ts:.2f} s)")
-        rm(cpy)()
-        add("gguf_py_rewrite", "gguf-py GGUFReader → GGUFWriter (no fsync)", GPY + ["rewrite", str(src), str(gp)],
-            before=rm(gp))
-        rm(gp)()
-        add("startup", "start-up floor: `python3 -c 'import numpy'`", [PY, "-c", "import numpy"], n=0)
-        add("to_hurray", "**ours: GGUF → Hurray**", CLI + ["convert", str(src), str(hr), "-q"], before=rm(hr))
-        add("to_gguf", "**ours: Hurray → GGUF**", CLI + ["convert", str(hr), str(back), "-q"], before=rm(back))
-        same = _same_file(src, back)
+    def check_round_trip() -> None:
+        same[0] &= _same_file(src, back)
         rm(back)()
-        add("gguf_py_dequant", "gguf-py: dequantize every tensor (`gguf.quants.dequantize`)",
-            GPY + ["dequantize", str(src)])
-        add("verify", "**ours: `verify` (round trip + byte and value compare)**", CLI + ["verify", str(src), "-q"])
-        add("inspect_model", f"ours: `inspect` of the {model['bytes'] / 2**30:.2f} GiB model",
-            CLI + ["inspect", str(src)], n=0)
-        add("inspect_vocab", f"ours: `inspect` of a GGUF with a {vocab:,}-token vocabulary (+ merges)",
-            CLI + ["inspect", str(vsrc)], n=0)
-        add("gguf_py_read_vocab", f"gguf-py: `GGUFReader` of the same {vocab:,}-token file", GPY + ["read", str(vsrc)],
-            n=0, repeat=1)
+
+    jobs = [
+        Job(Row("cp", "`cp` (physical limit)", nbytes=n), ["cp", str(src), str(cpy)], rm(cpy), rm(cpy)),
+        Job(Row("cp_sync", "durable copy: `cp` + fsync of the copy", nbytes=n), durable_copy(src, cpy), rm(cpy),
+            rm(cpy)),
+        Job(Row("gguf_py_rewrite", "gguf-py GGUFReader → GGUFWriter (no fsync)", nbytes=n),
+            GPY + ["rewrite", str(src), str(gp)], rm(gp), rm(gp)),
+        Job(Row("startup", "start-up floor: `python3 -c 'import numpy'`"), [PY, "-c", "import numpy"]),
+        Job(Row("to_hurray", "**ours: GGUF → Hurray**", nbytes=n), CLI + ["convert", str(src), str(hr), "-q"],
+            rm(hr)),
+        Job(Row("to_gguf", "**ours: Hurray → GGUF**", nbytes=n), CLI + ["convert", str(hr), str(back), "-q"],
+            rm(back), check_round_trip),
+        Job(Row("gguf_py_dequant", "gguf-py: dequantize every tensor (`gguf.quants.dequantize`)", nbytes=n),
+            GPY + ["dequantize", str(src)]),
+        Job(Row("verify", "**ours: `verify` (round trip + byte and value compare)**", nbytes=n),
+            CLI + ["verify", str(src), "-q"]),
+        Job(Row("inspect_model", f"ours: `inspect` of the {model['bytes'] / 2**30:.2f} GiB model"),
+            CLI + ["inspect", str(src)]),
+        Job(Row("inspect_vocab", f"ours: `inspect` of a GGUF with a {vocab:,}-token vocabulary (+ merges)"),
+            CLI + ["inspect", str(vsrc)]),
+        Job(Row("gguf_py_read_vocab", f"gguf-py: `GGUFReader` of the same {vocab:,}-token file"),
+            GPY + ["read", str(vsrc)], rounds=1),
+    ]
+    try:
+        run_interleaved(jobs, a.repeat, log)
         log("dequantizer throughput …")
-        deq = dequant_rates(src, hr, a.threads, R, a.dequant_mb << 20)
+        deq = dequant_rates(src, hr, a.threads, a.repeat, a.dequant_mb << 20)
         for d in deq:
-            log(f"  {d['type']}: ours {d['bytes'] / d['ours_s'] / 1e6:.0f} MB/s, gguf-py {d['bytes'] / d['gguf_py_s'] / 1e6:.0f} MB/s")
+            log(f"  {d['type']}: ours {d['bytes'] / d['ours_s'] / 1e6:.0f} MB/s, "
+                f"gguf-py {d['bytes'] / d['gguf_py_s'] / 1e6:.0f} MB/s")
     finally:
         if not a.keep:
             rm(src, cpy, hr, back, gp, vsrc)()
+    rows = {j.row.key: j.row for j in jobs}
+    goals, targets = judge(rows, deq, size, kernel, vocab, same[0])
+    return {"tag": tag, "model": model, "rows": rows, "goals": goals, "targets": targets, "dequant": deq,
+            "vocab": vocab, "roundtrip_identical": same[0]}
 
-    cp_t = rows["cp"].t
-    cps_t = rows["cp_sync"].t
-    small = size < 1_000_000_000
-    deq_x = {d["type"]: d["gguf_py_s"] / d["ours_s"] for d in deq}
+
+def judge(rows: dict[str, Row], deq: list[dict[str, Any]], size: int, kernel: str, vocab: int,
+          same: bool) -> tuple[list[tuple[str, str, str, bool]], dict[str, tuple[str, bool]]]:
+    """The targets of issue #13, judged on this run's own figures: (what, measured, goal, met)
+    per goal, and the target column of the rows they concern."""
+    cp_t, dur_t = rows["cp"].t, rows["cp_sync"].t
+    limit = (1.2 if kernel == "c" else 1.5) if size >= 4_000_000_000 else 1.5
     t_h, t_g = rows["to_hurray"], rows["to_gguf"]
-    # (what, measured, target, met)
+    ver, deq_t = rows["verify"], rows["gguf_py_dequant"].t
+    floor = rows["startup"].t
+    deq_x = {d["type"]: d["gguf_py_s"] / d["ours_s"] for d in deq}
     goals: list[tuple[str, str, str, bool]] = [
-        ("GGUF → Hurray wall time", f"{t_h.t / cp_t:.2f}× cp ({t_h.t / cps_t:.2f}× cp+fsync)", "≤ 1.5× cp",
-         t_h.t <= 1.5 * cp_t),
-        ("Hurray → GGUF wall time", f"{t_g.t / cp_t:.2f}× cp ({t_g.t / cps_t:.2f}× cp+fsync)", "≤ 1.5× cp",
-         t_g.t <= 1.5 * cp_t),
+        ("GGUF → Hurray wall time", f"{t_h.t / dur_t:.2f}× durable copy ({t_h.t / cp_t:.2f}× cp)",
+         f"≤ {limit}× durable copy", t_h.t <= limit * dur_t),
+        ("Hurray → GGUF wall time", f"{t_g.t / dur_t:.2f}× durable copy ({t_g.t / cp_t:.2f}× cp)",
+         f"≤ {limit}× durable copy", t_g.t <= limit * dur_t),
         ("GGUF → Hurray peak RSS", f"{t_h.peak / 2**20:,.0f} MiB", "≤ 512 MiB", t_h.peak <= 512 << 20),
         ("Hurray → GGUF peak RSS", f"{t_g.peak / 2**20:,.0f} MiB", "≤ 512 MiB", t_g.peak <= 512 << 20),
         ("GGUF → Hurray → GGUF output", "identical" if same else "DIFFERENT", "= source bytes", same),
-        ("`verify` wall time", f"{rows['verify'].t / rows['gguf_py_dequant'].t:.2f}× gguf-py dequantize",
-         "≤ 2× gguf-py dequantize", rows["verify"].t <= 2 * rows["gguf_py_dequant"].t),
+        ("`verify` wall time", f"{ver.t / deq_t:.2f}× gguf-py dequantize", "≤ 1.2× gguf-py dequantize",
+         ver.t <= 1.2 * deq_t),
+        ("`verify` peak RSS", f"{ver.peak / 2**20:,.0f} MiB", "≤ 512 MiB", ver.peak <= 512 << 20),
     ]
     for tname in DEQUANT_TYPES:
         if tname in deq_x:
             goals.append((f"dequantizer {tname}", f"{deq_x[tname]:.2f}× gguf-py", "≥ 2× gguf-py", deq_x[tname] >= 2))
-    goals.append((f"`inspect`, {vocab:,}-token vocabulary", f"{rows['inspect_vocab'].t:.2f} s", "≤ 0.5 s",
-                  rows["inspect_vocab"].t <= 0.5))
+    goals.append((f"`inspect`, {vocab:,}-token vocabulary", f"{rows['inspect_vocab'].t / floor:.2f}× start-up floor",
+                  "≤ 2× `import numpy`", rows["inspect_vocab"].t <= 2 * floor))
+    g = {x[0]: x[3] for x in goals}
     targets = {
-        "to_hurray": ("≤ 1.5× cp; ≤ 512 MiB", goals[0][3] and goals[2][3]),
-        "to_gguf": ("≤ 1.5× cp; ≤ 512 MiB; = source", goals[1][3] and goals[3][3] and same),
-        "verify": ("≤ 2× gguf-py dequantize", goals[5][3]),
-        "inspect_vocab": ("≤ 0.5 s", goals[-1][3]),
+        "to_hurray": (f"≤ {limit}× durable; ≤ 512 MiB", g["GGUF → Hurray wall time"] and g["GGUF → Hurray peak RSS"]),
+        "to_gguf": (f"≤ {limit}× durable; ≤ 512 MiB; = source",
+                    g["Hurray → GGUF wall time"] and g["Hurray → GGUF peak RSS"] and same),
+        "verify": ("≤ 1.2× gguf-py dequantize; ≤ 512 MiB", g["`verify` wall time"] and g["`verify` peak RSS"]),
+        "inspect_vocab": ("≤ 2× start-up floor", g[goals[-1][0]]),
     }
+    return goals, targets
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    mach = machine()  # before the runs: the git revision measured, and the kernel the children run
+    kernel = mach["kernel"].split()[0]
+    sizes = [bench_size(a, tag, kernel, log) for tag in a.size]
     res = {
         "argv": " ".join(argv if argv is not None else sys.argv[1:]) or "(defaults)",
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": mach,
         "load_before": load_before,
         "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "model": model,
-        "repeat": R,
-        "rows": rows,
-        "targets": targets,
-        "goals": goals,
-        "dequant": deq,
+        "repeat": a.repeat,
         "threads": a.threads if a.threads is not None else "default",
         "dequant_max_mb": a.dequant_mb,
-        "small": small,
-        "roundtrip_identical": same,
+        "sizes": sizes,
     }
     doc = Path(a.doc)
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(render(res, old_analysis(doc)))
     log(f"wrote {doc}")
     if a.json:
-        Path(a.json).write_text(json.dumps({**res, "rows": {k: vars(v) for k, v in rows.items()}}, indent=2, default=str))
+        raw = {**res, "sizes": [{**s, "rows": {k: vars(v) for k, v in s["rows"].items()}} for s in sizes]}
+        Path(a.json).write_text(json.dumps(raw, indent=2, default=str))
     return 0
 
 

@@ -48,6 +48,9 @@ def convert(
     fallback: str | None = None,
     q4_1: str = "overlay",
     convention: str | None = None,
+    merge: bool = False,
+    split_max_tensors: int | None = None,
+    split_max_size: int | str | None = None,
     dry_run: bool = False,
     force: bool = False,
     progress: Progress = None,
@@ -55,8 +58,10 @@ def convert(
 ) -> ConversionReport:
     """Convert ``src`` into ``dst``; return the per-tensor report.
 
-    ``q4_1`` (GGUF input: ``"overlay"`` or ``"requantize"``) and ``convention``
-    (safetensors output) are format options; ``jobs`` sets the threads that
+    ``q4_1`` (GGUF input: ``"overlay"`` or ``"requantize"``), ``convention``
+    (safetensors output) and ``merge`` / ``split_max_tensors`` / ``split_max_size``
+    (GGUF output: one merged file, or a new split set; see
+    :func:`hurray_interop.conversions.gguf.hurray_to_gguf`) are format options; ``jobs`` sets the threads that
     convert GGUF blocks (default: up to two).
 
     Raises :class:`~hurray_interop.errors.ConversionRefused` when a tensor is
@@ -73,7 +78,10 @@ def convert(
         raise UsageError(f"{src_s} is already {sf.name}; nothing to convert")
     if not force and not dry_run and os.path.exists(dst_s):
         raise OutputExistsError(f"{dst_s}: exists (use --force to overwrite)")
-    import_opts, export_opts = _format_options(sf, df, {"q4_1": q4_1, "convention": convention})
+    import_opts, export_opts = _format_options(sf, df, {
+        "q4_1": q4_1, "convention": convention, "merge": merge, "split_max_tensors": split_max_tensors,
+        "split_max_size": split_max_size,
+    })
     check_jobs(jobs, "--jobs")
     common: dict[str, Any] = dict(fallback=fallback, dry_run=dry_run, force=force, progress=progress, jobs=jobs)
     if df.name == HURRAY:

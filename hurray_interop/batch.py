@@ -120,6 +120,9 @@ class ConvertOptions:
     fallback: str | None = None
     q4_1: str = "overlay"
     convention: str | None = None
+    merge: bool = False
+    split_max_tensors: int | None = None
+    split_max_size: int | str | None = None
     dry_run: bool = False
     force: bool = False
     jobs: int | None = None
@@ -238,10 +241,44 @@ def verify_task(group: Group, pair: bool, each: bool, jobs: int | None) -> tuple
 def group_sources(sources: Sequence[str]) -> list[Group]:
     """The models among ``sources``: each a tuple of files, its first the one to convert.
 
-    Today every file is a model of its own; a split GGUF set
-    (``model-00001-of-00003.gguf`` ...) will become one group here.
+    Every file is a model of its own, except the shards of a split GGUF set
+    (``model-00001-of-00003.gguf`` ...; docs/conversion-rules.md § 10): the shards
+    of one set given -- all of them, some, or one -- form one group, in shard
+    order, in the place of the first one given (converting any shard converts the
+    whole set, and a bad set is that group's located error).  Grouping goes by the
+    names alone (the format record's ``member_of``): a lone file named like a shard
+    without ``split.*`` keys still converts as the whole model it is, but two such
+    files named as shards of one set count as one source.
     """
-    return [(os.path.abspath(s),) for s in sources]
+    groups: list[list[tuple[int, str]]] = []
+    sets: dict[str, int] = {}
+    for s in sources:
+        p = os.path.abspath(s)
+        member = _member_of(p)
+        if member is None:
+            groups.append([(0, p)])
+            continue
+        key, place, _ = member
+        if key not in sets:
+            sets[key] = len(groups)
+            groups.append([])
+        if all(q != p for _, q in groups[sets[key]]):
+            groups[sets[key]].append((place, p))
+    return [tuple(p for _, p in sorted(g)) for g in groups]
+
+
+def _member_of(path: str) -> tuple[str, int, str] | None:
+    """Where the file's name places it in a multi-file model (see ``Format.member_of``)."""
+    from .registry import format_for_extension
+
+    fmt = format_for_extension(path)
+    return fmt.member_of(path) if fmt is not None and fmt.member_of is not None else None
+
+
+def _stem(path: str) -> str:
+    """The output stem of a source: a split set's prefix, or the file's stem."""
+    member = _member_of(path)
+    return member[2] if member is not None else Path(path).stem
 
 
 def check_inputs(groups: Iterable[Group]) -> None:
@@ -266,7 +303,7 @@ def plan_outputs(groups: Sequence[Group], out_dir: str | os.PathLike[str], dst_f
     """``out_dir/<stem>.<ext>`` for each group; raises :class:`UsageError` when two groups would share one."""
     ext = output_extension(dst_format)
     base = Path(os.path.abspath(out_dir))
-    outputs = [str(base / (Path(g[0]).stem + ext)) for g in groups]
+    outputs = [str(base / (_stem(g[0]) + ext)) for g in groups]
     seen: dict[str, str] = {}
     for g, out in zip(groups, outputs):
         if out in seen:
@@ -377,6 +414,7 @@ def plan_verify(
     """The checked :class:`Batch` of :func:`verify_many` (raises :class:`UsageError` on a bad path)."""
     groups = group_sources([os.fspath(f) for f in files])
     check_inputs(groups)
+    groups = [g[:1] for g in groups]  # a set is verified from one shard: its round trip covers the whole set
     if pair or (len(groups) == 2 and not each):  # verify_files decides: one pair, or two round trips
         groups = [tuple(p for g in groups for p in g)]
     return Batch(verify_task, [(g, pair, each, jobs) for g in groups])

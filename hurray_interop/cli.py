@@ -2,6 +2,7 @@
 
     hurray-interop convert SRC DST [--from F] [--to F] [--fallback float32|float16|bfloat16|exact]
                                    [--q4-1 overlay|requantize] [--convention gpt-oss|compressed-tensors|mxfp8]
+                                   [--merge | --split-max-tensors N | --split-max-size SIZE]
                                    [--dry-run] [--force] [--json] [--quiet] [--jobs N]
     hurray-interop convert --to F --out-dir DIR SRC [SRC ...] [convert options] [--workers N | --scheduler ADDRESS]
     hurray-interop verify FILE [FILE ...] [--pair | --each] [--fallback exact] [--json] [--quiet] [--jobs N]
@@ -41,6 +42,16 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+class _Version(argparse.Action):
+    """``--version``, naming the block-moving kernel that runs ("c" or "numpy"), imported only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from .kernels import KERNEL
+
+        print(f"hurray-interop {__version__} (kernel: {KERNEL})")
+        parser.exit()
+
+
 def _add_run_options(p: argparse.ArgumentParser, *, quiet: str) -> None:
     """Options that convert and verify share."""
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -76,7 +87,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Move quantized weights between GGUF, OCP MX (safetensors) and Hurray (.hrry), "
         "byte-exact, and prove it.",
     )
-    p.add_argument("--version", action="version", version=f"hurray-interop {__version__}")
+    p.add_argument("--version", action=_Version, nargs=0, help="show the version and which kernel runs, then exit")
     p.add_argument("--debug", action="store_true", help="show a traceback on errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -101,6 +112,18 @@ def _build_parser() -> argparse.ArgumentParser:
         "--convention",
         choices=tuple(load_table("mx_types")["conventions"]),
         help="safetensors output: MX checkpoint convention (default: the one recorded at import)",
+    )
+    c.add_argument(
+        "--merge", action="store_true",
+        help="GGUF output: one file with every tensor of a split set (as gguf-split --merge writes it)",
+    )
+    c.add_argument(
+        "--split-max-tensors", type=int, metavar="N",
+        help="GGUF output: a split set (gguf-split shards) of at most N tensors per shard",
+    )
+    c.add_argument(
+        "--split-max-size", metavar="SIZE",
+        help="GGUF output: a split set of shards of at most SIZE tensor bytes (500M, 2G: 10^6, 10^9 bytes)",
     )
     c.add_argument("--dry-run", action="store_true", help="show the plan per tensor; write nothing")
     c.add_argument("--force", action="store_true", help="overwrite an existing DST")
@@ -224,6 +247,10 @@ def _render_inspect(info: dict[str, Any], out: TextIO) -> None:
         if k in info:
             out.write(f", {k.replace('_', ' ')} {info[k]}")
     out.write("\n")
+    split = info.get("split")
+    if split:
+        out.write(f"split GGUF set {split['prefix']!r}: {split['count']} shards, {split['tensors']} tensors\n")
+        _table([("shard", "tensors", "bytes")] + [(r["file"], r["tensors"], r["file_size"]) for r in split["shards"]], out)
     tensors = info.get("tensors", [])
     if tensors:
         cols = info.get("tensor_columns") or list(tensors[0].keys())
@@ -265,6 +292,9 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
                 fallback=args.fallback,
                 q4_1=args.q4_1,
                 convention=args.convention,
+                merge=args.merge,
+                split_max_tensors=args.split_max_tensors,
+                split_max_size=args.split_max_size,
                 dry_run=args.dry_run,
                 force=args.force,
                 progress=progress,
@@ -350,7 +380,8 @@ def _cmd_convert_batch(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError("--out-dir needs --to FORMAT (the format of the outputs)")
     batch = plan_convert(
         args.paths, args.out_dir, dst_format=args.dst_format, src_format=args.src_format, fallback=args.fallback,
-        q4_1=args.q4_1, convention=args.convention, dry_run=args.dry_run, force=args.force, jobs=args.jobs,
+        q4_1=args.q4_1, convention=args.convention, merge=args.merge, split_max_tensors=args.split_max_tensors,
+        split_max_size=args.split_max_size, dry_run=args.dry_run, force=args.force, jobs=args.jobs,
     )
     return _run_batch(batch, args, out, "would convert" if args.dry_run else "converted")
 

@@ -27,8 +27,8 @@ specification (with the seeds and the project's errata decisions in
 
 Per-block affine partial trailing blocks are read as the seed describes (each
 outer row stores ``ceil(S/K)·K`` elements along the axis, padding ignored) when
-the data buffer is that large, otherwise as the contiguous ``shape``-sized
-buffer (``docs/conversion-rules.md`` § 6).
+the data buffer is that large (also when both sizes round to the same bytes),
+otherwise as the contiguous ``shape``-sized buffer (``docs/conversion-rules.md`` § 6).
 
 Large tensors are evaluated on up to two threads by default (``threads=``):
 disjoint regions of the output, numpy releasing the GIL inside the gathers and

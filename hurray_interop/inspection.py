@@ -14,28 +14,25 @@ Only headers, indexes and (for the GGUF plan) scales are read.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any
+from typing import Any, Iterator
 
 from .core.kv import KVValue
-from .core.model import MXFP, NF4, CompositeHead, Descriptor, PerBlockAffine, PerChannelAffine, PerTensorAffine
+from .core.model import (
+    LAYOUT_NAMES, MXFP, NF4, OP_NAMES, RULE_NAMES, CompositeHead, Descriptor, PerBlockAffine, PerChannelAffine,
+    PerTensorAffine,
+)
 
 __all__ = ["inspect_hurray", "inspect_gguf", "inspect_safetensors", "describe_quantization", "describe_layout"]
-
-_LAYOUT_NAMES = {
-    0x01: "row-major", 0x02: "column-major", 0x03: "strided", 0x04: "tiled", 0x05: "morton", 0x06: "coo",
-    0x07: "csr", 0x08: "csc", 0x09: "csf", 0x0A: "block-paged", 0x0B: "composite", 0x40: "hilbert",
-}
-_RULES = {1: "partition", 2: "overlay", 3: "group"}
-_OPS = {0: "", 1: "replace", 2: "add"}
 
 
 def describe_layout(d: Descriptor) -> str:
     lay = d.layout
-    name = _LAYOUT_NAMES.get(lay.tag, f"private 0x{lay.tag:02x}")
+    name = LAYOUT_NAMES.get(lay.tag, f"private 0x{lay.tag:02x}")
     if isinstance(lay, CompositeHead):
-        op = _OPS.get(lay.combine_op, str(lay.combine_op))
-        return f"composite {_RULES.get(lay.composition_rule, lay.composition_rule)}{'(' + op + ')' if op else ''} x{lay.member_count}"
+        op = OP_NAMES.get(lay.combine_op, str(lay.combine_op))
+        return f"composite {RULE_NAMES.get(lay.composition_rule, lay.composition_rule)}{'(' + op + ')' if op else ''} x{lay.member_count}"
     return name
 
 
@@ -147,9 +144,10 @@ def inspect_gguf(path: str, *, fallback: str | None = None) -> dict[str, Any]:
     from .conversions.gguf import plan_gguf_open
     from .formats import gguf as G
 
-    with G.read_gguf(path) as gf:
+    with G.read_gguf(path) as gf, _split_set(gf) as s:
+        model = s.shards[0] if s is not None else gf  # a set's metadata is its first shard's
         metadata = []
-        for k, v in gf.kv.items():
+        for k, v in model.kv.items():
             t, shown = _gguf_value(v)
             metadata.append({"key": k, "type": t, "value": shown})
         info = {
@@ -157,13 +155,42 @@ def inspect_gguf(path: str, *, fallback: str | None = None) -> dict[str, Any]:
             "format": "gguf",
             "version": gf.version,
             "alignment": gf.alignment,
-            "tensor_count": len(gf.tensors),
+            "tensor_count": len(gf.tensors) if s is None else s.total_tensors,
             "file_size": gf.file_size,
             "metadata": metadata,
         }
-        plan = plan_gguf_open(gf, fallback=fallback)  # the plan of convert --dry-run [--fallback]
+        if s is not None:
+            info["split"] = _split_info(s)
+        plan = plan_gguf_open(gf if s is None else s, fallback=fallback)  # the plan of convert --dry-run [--fallback]
     _add_plan(info, plan, "ggml_type")
     return info
+
+
+@contextlib.contextmanager
+def _split_set(gf: Any) -> Iterator[Any]:
+    """The split GGUF set ``gf`` is a shard of (None for a whole model); the other shards
+    are closed on leaving, ``gf`` stays the caller's."""
+    from .formats.gguf_split import split_set_of
+
+    s = split_set_of(gf)
+    try:
+        yield s
+    finally:
+        for shard in s.shards if s is not None else ():
+            if shard is not gf:
+                shard.close()
+
+
+def _split_info(s: Any) -> dict[str, Any]:
+    """The shards of a set: file, tensors, bytes (docs/conversion-rules.md § 10)."""
+    return {
+        "prefix": s.prefix,
+        "count": s.count,
+        "tensors": s.total_tensors,
+        "shards": [
+            {"file": p.name, "tensors": len(gf.tensors), "file_size": gf.file_size} for p, gf in zip(s.paths, s.shards)
+        ],
+    }
 
 
 def _add_plan(info: dict[str, Any], plan: Any, source_key: str) -> None:

@@ -67,6 +67,7 @@ class Format:
     plus the format's own ``import_options`` / ``export_options`` (option name ->
     default; an option given away from its default to a format that does not take
     it is a usage error).  The Hurray hub itself has neither converter.
+    ``member_of`` groups the files of a multi-file model (see the field).
     ``verifier()`` returns the object that runs ``roundtrip(path, result, fmt)`` and
     the pair checks (see :mod:`hurray_interop.verification.common`).
     """
@@ -82,6 +83,10 @@ class Format:
     from_hurray: Converter | None = None
     import_options: Mapping[str, Any] = field(default_factory=dict)
     export_options: Mapping[str, Any] = field(default_factory=dict)
+    #: for a format whose models may span several files (GGUF split sets): ``member_of(path)``
+    #: is ``(set key, place in the set, output stem)`` when the name makes the file a member
+    #: of such a set, None for a file of its own (batches count a set as one source)
+    member_of: Callable[[str], tuple[str, int, str] | None] | None = None
 
 
 _REGISTRY: dict[str, Format] = {}
@@ -212,6 +217,15 @@ def _hurray_to_safetensors(src: str, dst: str | None, *, jobs: int | None = None
     return hurray_to_safetensors(src, dst, **options)
 
 
+def _gguf_member_of(path: str) -> tuple[str, int, str] | None:
+    from .formats.gguf_split import parse_shard_name
+
+    sn = parse_shard_name(os.path.basename(path))
+    if sn is None:
+        return None
+    return os.path.join(os.path.dirname(path), f"{sn.prefix}-of-{sn.count}"), sn.number, sn.prefix
+
+
 def _open_gguf(path: str) -> Any:
     from .formats.gguf import read_gguf
 
@@ -270,6 +284,8 @@ register_format(Format(
     name="gguf", title="GGUF", extensions=(".gguf",), sniff=_sniff_gguf, open=_open_gguf, inspect=_inspect_gguf,
     verifier=_gguf_verifier, to_hurray=_gguf_to_hurray, from_hurray=_hurray_to_gguf,
     import_options={"q4_1": "overlay"},
+    export_options={"merge": False, "split_max_tensors": None, "split_max_size": None},  # docs/conversion-rules.md § 10
+    member_of=_gguf_member_of,
 ))
 register_format(Format(
     name=HURRAY, title="Hurray", extensions=(".hrry",), sniff=_sniff_hurray, open=_open_hurray,

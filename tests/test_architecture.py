@@ -19,7 +19,7 @@ PKG = Path(__file__).resolve().parents[1] / "hurray_interop"
 ROOT = "hurray_interop"
 
 #: the generic low layer anyone may import
-LOW = {"errors", "tables", "parallel", "files"}
+LOW = {"errors", "tables", "parallel", "files", "kernels"}  # generic low layers (kernels: compiled byte movers)
 
 
 def _module_name(path: Path) -> str:

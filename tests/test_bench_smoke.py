@@ -29,7 +29,7 @@ def test_small_benchmark_writes_every_row(tmp_path: Path) -> None:
     )
     assert p.returncode == 0, p.stderr[-3000:]
     text = doc.read_text()
-    for label in ("`cp` (physical limit)", "`cp` + fsync", "gguf-py GGUFReader → GGUFWriter",
+    for label in ("`cp` (physical limit)", "durable copy: `cp` + fsync", "gguf-py GGUFReader → GGUFWriter",
                   "ours: GGUF → Hurray", "ours: Hurray → GGUF", "gguf-py: dequantize every tensor",
                   "ours: `verify`", "ours: `inspect` of a GGUF with a 4,096-token vocabulary",
                   "gguf-py: `GGUFReader` of the same 4,096-token file"):
@@ -52,6 +52,8 @@ def test_small_benchmark_writes_every_row(tmp_path: Path) -> None:
     assert "| GGUF → Hurray → GGUF output | identical |" in goals
     for key in ("python", "numpy", "gguf-py", "hurray-interop", "cpu", "load average"):
         assert f"**{key}**" in text
+    # which kernel the measured commands ran, as `hurray-interop --version` says
+    assert re.search(r"^- \*\*kernel\*\*: (c|numpy) ", text, re.M)
     assert "kept analysis text" in text and "old" not in text.split("<!-- analysis -->")[0].splitlines()[0]
     # the generated files are removed
     assert not list((tmp_path / "out").glob("*.gguf")) and not list((tmp_path / "out").glob("*.hrry"))

@@ -685,7 +685,7 @@ def test_random_strided_descriptors_exact_or_typed_error():
 # ---------------------------------------------------------------------------
 # property: any per-block geometry, any chunking, equals the spec formula
 
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 
@@ -704,13 +704,25 @@ def block_geometries(draw):
                 max_elements=draw(st.integers(1, 300)))
 
 
+def _sizes_tie(etype, shape, axis, K) -> bool:
+    """The contiguous and the padded data sizes round to the same whole bytes (sub-byte
+    types), so the buffer is the size the spec requires and is read padded (§ 6)."""
+    bits = element_type(etype).bits
+    S = shape[axis]
+    n = int(np.prod(shape))
+    return -(-n * bits // 8) == -(-(n // S * -(-S // K) * K) * bits // 8)
+
+
 @settings(max_examples=60, deadline=None)
 @given(block_geometries())
+@example(dict(etype="int2", shape=(2, 3), axis=1, K=2, scale_type="float16", symmetric=False, padded=False,
+              max_elements=1))  # hypothesis's find: contiguous and padded sizes are both 2 bytes
 def test_per_block_property(g):
     K = g["K"]
     if K & (K - 1):
         K = 1 << (K.bit_length() - 1)
-    padded = g["padded"] and g["shape"][g["axis"]] % K != 0
+    partial = g["shape"][g["axis"]] % K != 0
+    padded = partial and (g["padded"] or _sizes_tie(g["etype"], g["shape"], g["axis"], K))
     t, expected = per_block_case(g["etype"], g["shape"], g["axis"], K, g["scale_type"], g["symmetric"],
                                  padded=padded)
     assert same_bits(dequantize(t), expected)
@@ -719,3 +731,51 @@ def test_per_block_property(g):
         assert values.size <= g["max_elements"]
         got[index] = values
     assert same_bits(got, expected)
+
+
+# ---------------------------------------------------------------------------
+# a partial trailing block whose padded and contiguous sizes are equal
+
+
+def _tie_case():
+    """int2 [2, 3], K = 2 along axis 1, asymmetric: two blocks per row, the second partial.
+    Stored as the spec's Padding rule says (quantization/per-block-affine.md § Padding):
+    each row holds 4 storage elements, the 4th is padding 0.  2 bytes, which is also the
+    contiguous size of 6 int2 codes -- the buffer cannot tell the two forms apart."""
+    # row 0 codes 1, -2 | 0, pad  -> 0b00_00_10_01 ; row 1 codes -1, 1 | -2, pad -> 0b00_10_01_11
+    data = np.array([0b00001001, 0b00100111], np.uint8)
+    scales = np.array([1, 2, 0.5, 4], np.float16)  # block b = row * 2 + i // 2
+    zeros = np.array([0, 1, -1, 1], np.int32)
+    quant = PerBlockAffine(axis=1, block_size=2, scale_buffer_index=1, zero_point_buffer_index=2,
+                           scale_type=element_type("float16"))
+    # s·(q − z), by hand: row 0: 1·(1−0), 1·(−2−0), 2·(0−1); row 1: ½·(−1+1), ½·(1+1), 4·(−2−1)
+    expected = np.array([[1, -2, -2], [0, 1, -12]], np.float32)
+    return make("tie", "int2", (2, 3), data, (scales, zeros), quant=quant), expected
+
+
+@pytest.mark.parametrize("max_elements", [1, 2, 3, 6])
+def test_partial_block_sizes_tie_read_padded(max_elements):
+    """Regression (hypothesis): when the padded and contiguous sizes tie, the buffer is
+    the spec's padded form (docs/conversion-rules.md § 6); every chunking agrees."""
+    t, expected = _tie_case()
+    assert same_bits(dequantize(t), expected)
+    got = np.full((2, 3), np.nan, np.float32)
+    for index, values in iter_dequantize(t, max_elements=max_elements):
+        assert values.size <= max_elements
+        got[index] = values
+    assert same_bits(got, expected)
+
+
+def test_partial_block_sizes_tie_written_by_pyhurray(tmp_path):
+    """The same tensor written by pyhurray (which accepts the 2-byte buffer) reads back the
+    same values through the .hrry reader."""
+    hurray = pytest.importorskip("hurray")
+    from hurray_interop.core.hrry import load
+
+    t, expected = _tie_case()
+    q = hurray.PerBlockAffine.asymmetric(1, 2, 1, 2, hurray.float16)
+    aux = [bytes(b) for b in t.data[1:]]
+    ref = hurray.Tensor(bytes(t.data[0]), hurray.dtype.int2, [2, 3], quantization=q, aux_buffers=aux)
+    hurray.save(str(tmp_path / "tie.hrry"), {"tie": ref})
+    tensors, _ = load(tmp_path / "tie.hrry")
+    assert same_bits(dequantize(tensors["tie"]), expected)

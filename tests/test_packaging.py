@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -33,19 +37,94 @@ def test_every_mapping_table_is_valid_toml() -> None:
             assert tomllib.load(fh), n
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+KERNEL_LIB = "hurray_interop/_kernel.dll" if os.name == "nt" else "hurray_interop/_kernel.so"
+
+
+@functools.cache
+def compiler_works(probe_dir: str) -> bool:
+    """Does hatch_build.py's compiler (``$CC``, Python's CC, ``cc``) build the kernel here?"""
+    spec = importlib.util.spec_from_file_location("hatch_build", REPO / "hatch_build.py")
+    assert spec and spec.loader
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    return hook.compile_kernel(REPO, Path(probe_dir) / "probe.so") is None
+
+
+def build_wheel(out: Path, **env: str) -> tuple[Path, str]:
     proc = subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(REPO)],
         capture_output=True,
         text=True,
+        env={**os.environ, **env},
     )
     if proc.returncode != 0:
         pytest.fail(f"wheel build failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     wheels = list(out.glob("*.whl"))
     assert len(wheels) == 1
-    return wheels[0]
+    return wheels[0], proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))[0]
+
+
+def test_wheel_carries_the_kernel_when_a_compiler_works(wheel: Path, tmp_path: Path) -> None:
+    if not compiler_works(str(tmp_path)):
+        pytest.skip("no working C compiler: the wheel is pure Python (checked below)")
+    z = zipfile.ZipFile(wheel)
+    assert KERNEL_LIB in z.namelist() and "hurray_interop/_kernel.c" not in z.namelist()
+    assert not wheel.name.endswith("-none-any.whl"), wheel.name  # platform-specific
+    meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/WHEEL"))).decode()
+    assert "Root-Is-Purelib: false" in meta
+    lib = tmp_path / Path(KERNEL_LIB).name
+    lib.write_bytes(z.read(KERNEL_LIB))
+    assert ctypes.CDLL(str(lib)).hk_abi_version() == 1
+
+
+@pytest.mark.slow
+def test_wheel_without_a_compiler_is_pure_python(tmp_path: Path) -> None:
+    whl, log = build_wheel(tmp_path, CC="false")  # a "compiler" that always fails: the build goes on
+    assert whl.name.endswith("-py3-none-any.whl"), whl.name
+    names = zipfile.ZipFile(whl).namelist()
+    assert KERNEL_LIB not in names and "hurray_interop/mappings/gguf_hurray.toml" in names
+    assert "compiled kernel not built, the numpy path will run" in log
+
+
+def _project_copy(dst: Path) -> Path:
+    """The files an install reads, without anything built in this checkout."""
+    dst.mkdir()
+    for f in ("pyproject.toml", "hatch_build.py", "README.md"):
+        shutil.copy2(REPO / f, dst / f)
+    for d in ("hurray_interop", "mappings"):
+        shutil.copytree(REPO / d, dst / d, ignore=shutil.ignore_patterns("__pycache__", "_kernel.so", "_kernel.dll"))
+    return dst
+
+
+@pytest.mark.slow
+def test_editable_build_compiles_the_kernel_beside_the_source(tmp_path: Path) -> None:
+    """``pip install -e .`` (PEP 660 build_editable): the kernel lands next to the source, the
+    .pth points at the project, mappings/ ride along; without a compiler a stale kernel goes."""
+    proj = _project_copy(tmp_path / "proj")
+    lib = proj / KERNEL_LIB
+    code = "import hurray_interop.kernels as k, hurray_interop.tables as t; print(k.KERNEL, t.mappings_dir())"
+    for cc, kernel in ((None, "c"), ("false", "numpy")):
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CC")}
+        if cc:
+            env["CC"] = cc
+        out = tmp_path / f"editable-{kernel}"
+        subprocess.run([sys.executable, "-c", f"from hatchling.build import build_editable; build_editable({str(out)!r})"],
+                       cwd=proj, env=env, check=True, capture_output=True)
+        z = zipfile.ZipFile(next(out.glob("*.whl")))
+        pth = next(n for n in z.namelist() if n.endswith(".pth"))
+        assert Path(z.read(pth).decode().strip()) == proj
+        assert "hurray_interop/mappings/gguf_hurray.toml" in z.namelist()
+        if kernel == "c" and not compiler_works(str(tmp_path)):
+            continue
+        assert lib.is_file() == (kernel == "c")
+        env["PYTHONPATH"] = str(proj)
+        got = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+        assert got.stdout.split() == [kernel, str(proj / "mappings")], got.stderr
 
 
 def test_wheel_carries_mappings_and_typing_marker(wheel: Path) -> None:

@@ -25,6 +25,13 @@ GGUF's own keys are stored first, under their own names, in file order):
                                       bools other than 0/1)
 ``hurray_interop.gguf.tensors``       string (JSON): per tensor, in GGUF order,
                                       ``[name, ggml type, ne, offset]``
+``hurray_interop.gguf.split_layout``  string (JSON), only for a split set (gguf-split
+                                      shards): the :class:`~..formats.gguf_split.SplitLayout`
+                                      (tensors per shard, each shard's key order, version,
+                                      alignment, padding); the metadata and ``tensors``
+                                      records above then describe the whole set (the
+                                      first shard's keys without ``split.*``, every tensor
+                                      in set order), docs/conversion-rules.md § 10
 ``hurray_interop.scale_substitutions.<tensor>``  see :mod:`hurray_interop.core.records`
 ``hurray_interop.gguf.expanded.<tensor>``         ``--fallback exact``: the restore record
                                       of an expanded tensor, see :mod:`.gguf_exact`
@@ -40,6 +47,7 @@ head ``<name>`` (float32, overlay, add) with members ``<name>.base`` and
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -68,6 +76,7 @@ from ..core.model import (
 from ..core.records import encode_scale_record, restore_scales, scale_record_key
 from ..errors import ConversionRefused, FormatError, UnsupportedError, UsageError, errors_name_source
 from ..formats import gguf as G
+from ..formats import gguf_split as S
 from ..parallel import pmap, use_jobs
 from ..report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan
 from ..tables import load_table
@@ -88,6 +97,7 @@ K_ALIGN = "hurray_interop.gguf.alignment"
 K_TAIL = "hurray_interop.gguf.tail_bytes"
 K_TYPES = "hurray_interop.gguf.kv_types"
 K_TENSORS = "hurray_interop.gguf.tensors"
+K_SPLIT = "hurray_interop.gguf.split_layout"
 
 #: blocks processed per chunk (≈ 8 Mi elements): bounds memory for any tensor size
 CHUNK_BLOCKS = 1 << 18
@@ -824,6 +834,54 @@ def _progress_total(jobs: Sequence[_Job]) -> int:
     return sum(j.info.nbytes for j in jobs)
 
 
+class _SetSource:
+    """A split GGUF set seen as the one model it holds (what the import reads of a
+    ``GGUFFile``): the first shard's metadata without the ``split.*`` keys, every
+    tensor in set order (docs/conversion-rules.md § 10)."""
+
+    def __init__(self, s: "S.SplitSet") -> None:
+        first = s.shards[0]
+        self.set = s
+        self.path = os.fspath(s.paths[0])
+        self.kv = s.model_kv()
+        self.kv_offsets = first.kv_offsets
+        self.tensors = [t for _, t in s.tensors]
+        self.version, self.alignment, self.tail_bytes = first.version, first.alignment, first.tail_bytes
+        self.nonzero_padding = bool(s.nonzero_padding)
+
+    def release_pages(self) -> None:
+        self.set.release_pages()
+
+    def note(self) -> str:
+        """The set in one line: its shards and the tensors in each."""
+        per = ", ".join(f"{p.name} {len(gf.tensors)}" for p, gf in zip(self.set.paths, self.set.shards))
+        return f"split GGUF set of {self.set.count} shards, {len(self.tensors)} tensors in all (tensors per shard: {per})"
+
+
+@contextlib.contextmanager
+def _whole_model(src: "G.GGUFFile | S.SplitSet") -> Iterator[Any]:
+    """The model ``src`` belongs to: the file itself, or its whole split set (checked; bad
+    sets raise a located SplitSetError).  Shards opened here are closed on leaving;
+    ``src`` stays the caller's."""
+    if isinstance(src, S.SplitSet):
+        yield _SetSource(src)
+        return
+    s = S.split_set_of(src)
+    if s is None:
+        yield src
+        return
+    try:
+        yield _SetSource(s)
+    finally:
+        for gf in s.shards:
+            if gf is not src:
+                gf.close()
+
+
+def _input_paths(gf: Any, src: str) -> tuple[str, ...]:
+    return tuple(os.fspath(p) for p in gf.set.paths) if isinstance(gf, _SetSource) else (src,)
+
+
 def gguf_to_hurray(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str] | None,
@@ -844,7 +902,7 @@ def gguf_to_hurray(
     """
     _check_options(fallback, q4_1)
     src = os.fspath(src)
-    with use_jobs(jobs), G.read_gguf(src) as gf:
+    with use_jobs(jobs), G.read_gguf(src) as f, _whole_model(f) as gf:
         return _gguf_to_hurray_open(gf, src, dst, fallback=fallback, q4_1=q4_1, dry_run=dry_run, force=force,
                                     progress=progress)
 
@@ -876,6 +934,8 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
         report.notes.append(_overlay_note())
     if any(j.expanded for j in planned):
         report.notes.append(_exact_note(planned))
+    if isinstance(gf, _SetSource):
+        report.notes.append(gf.note())
     if _plan_only(report, src, "cannot be converted exactly", dst, dry_run):
         return report
 
@@ -894,13 +954,15 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
             ),
         ),
     ]
+    if isinstance(gf, _SetSource):
+        records.append((K_SPLIT, KVValue("string", gf.set.split_layout().dumps())))
     if gf.nonzero_padding:
         report.notes.append("the source has non-zero padding bytes; an export will write zeros there")
     total = _progress_total(planned)
     done = 0
     from ..core.hrry import HrryWriter
 
-    with HrryWriter(dst, tensor_count_hint=len(names), force=force, inputs=(src,)) as w:
+    with HrryWriter(dst, tensor_count_hint=len(names), force=force, inputs=_input_paths(gf, src)) as w:
         for j in planned:
             assert j.write is not None
             j.write(w)
@@ -918,11 +980,13 @@ def plan_gguf(src: str | os.PathLike[str], *, fallback: str | None = None, q4_1:
     return gguf_to_hurray(src, None, fallback=fallback, q4_1=q4_1, dry_run=True)
 
 
-def plan_gguf_open(gf: "G.GGUFFile", *, fallback: str | None = None, q4_1: str = "overlay") -> ConversionReport:
-    """:func:`plan_gguf` of a GGUF file already open (``inspect`` parses a file once)."""
+def plan_gguf_open(gf: "G.GGUFFile | S.SplitSet", *, fallback: str | None = None, q4_1: str = "overlay") -> ConversionReport:
+    """:func:`plan_gguf` of a GGUF file (or split set) already open (``inspect`` parses a file once)."""
     _check_options(fallback, q4_1)
-    src = gf.path or "<memory>"
-    return _gguf_to_hurray_open(gf, src, None, fallback=fallback, q4_1=q4_1, dry_run=True, force=False, progress=None)
+    src = os.fspath(gf.paths[0]) if isinstance(gf, S.SplitSet) else (gf.path or "<memory>")
+    with _whole_model(gf) as model:
+        return _gguf_to_hurray_open(model, src, None, fallback=fallback, q4_1=q4_1, dry_run=True, force=False,
+                                    progress=None)
 
 
 # ===========================================================================
@@ -1182,26 +1246,11 @@ def _records(kv: dict[str, KVValue], path: str) -> _Records | None:
     tensors: list[tuple[str, str, tuple[int, ...], int]] = []
     seen: set[str] = set()
     for i, row in enumerate(rows):
-        ok = (
-            isinstance(row, list)
-            and len(row) == 4
-            and isinstance(row[0], str)
-            and isinstance(row[1], str)
-            and isinstance(row[2], list)
-            and 1 <= len(row[2]) <= G.MAX_DIMS
-            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 62 for x in row[2])
-            and isinstance(row[3], int)
-            and not isinstance(row[3], bool)
-            and 0 <= row[3] < 1 << 62
-        )
-        if not ok:
-            who = row[0] if isinstance(row, list) and row and isinstance(row[0], str) else None
-            raise _rec_error(path, K_TENSORS, f"entry {i} is not [name, GGML type, ne (1-4 sizes), offset]", tensor=who)
-        name, tname, ne, off = row
         try:
-            G.ggml_type(tname)
-        except (FormatError, UnsupportedError, UsageError, KeyError):
-            raise _rec_error(path, K_TENSORS, f"unknown GGML type {tname!r}", tensor=name) from None
+            name, tname, ne, off = S.tensor_row(row, min_dims=1)
+        except ValueError as e:
+            who = row[0] if isinstance(row, list) and row and isinstance(row[0], str) else None
+            raise _rec_error(path, K_TENSORS, f"entry {i}: {e}", tensor=who) from None
         if name in seen:
             raise _rec_error(path, K_TENSORS, "recorded twice", tensor=name)
         seen.add(name)
@@ -1260,23 +1309,59 @@ def hurray_to_gguf(
     force: bool = False,
     progress: Progress = None,
     jobs: int | None = None,
+    merge: bool = False,
+    split_max_tensors: int | None = None,
+    split_max_size: int | str | None = None,
 ) -> ConversionReport:
     """Convert a .hrry file into GGUF (exact, or refused; see the module docstring).
-    ``jobs``: threads converting chunks (default: :func:`hurray_interop.parallel.jobs`)."""
+    ``jobs``: threads converting chunks (default: :func:`hurray_interop.parallel.jobs`).
+
+    The output shape (docs/conversion-rules.md § 10): a .hrry imported from a split
+    set exports to that set again (``dst`` names the first shard, ``PREFIX.gguf`` or
+    a bare prefix; see :func:`~..formats.gguf_split.set_paths`) unless ``merge``
+    (one file, as ``gguf-split --merge`` writes it); ``split_max_tensors`` /
+    ``split_max_size`` (bytes, or gguf-split's ``500M`` / ``2G``) write a new set
+    from any .hrry; otherwise one file."""
     _check_options(fallback)
     fallback = fallbacks.dtype_choice(fallback)  # exact: the records restore, nothing is dequantized
+    shape = _output_shape(merge, split_max_tensors, split_max_size)
     with use_jobs(jobs):
-        return _hurray_to_gguf(os.fspath(src), dst, fallback=fallback, dry_run=dry_run, force=force, progress=progress)
+        return _hurray_to_gguf(os.fspath(src), dst, fallback=fallback, dry_run=dry_run, force=force, progress=progress,
+                               out_shape=shape)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The output shape an export was asked for (``gguf-split``'s options)."""
+
+    merge: bool = False
+    max_tensors: int | None = None
+    max_size: int | None = None
+
+    @property
+    def split(self) -> bool:
+        return self.max_tensors is not None or self.max_size is not None
+
+
+def _output_shape(merge: bool, max_tensors: int | None, max_size: int | str | None) -> _Shape:
+    if isinstance(max_size, str):
+        max_size = S.parse_split_size(max_size)
+    shape = _Shape(bool(merge), max_tensors, max_size)
+    if shape.merge and shape.split:
+        raise UsageError("--merge writes one file; it excludes --split-max-tensors and --split-max-size")
+    if shape.split:
+        S.plan_split([], max_tensors=max_tensors, max_size=max_size)  # checks the values (one of them, positive)
+    return shape
 
 
 def _hurray_to_gguf(
-    src: str, dst: str | os.PathLike[str] | None, *, fallback: str | None, dry_run: bool, force: bool, progress: Progress
+    src: str, dst: str | os.PathLike[str] | None, *, fallback: str | None, dry_run: bool, force: bool, progress: Progress,
+    out_shape: _Shape = _Shape(),
 ) -> ConversionReport:
     report = ConversionReport(
         source=src, destination=None if dst is None else os.fspath(dst), source_format="hurray",
         destination_format="gguf", dry_run=dry_run,
     )
-    from ..files.atomic import AtomicOutput
     from ..core.hrry import HrryFile
 
     with HrryFile(src) as hf:
@@ -1330,40 +1415,107 @@ def _hurray_to_gguf(
             exports.append(ex)
             hf.release_pages()  # planning reads codes (overlay checks): keep resident memory bounded
         report.tensors = [e.plan for e in exports]
+        split = None if report.refused else _set_layout(kv, records, src, exports, alignment, out_shape)
+        if split is not None:
+            report.notes.append(_set_note(split, dst, out_shape.merge, dry_run))
         if _plan_only(report, src, "have no exact GGML equivalent", dst, dry_run):
             return report
-        gkv = _export_kv(kv, records, src, alignment)
-        sizes_ok = records is not None and _check_offsets(
-            records, {e.name: G.tensor_nbytes(e.type_name, e.ne) for e in exports}, src
-        )
-        specs = [G.TensorSpec(e.name, G.ggml_type(e.type_name).id, e.ne, e.offset if sizes_ok else None) for e in exports]
-        by_name = {e.name: e for e in exports}
-        total = sum(e.plan.bytes_out for e in exports)
-        done = 0
-        with AtomicOutput(dst, force=force, inputs=(src,)) as fh:
-            try:
-                w = G.GGUFWriterStream(
-                    fh,
-                    version=records.version if records else 3,
-                    alignment=alignment,
-                    kv=gkv,
-                    tensors=specs,
-                    pad_end=records.tail if records and sizes_ok else True,
-                )
-            except UsageError as e:  # the layout the file's records or metadata describe is impossible
-                where = KEY_PREFIX + "gguf" if records else "metadata"
-                raise FormatError(f"cannot lay out the GGUF this file describes: {e.message}", path=src, field=where) from None
-            with w:
-                for spec in w.tensors_in_file_order:
-                    e = by_name[spec.name]
-                    assert e.chunks is not None
-                    w.write_tensor_data(e.chunks(), name=e.name)
-                    hf.release_pages()  # bounded resident memory: see HrryFile.release_pages
-                    done += e.plan.bytes_out
-                    if progress:
-                        progress(done, total)
-            fh.commit()
+        if split is not None:
+            _write_set(hf, src, dst, exports, split, _export_kv(kv, records, src, alignment), out_shape.merge, force,
+                       progress)
+            return report
+        _write_single(hf, src, dst, exports, records, kv, alignment, force, progress)
     return report
+
+
+def _write_single(hf: Any, src: str, dst: Any, exports: list[_Export], records: _Records | None,
+                  kv: dict[str, KVValue], alignment: int, force: bool, progress: Progress) -> None:
+    """Write one GGUF file (the recorded layout when the tensor sizes still fit it)."""
+    from ..files.atomic import AtomicOutput
+
+    gkv = _export_kv(kv, records, src, alignment)
+    sizes_ok = records is not None and _check_offsets(
+        records, {e.name: G.tensor_nbytes(e.type_name, e.ne) for e in exports}, src
+    )
+    specs = [G.TensorSpec(e.name, G.ggml_type(e.type_name).id, e.ne, e.offset if sizes_ok else None) for e in exports]
+    by_name = {e.name: e for e in exports}
+    total = sum(e.plan.bytes_out for e in exports)
+    done = 0
+    with AtomicOutput(dst, force=force, inputs=(src,)) as fh:
+        try:
+            w = G.GGUFWriterStream(
+                fh,
+                version=records.version if records else 3,
+                alignment=alignment,
+                kv=gkv,
+                tensors=specs,
+                pad_end=records.tail if records and sizes_ok else True,
+            )
+        except UsageError as e:  # the layout the file's records or metadata describe is impossible
+            where = KEY_PREFIX + "gguf" if records else "metadata"
+            raise FormatError(f"cannot lay out the GGUF this file describes: {e.message}", path=src, field=where) from None
+        with w:
+            for spec in w.tensors_in_file_order:
+                e = by_name[spec.name]
+                assert e.chunks is not None
+                w.write_tensor_data(e.chunks(), name=e.name)
+                hf.release_pages()  # bounded resident memory: see HrryFile.release_pages
+                done += e.plan.bytes_out
+                if progress:
+                    progress(done, total)
+        fh.commit()
+
+
+def _set_layout(kv: dict[str, KVValue], records: _Records | None, src: str, exports: list[_Export], alignment: int,
+                shape: _Shape) -> "S.SplitLayout | None":
+    """The split set an export writes (docs/conversion-rules.md § 10): a new one
+    (``--split-max-*``), the recorded one (with the GGML types the export chose), or
+    None for one plain file."""
+    if shape.split:
+        sizes = [G.tensor_nbytes(e.type_name, e.ne) for e in exports]
+        plan = S.plan_split(sizes, max_tensors=shape.max_tensors, max_size=shape.max_size)
+        keys = [k for k in kv if not k.startswith(KEY_PREFIX)]
+        if records is None and alignment != G.DEFAULT_ALIGNMENT and "general.alignment" not in kv:
+            keys.append("general.alignment")  # as _export_kv adds it
+        return S.new_split_layout(keys, [(e.name, e.type_name, e.ne) for e in exports], plan, alignment=alignment)
+    v = kv.get(K_SPLIT) if records is not None else None
+    if v is None:
+        return None
+    if v.type != "string":
+        raise _rec_error(src, K_SPLIT, f"stored as {v.type}, expected a string")
+    layout = S.SplitLayout.from_json(v.value, path=src, field=K_SPLIT)
+    rows = {r.name: r for r in layout.tensor_rows}
+    if list(rows) != [e.name for e in exports]:
+        raise _rec_error(src, K_SPLIT, f"the tensors of the split layout are not those of {K_TENSORS} (in set order)")
+    placed = [k for k in layout.shards[0].kv if k not in S.SPLIT_KEYS]
+    if placed != [k for k in kv if not k.startswith(KEY_PREFIX)]:
+        raise _rec_error(src, K_SPLIT, "the first shard's metadata keys are not the file's metadata keys (in order)")
+    changed = {e.name: (e.type_name, e.ne) for e in exports if (rows[e.name].type, rows[e.name].ne) != (e.type_name, e.ne)}
+    return layout.with_tensor_types(changed) if changed else layout
+
+
+def _set_note(layout: "S.SplitLayout", dst: Any, merge: bool, dry_run: bool) -> str:
+    """What the export writes: the set's files and the tensors in each (or one merged file)."""
+    verb = "would write" if dry_run else "wrote"
+    if merge:
+        return f"{verb} one merged GGUF of the {layout.count}-shard set ({layout.tensors_count} tensors), as gguf-split --merge"
+    names = [p.name for p in S.set_paths(dst, layout.count)] if dst is not None else [s.suffix for s in layout.shards]
+    per = ", ".join(f"{n} {len(s.tensors)}" for n, s in zip(names, layout.shards))
+    return f"{verb} a split GGUF set of {layout.count} shards (tensors per shard: {per})"
+
+
+def _write_set(hf: Any, src: str, dst: Any, exports: list[_Export], layout: "S.SplitLayout",
+               gkv: list[tuple[str, "G.GGUFValue"]], merge: bool, force: bool, progress: Progress) -> None:
+    """Write every shard of ``layout`` (or their merge), all or nothing."""
+    by_name = {e.name: e for e in exports}
+
+    def data_for(name: str) -> Iterable[Any]:
+        hf.release_pages()  # bounded resident memory: see HrryFile.release_pages
+        chunks = by_name[name].chunks
+        assert chunks is not None
+        return chunks()
+
+    S.write_set(dst, layout, dict(gkv), data_for, merge=merge, force=force, inputs=(src,), progress=progress)
 
 
 def _export_fallback(ex: _Export, t: Tensor, fallback: str, reason: str) -> None:

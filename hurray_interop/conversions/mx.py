@@ -62,6 +62,7 @@ from ..core.elements import ElementType, buffer_size, element_type, pack, unpack
 from ..core.model import MXFP, BufferHandle, Descriptor, RowMajor, Tensor
 from ..core.records import decode_scale_record, encode_scale_record, restore_scales, scale_record_key
 from ..errors import ConversionRefused, FormatError, InconsistentError, UnsupportedError, UsageError
+from ..report import EXACT
 from ..tables import load_table
 from . import fallback as fallbacks
 
@@ -86,10 +87,6 @@ __all__ = [
     "ocp_scale_bytes",
 ]
 
-# status strings (identical to hurray_interop.report.EXACT / VALUE_EXACT / LOSSY)
-EXACT = "exact"
-VALUE_EXACT = "value-exact"
-LOSSY = "lossy"
 
 
 # ---------------------------------------------------------------------------
@@ -212,7 +209,7 @@ class MXImport:
 
     tensor: Tensor
     element: MXElement
-    status: str = EXACT  # EXACT, or VALUE_EXACT / LOSSY for a fallback
+    status: str = EXACT  # report.EXACT, or report.VALUE_EXACT / LOSSY for a fallback
     substituted_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     original_scales: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
     max_abs_error: float | None = None

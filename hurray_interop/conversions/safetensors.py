@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -99,6 +101,81 @@ def pair_label(p: Any) -> str:
     return f"{el.ocp} ({p.convention})"
 
 
+def _entry(e: Any, hurray: str, role: str, convention: str | None = None) -> dict[str, Any]:
+    """One layout-record entry (key order is part of the written bytes)."""
+    d = {"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "hurray": hurray, "role": role}
+    if convention is not None:
+        d["convention"] = convention
+    return d
+
+
+def _check_unique(names: list[str], what: str, path: Any) -> None:
+    """Raise InconsistentError naming the first name that occurs twice (``what`` says how)."""
+    dup = next((n for n, c in Counter(names).items() if c > 1), None)
+    if dup is not None:
+        raise InconsistentError(f"{what} {dup!r}", path=path, tensor=dup)
+
+
+@dataclass
+class _ImportPlan:
+    """What the import collects, tensor by tensor, before anything is written."""
+
+    rep: report.ConversionReport
+    items: list[tuple[str, Tensor]] = field(default_factory=list)
+    kv_records: dict[str, bytes] = field(default_factory=dict)
+    layout: list[dict[str, Any]] = field(default_factory=list)
+    refusals: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def pair(self, st: SafetensorsFile, p: Any, e: Any, fallback: str | None) -> None:
+        """The data half of an MX pair: one Hurray MXFP tensor (or its fallback), or a refusal."""
+        data = st.raw(p.data.name).reshape(p.shape[:-1] + (-1,))
+        scales = st.raw(p.scale.name).reshape(p.scale.shape)
+        bytes_in = p.data.nbytes + p.scale.nbytes
+        try:
+            imp = mx.from_codes(
+                data, scales, element=p.element, block_size=p.block_size, axis=-1,
+                name=p.hurray_name, packed=True, fallback=fallback,
+            )
+        except ConversionRefused as exc:
+            self.refusals.extend(exc.reasons)
+            self.rep.tensors.append(report.TensorPlan(
+                p.hurray_name, pair_label(p), "refused", report.REFUSED,
+                bytes_in=bytes_in, reason=exc.reasons[0][2] if exc.reasons else str(exc),
+            ))
+            self.layout.append(_entry(e, p.hurray_name, "data", p.convention))
+            return
+        fell_back = imp.status != report.EXACT
+        self.layout.append(_entry(e, p.hurray_name, "fallback" if fell_back else "data", p.convention))
+        self.items.append((p.hurray_name, imp.tensor))
+        self.kv_records.update(imp.kv)
+        el = mx.mx_element(p.element)
+        self.rep.tensors.append(report.TensorPlan(
+            p.hurray_name, pair_label(p),
+            f"plain {fallback}" if fell_back else f"MXFP {el.hurray.name} K={p.block_size} axis={p.axis}",
+            imp.status, bytes_in=bytes_in, bytes_out=imp.tensor.nbytes, reason=imp.reason,
+            max_abs_error=imp.max_abs_error, substituted_blocks=int(imp.substituted_blocks.size),
+        ))
+
+    def plain(self, st: SafetensorsFile, e: Any) -> None:
+        """A tensor outside any pair: its bytes as a plain Hurray tensor."""
+        et, exact_type = hurray_type_for(e.dtype, tensor=e.name)
+        raw = st.raw(e.name)
+        shape = e.shape if exact_type else (raw.size,)
+        self.items.append((e.name, Tensor(e.name, _plain_descriptor(et, tuple(shape), int(raw.size)), (raw,))))
+        self.layout.append(_entry(e, e.name, "plain"))
+        self.rep.tensors.append(report.TensorPlan(
+            e.name, e.dtype, et.name if exact_type else f"uint8 bytes (dtype {e.dtype} recorded)", report.EXACT,
+            bytes_in=int(raw.size), bytes_out=int(raw.size),
+        ))
+
+    def mark_fallback_scales(self) -> None:
+        """Scale entries come before we know their pair fell back; give them their role."""
+        fb = {d["hurray"] for d in self.layout if d["role"] == "fallback"}
+        for d in self.layout:
+            if d["role"] in ("scale", "fallback-scale"):
+                d["role"] = "fallback-scale" if d["hurray"] in fb else "scale"
+
+
 def safetensors_to_hurray(
     src: "str | os.PathLike[str]",
     dst: "str | os.PathLike[str]",
@@ -123,101 +200,52 @@ def safetensors_to_hurray(
         pairs, used = detect_pairs(st)
         by_data = {p.data.name: p for p in pairs}
         by_scale = {p.scale.name: p for p in pairs}
-        # plan: every tensor in header order -> (hurray name, tensor, kv, plan)
-        items: list[tuple[str, Tensor]] = []
-        kv_records: dict[str, bytes] = {}
-        layout: list[dict[str, Any]] = []
-        refusals: list[tuple[str, str, str]] = []
-        conventions = {p.convention for p in pairs}
+        plan = _ImportPlan(rep)  # every tensor in header order
         for e in st.entries:
             if e.name in by_scale:
-                p = by_scale[e.name]
-                layout.append({"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "hurray": p.hurray_name,
-                               "role": "scale",
-                               "convention": p.convention})
-                continue
-            if e.name in by_data:
-                p = by_data[e.name]
-                data = st.raw(p.data.name).reshape(p.shape[:-1] + (-1,))
-                scales = st.raw(p.scale.name).reshape(p.scale.shape)
-                try:
-                    imp = mx.from_codes(
-                        data, scales, element=p.element, block_size=p.block_size, axis=-1,
-                        name=p.hurray_name, packed=True, fallback=fallback,
-                    )
-                except ConversionRefused as exc:
-                    refusals.extend(exc.reasons)
-                    rep.tensors.append(report.TensorPlan(
-                        p.hurray_name, pair_label(p), "refused", report.REFUSED,
-                        bytes_in=p.data.nbytes + p.scale.nbytes, reason=exc.reasons[0][2] if exc.reasons else str(exc),
-                    ))
-                    layout.append({"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "hurray": p.hurray_name,
-                                   "role": "data", "convention": p.convention})
-                    continue
-                fell_back = imp.status != mx.EXACT
-                role = "fallback" if fell_back else "data"
-                layout.append({"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "hurray": p.hurray_name,
-                               "role": role, "convention": p.convention})
-                items.append((p.hurray_name, imp.tensor))
-                kv_records.update(imp.kv)
-                el = mx.mx_element(p.element)
-                rep.tensors.append(report.TensorPlan(
-                    p.hurray_name, pair_label(p),
-                    f"plain {fallback}" if fell_back else
-                    f"MXFP {el.hurray.name} K={p.block_size} axis={p.axis}",
-                    {mx.EXACT: report.EXACT, mx.VALUE_EXACT: report.VALUE_EXACT, mx.LOSSY: report.LOSSY}[imp.status],
-                    bytes_in=p.data.nbytes + p.scale.nbytes, bytes_out=imp.tensor.nbytes, reason=imp.reason,
-                    max_abs_error=imp.max_abs_error, substituted_blocks=int(imp.substituted_blocks.size),
-                ))
-                continue
-            et, exact_type = hurray_type_for(e.dtype, tensor=e.name)
-            raw = st.raw(e.name)
-            shape = e.shape if exact_type else (raw.size,)
-            t = Tensor(e.name, _plain_descriptor(et, tuple(shape), int(raw.size)), (raw,))
-            items.append((e.name, t))
-            layout.append({"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "hurray": e.name, "role": "plain"})
-            rep.tensors.append(report.TensorPlan(
-                e.name, e.dtype, et.name if exact_type else f"uint8 bytes (dtype {e.dtype} recorded)", report.EXACT,
-                bytes_in=int(raw.size), bytes_out=int(raw.size),
-            ))
-        # scale entries were appended before we knew about fallbacks; fix their roles
-        fb = {d["hurray"] for d in layout if d["role"] == "fallback"}
-        for d in layout:
-            if d["role"] in ("scale", "fallback-scale"):
-                d["role"] = "fallback-scale" if d["hurray"] in fb else "scale"
-        names = [n for n, _ in items]
-        if len(set(names)) != len(names):
-            dup = next(n for n in names if names.count(n) > 1)
-            raise InconsistentError(f"two source tensors map to the Hurray name {dup!r}", path=src, tensor=dup)
-        if refusals and not dry_run and dst is not None:
+                plan.layout.append(_entry(e, by_scale[e.name].hurray_name, "scale", by_scale[e.name].convention))
+            elif e.name in by_data:
+                plan.pair(st, by_data[e.name], e, fallback)
+            else:
+                plan.plain(st, e)
+        plan.mark_fallback_scales()
+        _check_unique([n for n, _ in plan.items], "two source tensors map to the Hurray name", src)
+        if plan.refusals and not dry_run and dst is not None:
             raise ConversionRefused(
-                f"{len(refusals)} tensor(s) not exactly representable (choose a fallback to store them dequantized): "
-                + "; ".join(f"{t}: {r}" for t, _, r in refusals),
-                path=src, reasons=refusals, report=rep,
+                f"{len(plan.refusals)} tensor(s) not exactly representable (choose a fallback to store them dequantized): "
+                + "; ".join(f"{t}: {r}" for t, _, r in plan.refusals),
+                path=src, reasons=plan.refusals, report=rep,
             )
+        conventions = {p.convention for p in pairs}
         convention = "none" if not conventions else (conventions.pop() if len(conventions) == 1 else "mixed")
         rep.notes.append(f"checkpoint convention: {convention}")
         if dry_run or dst is None:
             return rep
-        kv: dict[str, Any] = {
-            KV_CONVENTION: convention,
-            KV_LAYOUT: json.dumps({"version": LAYOUT_VERSION, "convention": convention, "tensors": layout},
-                                  separators=(",", ":"), ensure_ascii=False),
-            KV_HEADER: st.header_bytes,
-        }
-        if st.metadata is not None:
-            kv[KV_METADATA] = json.dumps(st.metadata, separators=(",", ":"), ensure_ascii=False)
-        kv.update(kv_records)
-        total = sum(t.nbytes for _, t in items)
-        done = 0
-        with HrryWriter(dst, force=force, tensor_count_hint=len(items), inputs=(src,)) as w:
-            for name, t in items:
-                w.write(name, t.descriptor, t.data)
-                done += t.nbytes
-                if progress:
-                    progress(done, total)
-            w.finish(kv)
+        _write_hrry(st, src, dst, plan, convention, force=force, progress=progress)
     return rep
+
+
+def _write_hrry(st: SafetensorsFile, src: Any, dst: Any, plan: _ImportPlan, convention: str, *,
+                force: bool, progress: Callable[[int, int], None] | None) -> None:
+    """Write the planned tensors and the records that let the export restore the file."""
+    kv: dict[str, Any] = {
+        KV_CONVENTION: convention,
+        KV_LAYOUT: json.dumps({"version": LAYOUT_VERSION, "convention": convention, "tensors": plan.layout},
+                              separators=(",", ":"), ensure_ascii=False),
+        KV_HEADER: st.header_bytes,
+    }
+    if st.metadata is not None:
+        kv[KV_METADATA] = json.dumps(st.metadata, separators=(",", ":"), ensure_ascii=False)
+    kv.update(plan.kv_records)
+    total = sum(t.nbytes for _, t in plan.items)
+    done = 0
+    with HrryWriter(dst, force=force, tensor_count_hint=len(plan.items), inputs=(src,)) as w:
+        for name, t in plan.items:
+            w.write(name, t.descriptor, t.data)
+            done += t.nbytes
+            if progress:
+                progress(done, total)
+        w.finish(kv)
 
 
 def _kv_value(kv: dict[str, Any], key: str, kind: type, path: Any) -> Any:
@@ -241,19 +269,182 @@ def _layout_entry_ok(d: Any) -> bool:
     return isinstance(shape, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape)
 
 
-def _load_layout(kv: dict[str, Any], path: Any) -> dict[str, Any] | None:
-    raw = _kv_value(kv, KV_LAYOUT, str, path)
+def _json_record(kv: dict[str, Any], key: str, what: str, valid: Callable[[Any], bool], path: Any) -> Any:
+    """The JSON value of the string record ``key`` (None when absent); FormatError unless
+    it parses and ``valid`` accepts it."""
+    raw = _kv_value(kv, key, str, path)
     if raw is None:
         return None
     try:
-        lay = json.loads(raw)
-        ok = isinstance(lay, dict) and lay.get("version") == LAYOUT_VERSION and isinstance(lay.get("tensors"), list)
-        ok = ok and all(_layout_entry_ok(d) for d in lay["tensors"])
+        value = json.loads(raw)
+        ok = valid(value)
     except (ValueError, RecursionError, TypeError, KeyError):  # JSONDecodeError is a ValueError
         ok = False
     if not ok:
-        raise FormatError("malformed safetensors layout record", path=path, field=KV_LAYOUT)
-    return lay
+        raise FormatError(f"malformed safetensors {what} record", path=path, field=key)
+    return value
+
+
+def _layout_ok(lay: Any) -> bool:
+    ok = isinstance(lay, dict) and lay.get("version") == LAYOUT_VERSION and isinstance(lay.get("tensors"), list)
+    return ok and all(_layout_entry_ok(d) for d in lay["tensors"])
+
+
+def _metadata_ok(md: Any) -> bool:
+    return isinstance(md, dict) and all(isinstance(v, str) for v in md.values())
+
+
+#: one tensor as it will be written: (name, safetensors dtype, shape, bytes)
+_Part = tuple[str, str, tuple[int, ...], Any]
+
+
+class _Export:
+    """The parts of one .hrry → safetensors export, tensor by tensor, with the report."""
+
+    def __init__(self, hf: HrryFile, src: Any, rep: report.ConversionReport, convention: str | None,
+                 fallback: str | None) -> None:
+        self.hf, self.src, self.rep = hf, src, rep
+        self.convention, self.fallback = convention, fallback
+        self.out: list[_Part] = []
+        self.refused: list[tuple[str, str, str]] = []
+        self._mx: dict[str, Any] = {}
+
+    def refuse(self, hname: str, t: Tensor, why: str) -> None:
+        self.refused.append((hname, t.describe(), why))
+        self.rep.tensors.append(report.TensorPlan(hname, t.describe(), "refused", report.REFUSED,
+                                                  bytes_in=t.nbytes, reason=why))
+
+    def fallback_part(self, hname: str, t: Tensor, why: str) -> _Part | None:
+        """``t`` dequantized and cast to the fallback dtype, or a refusal without one."""
+        fallback = self.fallback
+        if fallback is None:
+            self.refuse(hname, t, why)
+            return None
+        from ..dequant import dequantize  # the shared dequantizer (float32, exact)
+
+        vals = dequantize(t)
+        et = element_type(fallback)
+        stored = fallbacks.cast(vals, fallback)
+        err = fallbacks.max_abs_error(vals, stored)
+        self.rep.tensors.append(report.TensorPlan(
+            hname, t.describe(), f"{safetensors_dtype_for(et)} (fallback)",
+            fallbacks.status(err), bytes_in=t.nbytes, bytes_out=stored.nbytes,
+            reason=f"{why}; written dequantized as {fallback}", max_abs_error=err,
+        ))
+        return (hname, safetensors_dtype_for(et), tuple(int(x) for x in vals.shape), stored.reshape(-1).view(np.uint8))
+
+    def mx_parts(self, hname: str, conv: str) -> Any:
+        """An MXFP tensor as ``("pair", data part, scale part, convention)``, as
+        ``("fallback", part)``, or None (refused); computed once per tensor."""
+        if hname not in self._mx:
+            self._mx[hname] = self._mx_parts(hname, conv)
+        return self._mx[hname]
+
+    def _mx_parts(self, hname: str, conv: str) -> Any:
+        t = self.hf.tensor(hname)
+        try:
+            el, shape, k, axis = mx.mxfp_geometry(t)
+            conv = convention_for(el.hurray.name, conv)
+            if axis != len(shape) - 1:
+                raise UnsupportedError(f"{conv} stores blocks along the last axis, this tensor along axis {axis}", tensor=hname)
+            dshape, sshape = pair_shapes(shape, el.hurray.name, k, conv, tensor=hname)
+            dname, sname = pair_names(hname, conv)
+            rec = _kv_value(self.hf.kv, scale_record_key(hname), bytes, self.src)
+            scales = mx.ocp_scale_bytes(t, record=rec)
+        except (UnsupportedError, ConversionRefused) as exc:
+            part = self.fallback_part(hname, t, getattr(exc, "message", str(exc)))
+            return None if part is None else ("fallback", part)
+        self.rep.tensors.append(report.TensorPlan(
+            hname, f"MXFP {el.hurray.name} K={k}", f"{el.ocp} ({conv}): {dname} + {sname}", report.EXACT,
+            bytes_in=t.nbytes, bytes_out=t.nbytes,
+            substituted_blocks=0 if rec is None else int(decode_scale_record(rec, key=scale_record_key(hname))[0].size),
+        ))
+        return ("pair", (dname, pair_data_dtype(el.hurray.name, conv), dshape, t.data[0]), (sname, "U8", sshape, scales), conv)
+
+    def plain_part(self, hname: str, dtype: str | None, shape: tuple[int, ...] | None) -> _Part | None:
+        """A plain tensor's bytes under the recorded (or its own) dtype; a fallback otherwise."""
+        t = self.hf.tensor(hname)
+        d = t.descriptor
+        if any(x is None for x in d.shape):  # no fallback either: nothing can be decoded without sizes
+            self.refuse(hname, t, f"shape {['?' if x is None else x for x in d.shape]} has a dynamic dimension; "
+                                  "safetensors needs sizes")
+            return None
+        if d.quantization is not None or not isinstance(d.layout, RowMajor) or len(t.data) != 1 or d.byte_offset:
+            return self.fallback_part(hname, t, "only plain row-major tensors and MX pairs have a safetensors form")
+        if dtype is None:
+            try:
+                dtype = safetensors_dtype_for(d.element_type, tensor=hname)
+            except UnsupportedError as exc:
+                return self.fallback_part(hname, t, exc.message)
+            shape = tuple(int(s) for s in d.shape)  # type: ignore[arg-type]
+        et, _ = hurray_type_for(dtype, tensor=hname)
+        if et != d.element_type:
+            raise InconsistentError(
+                f"recorded dtype {dtype} does not match the stored element type {d.element_type.name}", path=self.src, tensor=hname
+            )
+        need = dtype_nbytes(dtype, shape or (), tensor=hname)
+        if need != t.data[0].size:
+            raise InconsistentError(
+                f"recorded {dtype} {list(shape or ())} needs {need} bytes, the stored tensor holds {t.data[0].size}",
+                path=self.src, tensor=hname,
+            )
+        self.rep.tensors.append(report.TensorPlan(hname, d.element_type.name, dtype, report.EXACT,
+                                                  bytes_in=t.nbytes, bytes_out=t.nbytes))
+        return (hname, dtype, tuple(shape or ()), t.data[0])
+
+    def recorded(self, d: dict[str, Any]) -> None:
+        """One entry of the layout record, in the record's order."""
+        role, hname = d["role"], d["hurray"]
+        if hname not in self.hf:
+            raise FormatError(f"layout record names a tensor missing from the file: {hname!r}", path=self.src, tensor=hname)
+        if role == "plain":
+            part = self.plain_part(hname, d["dtype"], tuple(d["shape"]))
+            if part is not None:
+                self.out.append((d["name"], *part[1:]))
+        elif role == "fallback":
+            part = self.plain_part(hname, None, None)
+            if part is not None:
+                self.out.append(part)
+                self.rep.notes.append(f"{hname}: was stored dequantized at import; written as plain {part[1]}")
+        elif role in ("data", "scale"):
+            self._recorded_pair_half(d)
+        elif role != "fallback-scale":  # a fallback's scale half has nothing to write
+            raise FormatError(f"unknown role {role!r} in the layout record", path=self.src, field=KV_LAYOUT)
+
+    def _recorded_pair_half(self, d: dict[str, Any]) -> None:
+        role, hname = d["role"], d["hurray"]
+        rec_conv = d.get("convention") or "gpt-oss"
+        got = self.mx_parts(hname, self.convention or rec_conv)
+        if got is None:
+            return
+        if got[0] == "fallback":
+            if role == "data":
+                self.out.append(got[1])
+            return
+        part = got[1] if role == "data" else got[2]
+        if got[3] == rec_conv:
+            # the recorded name/dtype/shape (e.g. an F8_E8M0 scale tensor), same bytes
+            if tuple(d["shape"]) != part[2] or d["name"] != part[0]:
+                raise InconsistentError(
+                    f"recorded {role} tensor {d['name']!r} {d['shape']} does not match the stored MX tensor",
+                    path=self.src, tensor=hname,
+                )
+            if (role == "data" and d["dtype"] != part[1]) or (role == "scale" and d["dtype"] not in ("U8", "F8_E8M0")):
+                raise FormatError(f"recorded dtype {d['dtype']!r} is not an MX byte dtype", path=self.src, tensor=hname)
+            part = (part[0], d["dtype"], part[2], part[3])
+        self.out.append(part)
+
+    def unrecorded(self, hname: str) -> None:
+        """A tensor the layout record does not know (or there is no record): file order."""
+        t = self.hf.tensor(hname)
+        if isinstance(t.descriptor.quantization, MXFP):
+            got = self.mx_parts(hname, self.convention or "gpt-oss")
+            if got is not None:
+                self.out.extend(got[1:3] if got[0] == "pair" else [got[1]])
+        else:
+            part = self.plain_part(hname, None, None)
+            if part is not None:
+                self.out.append(part)
 
 
 @errors_name_source  # records and buffers are input: errors say which file
@@ -285,179 +476,46 @@ def hurray_to_safetensors(
         str(src), None if dst is None else str(dst), "hurray", "safetensors", dry_run=dry_run
     )
     with HrryFile(src) as hf:
-        kv = hf.kv
-        layout = _load_layout(kv, src)
-        md_raw = _kv_value(kv, KV_METADATA, str, src)
-        metadata = None
-        if md_raw is not None:
-            try:
-                metadata = json.loads(md_raw)
-            except (ValueError, RecursionError):
-                metadata = None
-            if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-                raise FormatError("malformed safetensors metadata record", path=src, field=KV_METADATA)
-        header = _kv_value(kv, KV_HEADER, bytes, src)
-        out: list[tuple[str, str, tuple[int, ...], Any]] = []
+        layout = _json_record(hf.kv, KV_LAYOUT, "layout", _layout_ok, src)
+        metadata = _json_record(hf.kv, KV_METADATA, "metadata", _metadata_ok, src)
+        header = _kv_value(hf.kv, KV_HEADER, bytes, src)
+        ex = _Export(hf, src, rep, convention, fallback)
         done: set[str] = set()
-        refused: list[tuple[str, str, str]] = []
-        mx_cache: dict[str, Any] = {}
-
-        def record_for(name: str) -> bytes | None:
-            return _kv_value(kv, scale_record_key(name), bytes, src)
-
-        def fallback_part(hname: str, t: Tensor, why: str) -> tuple[str, str, tuple[int, ...], Any] | None:
-            src_type = t.describe()
-            if fallback is None:
-                refused.append((hname, src_type, why))
-                rep.tensors.append(report.TensorPlan(hname, src_type, "refused", report.REFUSED, bytes_in=t.nbytes, reason=why))
-                return None
-            from ..dequant import dequantize  # the shared dequantizer (float32, exact)
-
-            vals = dequantize(t)
-            et = element_type(fallback)
-            stored = fallbacks.cast(vals, fallback)
-            err = fallbacks.max_abs_error(vals, stored)
-            rep.tensors.append(report.TensorPlan(
-                hname, src_type, f"{safetensors_dtype_for(et)} (fallback)",
-                fallbacks.status(err), bytes_in=t.nbytes, bytes_out=stored.nbytes,
-                reason=f"{why}; written dequantized as {fallback}", max_abs_error=err,
-            ))
-            return (hname, safetensors_dtype_for(et), tuple(int(x) for x in vals.shape), stored.reshape(-1).view(np.uint8))
-
-        def mx_parts(hname: str, conv: str) -> Any:
-            t = hf.tensor(hname)
-            try:
-                el, shape, k, axis = mx.mxfp_geometry(t)
-                conv = convention_for(el.hurray.name, conv)
-                if axis != len(shape) - 1:
-                    raise UnsupportedError(f"{conv} stores blocks along the last axis, this tensor along axis {axis}", tensor=hname)
-                dshape, sshape = pair_shapes(shape, el.hurray.name, k, conv, tensor=hname)
-                dname, sname = pair_names(hname, conv)
-                rec = record_for(hname)
-                scales = mx.ocp_scale_bytes(t, record=rec)
-            except (UnsupportedError, ConversionRefused) as exc:
-                part = fallback_part(hname, t, getattr(exc, "message", str(exc)))
-                return None if part is None else ("fallback", part)
-            rep.tensors.append(report.TensorPlan(
-                hname, f"MXFP {el.hurray.name} K={k}", f"{el.ocp} ({conv}): {dname} + {sname}", report.EXACT,
-                bytes_in=t.nbytes, bytes_out=t.nbytes,
-                substituted_blocks=0 if rec is None else int(decode_scale_record(rec, key=scale_record_key(hname))[0].size),
-            ))
-            return ("pair", (dname, pair_data_dtype(el.hurray.name, conv), dshape, t.data[0]), (sname, "U8", sshape, scales), conv)
-
-        def plain_part(hname: str, dtype: str | None, shape: tuple[int, ...] | None) -> Any:
-            t = hf.tensor(hname)
-            d = t.descriptor
-            if any(x is None for x in d.shape):  # no fallback either: nothing can be decoded without sizes
-                why = f"shape {['?' if x is None else x for x in d.shape]} has a dynamic dimension; safetensors needs sizes"
-                refused.append((hname, t.describe(), why))
-                rep.tensors.append(report.TensorPlan(hname, t.describe(), "refused", report.REFUSED, bytes_in=t.nbytes, reason=why))
-                return None
-            if d.quantization is not None or not isinstance(d.layout, RowMajor) or len(t.data) != 1 or d.byte_offset:
-                return fallback_part(hname, t, "only plain row-major tensors and MX pairs have a safetensors form")
-            if dtype is None:
-                try:
-                    dtype = safetensors_dtype_for(d.element_type, tensor=hname)
-                except UnsupportedError as exc:
-                    return fallback_part(hname, t, exc.message)
-                shape = tuple(int(s) for s in d.shape)  # type: ignore[arg-type]
-            et, _ = hurray_type_for(dtype, tensor=hname)
-            if et != d.element_type:
-                raise InconsistentError(
-                    f"recorded dtype {dtype} does not match the stored element type {d.element_type.name}", path=src, tensor=hname
-                )
-            if dtype_nbytes(dtype, shape or (), tensor=hname) != t.data[0].size:
-                raise InconsistentError(
-                    f"recorded {dtype} {list(shape or ())} needs {dtype_nbytes(dtype, shape or (), tensor=hname)} bytes, "
-                    f"the stored tensor holds {t.data[0].size}",
-                    path=src, tensor=hname,
-                )
-            rep.tensors.append(report.TensorPlan(hname, d.element_type.name, dtype, report.EXACT,
-                                                 bytes_in=t.nbytes, bytes_out=t.nbytes))
-            return (hname, dtype, tuple(shape or ()), t.data[0])
-
-        entries = layout["tensors"] if layout else []
-        for d in entries:
-            role, hname = d["role"], d["hurray"]
-            if hname not in hf:
-                raise FormatError(f"layout record names a tensor missing from the file: {hname!r}", path=src, tensor=hname)
-            if role == "plain":
-                part = plain_part(hname, d["dtype"], tuple(d["shape"]))
-                if part is not None:
-                    out.append((d["name"],) + tuple(part[1:]))  # type: ignore[arg-type]
-            elif role == "fallback":
-                part = plain_part(hname, None, None)
-                if part is not None:
-                    out.append(part)
-                    rep.notes.append(f"{hname}: was stored dequantized at import; written as plain {part[1]}")
-            elif role == "fallback-scale":
-                pass
-            elif role in ("data", "scale"):
-                rec_conv = d.get("convention") or "gpt-oss"
-                conv = convention or rec_conv
-                if hname not in mx_cache:
-                    mx_cache[hname] = mx_parts(hname, conv)
-                got = mx_cache[hname]
-                if got is None:
-                    pass
-                elif got[0] == "fallback":
-                    if role == "data":
-                        out.append(got[1])
-                else:
-                    part = got[1] if role == "data" else got[2]
-                    if got[3] == rec_conv:
-                        # the recorded name/dtype/shape (e.g. an F8_E8M0 scale tensor), same bytes
-                        if tuple(d["shape"]) != part[2] or d["name"] != part[0]:
-                            raise InconsistentError(
-                                f"recorded {role} tensor {d['name']!r} {d['shape']} does not match the stored MX tensor",
-                                path=src, tensor=hname,
-                            )
-                        if (role == "data" and d["dtype"] != part[1]) or (role == "scale" and d["dtype"] not in ("U8", "F8_E8M0")):
-                            raise FormatError(f"recorded dtype {d['dtype']!r} is not an MX byte dtype", path=src, tensor=hname)
-                        part = (part[0], d["dtype"], part[2], part[3])
-                    out.append(part)
-            else:
-                raise FormatError(f"unknown role {role!r} in the layout record", path=src, field=KV_LAYOUT)
-            done.add(hname)
-        # tensors the record does not know (or no record at all): file order
+        for d in layout["tensors"] if layout else []:
+            ex.recorded(d)
+            done.add(d["hurray"])
         for hname in hf.top_level_names():
-            if hname in done:
-                continue
-            t = hf.tensor(hname)
-            if isinstance(t.descriptor.quantization, MXFP):
-                got = mx_parts(hname, convention or "gpt-oss")
-                if got is not None:
-                    out.extend(got[1:3] if got[0] == "pair" else [got[1]])
-            else:
-                part = plain_part(hname, None, None)
-                if part is not None:
-                    out.append(part)
-        if refused:
+            if hname not in done:
+                ex.unrecorded(hname)
+        if ex.refused:
             if dry_run or dst is None:
                 return rep
             raise ConversionRefused(
-                f"{len(refused)} tensor(s) have no exact safetensors form; nothing was written "
+                f"{len(ex.refused)} tensor(s) have no exact safetensors form; nothing was written "
                 "(choose --fallback float32|float16|bfloat16 to write them dequantized)",
-                path=src, reasons=refused, report=rep,
+                path=src, reasons=ex.refused, report=rep,
             )
-        names = [o[0] for o in out]
-        if len(set(names)) != len(names):
-            dup = next(n for n in names if names.count(n) > 1)
-            raise InconsistentError(f"two tensors would be written as {dup!r}", path=src, tensor=dup)
+        _check_unique([o[0] for o in ex.out], "two tensors would be written as", src)
         if dry_run or dst is None:
             return rep
-        total = sum(int(np.asarray(o[3]).nbytes) for o in out)
-        state = {"done": 0}
-
-        def counted(src_buf: Any) -> Any:
-            def gen() -> Any:
-                yield src_buf
-                state["done"] += int(np.asarray(src_buf).nbytes)
-                if progress:
-                    progress(state["done"], total)
-
-            return gen
-
-        write_safetensors(dst, [(n, d, s, counted(b)) for n, d, s, b in out], metadata,
-                          force=force, header=header, inputs=(src,))
+        _write_safetensors(dst, src, ex.out, metadata, header, force=force, progress=progress)
     return rep
+
+
+def _write_safetensors(dst: Any, src: Any, out: list[_Part], metadata: dict[str, str] | None, header: bytes | None,
+                       *, force: bool, progress: Callable[[int, int], None] | None) -> None:
+    """Write the parts, calling ``progress(done_bytes, total_bytes)`` as each one is written."""
+    total = sum(int(np.asarray(o[3]).nbytes) for o in out)
+    state = {"done": 0}
+
+    def counted(src_buf: Any) -> Any:
+        def gen() -> Any:
+            yield src_buf
+            state["done"] += int(np.asarray(src_buf).nbytes)
+            if progress:
+                progress(state["done"], total)
+
+        return gen
+
+    write_safetensors(dst, [(n, d, s, counted(b)) for n, d, s, b in out], metadata,
+                      force=force, header=header, inputs=(src,))

@@ -77,6 +77,8 @@ from ..files.binary import Reader
 from .elements import ELEMENT_TYPES_BY_TAG, ElementType, buffer_size, e8m0_reserved, is_private_tag
 from .model import (
     DYNAMIC,
+    LAYOUT_NAMES,
+    SCHEME_NAMES,
     MXFP,
     NF4,
     BlockPaged,
@@ -195,13 +197,7 @@ _NF4_STORAGE = frozenset({0x49})
 _MXFP_STORAGE = frozenset({0x40, 0x41, 0x43, 0x44, 0x45, 0x10, 0x48})
 _PER_BLOCK_SCALE_TYPES = frozenset({0x01, 0x02, 0x03})
 
-_SCHEME_NAMES = {0x01: "per-tensor affine", 0x02: "per-channel affine", 0x03: "per-block affine", 0x04: "NF4", 0x05: "MXFP"}
-
 _DENSE_LAYOUTS = frozenset({0x01, 0x02, 0x03, 0x04, 0x05, 0x40})
-_LAYOUT_NAMES = {
-    0x01: "row-major", 0x02: "column-major", 0x03: "strided", 0x04: "tiled", 0x05: "morton",
-    0x06: "coo", 0x07: "csr", 0x08: "csc", 0x09: "csf", 0x0A: "block-paged", 0x0B: "composite", 0x40: "hilbert",
-}
 
 
 def _pow2(v: int) -> bool:
@@ -468,6 +464,27 @@ def _decode(buf, offset: int, path, tensor, base: int) -> Descriptor:  # type: i
     layout_at = rd.pos
     layout = _decode_layout(rd, layout_tag, rank, ctx, start)
     layout_len = rd.pos - layout_at
+    buffers = _decode_buffer_table(rd, ctx, start)
+    quant, qpad, shard, stats, ext, member = _decode_sections(rd, flags, rank, ctx, start, path, tensor, base)
+    if minor == 0 and rd.pos != rd.end:
+        raise ctx.err(
+            InconsistentError,
+            f"descriptor_length {length} but the fields end after {rd.pos - start} bytes (version 1.0 requires an exact length)",
+            "descriptor_length", 6,
+        )
+    if et is None:
+        et = private_element_type(type_tag, ext)
+    desc = Descriptor(
+        element_type=et, shape=shape, buffers=tuple(buffers), layout=layout, byte_offset=byte_offset,
+        quantization=quant, quantization_padding=qpad, shard=shard, statistics=stats, extension_type=ext,
+        composite_member=member, version_major=major, version_minor=minor,
+    )
+    _validate(desc, _locate(desc, ctx, layout_len), structural=False)
+    return desc
+
+
+def _decode_buffer_table(rd: Reader, ctx: "_Ctx", start: int) -> list[BufferHandle]:
+    """``buffer_count`` and the 16-byte buffer handles (reserved byte zero)."""
     count_at = rd.pos
     nbuf = rd.u8("buffer_count")
     raw = rd.unpack(_vec("QIBBBB", nbuf), "buffer table") if nbuf else ()
@@ -477,6 +494,12 @@ def _decode(buf, offset: int, path, tensor, base: int) -> Descriptor:  # type: i
         if res:
             raise ctx.err(FormatError, f"reserved byte is {res:#04x}, must be 0", f"buffer[{i}]._reserved", count_at + 1 + 16 * i + 15 - start)
         buffers.append(BufferHandle(size, align, dev, sync, mclass))
+    return buffers
+
+
+def _decode_sections(rd: Reader, flags: int, rank: int, ctx: "_Ctx", start: int, path, tensor, base: int):  # type: ignore[no-untyped-def]
+    """The optional sections the flags announce, in wire order: quantization (and its
+    padding), shard, statistics, extension type, composite member (None when absent)."""
     quant = None
     qpad = b""
     if flags & F_QUANT:
@@ -515,21 +538,7 @@ def _decode(buf, offset: int, path, tensor, base: int) -> Descriptor:  # type: i
         if res != bytes(15):
             raise ctx.err(FormatError, "reserved composite-member bytes must be zero", "composite_member._reserved", at + 1 - start)
         member = CompositeMember(role)
-    if minor == 0 and rd.pos != rd.end:
-        raise ctx.err(
-            InconsistentError,
-            f"descriptor_length {length} but the fields end after {rd.pos - start} bytes (version 1.0 requires an exact length)",
-            "descriptor_length", 6,
-        )
-    if et is None:
-        et = private_element_type(type_tag, ext)
-    desc = Descriptor(
-        element_type=et, shape=shape, buffers=tuple(buffers), layout=layout, byte_offset=byte_offset,
-        quantization=quant, quantization_padding=qpad, shard=shard, statistics=stats, extension_type=ext,
-        composite_member=member, version_major=major, version_minor=minor,
-    )
-    _validate(desc, _locate(desc, ctx, layout_len), structural=False)
-    return desc
+    return quant, qpad, shard, stats, ext, member
 
 
 def _decode_layout(rd: Reader, tag: int, rank: int, ctx: _Ctx, start: int) -> object:
@@ -645,7 +654,7 @@ def _decode_scheme(buf: memoryview, pos: int, n: int, ctx: _Ctx) -> tuple[Quanti
     if tag not in _Q_LEN:
         kind = "invalid" if tag in (0x00, 0xFF) else "private" if is_private_tag(tag) else "unknown or reserved"
         raise ctx.err(FormatError, f"{kind} quantization scheme_tag {tag:#04x}", "quantization.scheme_tag", 0)
-    name = _SCHEME_NAMES[tag]
+    name = SCHEME_NAMES[tag]
     if version == 0:
         raise ctx.err(FormatError, f"{name} scheme_version 0 is invalid (must be 1)", "quantization.scheme_version", 1)
     if version > 1:
@@ -790,7 +799,7 @@ def _validate_structural(desc: Descriptor, ctx: _Ctx) -> None:
             raise ctx.err(FormatError, f"unknown or reserved type_tag {et.tag:#04x}", "type_tag", 14)
         if desc.extension_type is not None:
             raise ctx.err(InconsistentError, f"HAS_EXTENSION_TYPE set for standard type {et.name}", "flags", 10)
-    if not (tag in _LAYOUT_NAMES or (isinstance(layout, PrivateLayout) and is_private_tag(tag))):
+    if not (tag in LAYOUT_NAMES or (isinstance(layout, PrivateLayout) and is_private_tag(tag))):
         raise ctx.err(FormatError, f"unknown or reserved layout_tag {tag:#04x}", "layout_tag", 15)
     if isinstance(layout, Coo) and layout.is_sorted not in (0, 1):
         raise ctx.err(FormatError, f"is_sorted {layout.is_sorted!r} is not a bool", "coo.is_sorted", ctx.layout + 8)
@@ -836,7 +845,7 @@ def _validate(desc: Descriptor, ctx: _Ctx, *, structural: bool) -> None:
 
     # --- rank / scalars --------------------------------------------------
     if r == 0 and tag != 0x01:
-        raise ctx.err(FormatError, f"a rank-0 tensor must be row-major, not {_LAYOUT_NAMES.get(tag, hex(tag))}", "layout_tag", 15)
+        raise ctx.err(FormatError, f"a rank-0 tensor must be row-major, not {LAYOUT_NAMES.get(tag, hex(tag))}", "layout_tag", 15)
 
     _validate_layout_semantics(desc, ctx)
 
@@ -881,7 +890,7 @@ def _validate(desc: Descriptor, ctx: _Ctx, *, structural: bool) -> None:
     # --- byte_offset -----------------------------------------------------
     if desc.byte_offset:
         if tag in (0x06, 0x07, 0x08, 0x09, 0x0A, 0x0B):
-            raise ctx.err(InconsistentError, f"byte_offset must be 0 for a {_LAYOUT_NAMES[tag]} layout, not {desc.byte_offset}", "byte_offset", ctx.byte_offset)
+            raise ctx.err(InconsistentError, f"byte_offset must be 0 for a {LAYOUT_NAMES[tag]} layout, not {desc.byte_offset}", "byte_offset", ctx.byte_offset)
         if bufs and desc.byte_offset > bufs[0].byte_size:
             raise ctx.err(InconsistentError, f"byte_offset {desc.byte_offset} exceeds buffer 0's byte_size {bufs[0].byte_size}", "byte_offset", ctx.byte_offset)
 
@@ -1000,7 +1009,7 @@ def _validate_layout_semantics(desc: Descriptor, ctx: _Ctx) -> None:
                 raise ctx.err(InconsistentError, f"shape[{k}] = {d} exceeds 2^{b}", f"morton.bits[{k}]", L + 4 * k)
     elif isinstance(layout, (Csr, Csc)):
         if r != 2:
-            raise ctx.err(InconsistentError, f"a {_LAYOUT_NAMES[layout.tag]} tensor must have rank 2, not {r}", "rank", 16)
+            raise ctx.err(InconsistentError, f"a {LAYOUT_NAMES[layout.tag]} tensor must have rank 2, not {r}", "rank", 16)
     elif isinstance(layout, Csf):
         if r < 3:
             raise ctx.err(InconsistentError, f"a CSF tensor must have rank >= 3, not {r}", "rank", 16)
@@ -1042,7 +1051,7 @@ def _validate_shard(desc: Descriptor, ctx: _Ctx) -> None:
     assert s is not None
     r = len(desc.shape)
     if isinstance(desc.layout, (BlockPaged, Csf)):
-        raise ctx.err(InconsistentError, f"a shard section is forbidden on a {_LAYOUT_NAMES[desc.layout.tag]} layout", "flags", 10)
+        raise ctx.err(InconsistentError, f"a shard section is forbidden on a {LAYOUT_NAMES[desc.layout.tag]} layout", "flags", 10)
     if len(s.parent_shape) != r or len(s.offset) != r:
         raise ctx.err(InconsistentError, f"shard vectors must have {r} entries", "shard.parent_shape", ctx.shard)
     for k in range(r):
@@ -1159,7 +1168,7 @@ def _validate_quantization(desc: Descriptor, ctx: _Ctx) -> int:
     et = desc.element_type
     shape = desc.shape
     r = len(shape)
-    name = _SCHEME_NAMES[q.scheme_tag]
+    name = SCHEME_NAMES[q.scheme_tag]
     storage = {0x01: _AFFINE_STORAGE, 0x02: _AFFINE_STORAGE, 0x03: _PER_BLOCK_STORAGE, 0x04: _NF4_STORAGE, 0x05: _MXFP_STORAGE}[q.scheme_tag]
     if et.tag not in storage:
         raise ctx.err(InconsistentError, f"storage type {et.name} is not allowed with {name}", "type_tag", 14)
@@ -1240,7 +1249,7 @@ def _validate_buffer_count(desc: Descriptor, ctx: _Ctx, nparams: int) -> None:
         return
     want = own + nparams
     if n != want:
-        lname = _LAYOUT_NAMES[desc.layout.tag]
+        lname = LAYOUT_NAMES[desc.layout.tag]
         quant = f" + {nparams} quantization parameter buffer(s)" if nparams else ""
         raise ctx.err(InconsistentError, f"buffer_count {n}, but a {lname} tensor has {own}{quant}", "buffer_count", ctx.buffers)
 
@@ -1258,7 +1267,7 @@ def _validate_data_size(desc: Descriptor, ctx: _Ctx) -> None:
             if got != want_i:
                 raise ctx.err(
                     InconsistentError,
-                    f"{_LAYOUT_NAMES[layout.tag]} {role} buffer {i} holds {got} bytes, needs {want_i}",
+                    f"{LAYOUT_NAMES[layout.tag]} {role} buffer {i} holds {got} bytes, needs {want_i}",
                     f"buffer[{i}].byte_size", ctx.buffers + 1 + 16 * i,
                 )
         return

@@ -64,6 +64,10 @@ __all__ = [
     "OP_NONE",
     "OP_REPLACE",
     "OP_ADD",
+    "LAYOUT_NAMES",
+    "SCHEME_NAMES",
+    "RULE_NAMES",
+    "OP_NAMES",
 ]
 
 #: The dynamic-dimension sentinel on the wire.
@@ -80,6 +84,18 @@ RULE_GROUP = 3
 OP_NONE = 0
 OP_REPLACE = 1
 OP_ADD = 2
+
+#: the spec's layout tags and their names (private tags 0x80+ aside): the one table the
+#: descriptor checks and every report use
+LAYOUT_NAMES = {
+    0x01: "row-major", 0x02: "column-major", 0x03: "strided", 0x04: "tiled", 0x05: "morton",
+    0x06: "coo", 0x07: "csr", 0x08: "csc", 0x09: "csf", 0x0A: "block-paged", 0x0B: "composite", 0x40: "hilbert",
+}
+#: quantization scheme tags and their names
+SCHEME_NAMES = {0x01: "per-tensor affine", 0x02: "per-channel affine", 0x03: "per-block affine", 0x04: "NF4", 0x05: "MXFP"}
+#: composite rules and combine operations (OP_NONE has no name)
+RULE_NAMES = {RULE_PARTITION: "partition", RULE_OVERLAY: "overlay", RULE_GROUP: "group"}
+OP_NAMES = {OP_NONE: "", OP_REPLACE: "replace", OP_ADD: "add"}
 
 
 # ---------------------------------------------------------------------------
@@ -221,31 +237,33 @@ class PerTensorAffine:
     scheme_tag = 0x01
 
 
+class _ZeroPoints:
+    """Affine schemes with an optional zero-point buffer."""
+
+    zero_point_buffer_index: int | None
+
+    @property
+    def symmetric(self) -> bool:
+        return self.zero_point_buffer_index is None
+
+
 @dataclass(frozen=True)
-class PerChannelAffine:
+class PerChannelAffine(_ZeroPoints):
     axis: int
     scale_buffer_index: int
     zero_point_buffer_index: int | None = None  # None = SYMMETRIC
     scale_type: ElementType = field(default_factory=lambda: element_type("float32"))
     scheme_tag = 0x02
 
-    @property
-    def symmetric(self) -> bool:
-        return self.zero_point_buffer_index is None
-
 
 @dataclass(frozen=True)
-class PerBlockAffine:
+class PerBlockAffine(_ZeroPoints):
     axis: int
     block_size: int
     scale_buffer_index: int
     zero_point_buffer_index: int | None = None  # None = SYMMETRIC
     scale_type: ElementType = field(default_factory=lambda: element_type("float16"))
     scheme_tag = 0x03
-
-    @property
-    def symmetric(self) -> bool:
-        return self.zero_point_buffer_index is None
 
 
 @dataclass(frozen=True)
@@ -398,7 +416,7 @@ class Tensor:
         element type is counted: ``overlay(int4+96×float32)``."""
         d = self.descriptor
         if isinstance(d.layout, CompositeHead):
-            rule = _RULE_NAMES.get(d.layout.composition_rule, "composite")
+            rule = RULE_NAMES.get(d.layout.composition_rule, "composite")
             parts = []
             for name, run in itertools.groupby(m.element_type.name for m in self.members):
                 k = len(list(run))
@@ -406,11 +424,9 @@ class Tensor:
             return f"{rule}({'+'.join(parts)})"
         if d.quantization is None:
             return d.element_type.name
-        return f"{_SCHEME_NAMES[d.quantization.scheme_tag]} {d.element_type.name}"
+        return f"{SCHEME_NAMES[d.quantization.scheme_tag].removesuffix(' affine')} {d.element_type.name}"
 
 
-_SCHEME_NAMES = {0x01: "per-tensor", 0x02: "per-channel", 0x03: "per-block", 0x04: "NF4", 0x05: "MXFP"}
-_RULE_NAMES = {RULE_PARTITION: "partition", RULE_OVERLAY: "overlay", RULE_GROUP: "group"}
 
 
 def as_u8(buf: "bytes | bytearray | memoryview | np.ndarray | Sequence[int]") -> np.ndarray:

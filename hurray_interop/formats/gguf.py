@@ -759,6 +759,23 @@ class GGUFFile:
         size = len(buf)
         self.file_size = size
         p = _Parser(buf, size, self.path)
+        n_tensors, n_kv = self._parse_header(p, buf, size)
+        pos = self._parse_kv(p, n_kv, 24)
+        self.tensor_infos_offset = pos
+        self.alignment = self._alignment()
+        by_id = _type_index()[0]
+        raw_infos: list[tuple[str, int, tuple[int, ...], int, int, int, GGMLType]] = []
+        names: set[str] = set()
+        for i in range(n_tensors):
+            info, pos = self._parse_tensor_info(p, buf, size, pos, i, by_id, names)
+            raw_infos.append(info)
+        self.metadata_end = pos
+        self.data_offset = _align(pos, self.alignment)
+        self.tensors = [self._place(buf, size, *info) for info in raw_infos]
+        self._check_data_region(buf, size, pos)
+
+    def _parse_header(self, p: "_Parser", buf: Any, size: int) -> tuple[int, int]:
+        """Magic, version and the two counts (checked against the bytes left)."""
         if size < 4 or bytes(buf[:4]) != MAGIC:
             if size < 4 and MAGIC.startswith(bytes(buf[:size])):
                 raise self._err(TruncatedError, f"file is {size} bytes, too short for the GGUF magic", field="magic", offset=0)
@@ -783,8 +800,7 @@ class GGUFFile:
         self.version = version
         n_tensors = p.u64(8, "tensor count")
         n_kv = p.u64(16, "metadata kv count")
-        pos = 24
-        left = size - pos
+        left = size - 24
         if n_kv > left // _MIN_KV or n_tensors > left // _MIN_TENSOR_INFO or n_kv * _MIN_KV + n_tensors * _MIN_TENSOR_INFO > left:
             raise self._err(
                 TruncatedError,
@@ -792,8 +808,10 @@ class GGUFFile:
                 field="header counts",
                 offset=8,
             )
+        return n_tensors, n_kv
 
-        # -- metadata --------------------------------------------------------
+    def _parse_kv(self, p: "_Parser", n_kv: int, pos: int) -> int:
+        """The metadata section (sets ``kv``, ``kv_offsets``); returns the position after it."""
         kv: dict[str, GGUFValue] = {}
         kv_offsets: dict[str, int] = {}
         for i in range(n_kv):
@@ -809,105 +827,96 @@ class GGUFFile:
             kv_offsets[key] = at
         self.kv = kv
         self.kv_offsets = kv_offsets
-        self.tensor_infos_offset = pos
+        return pos
 
-        # -- alignment ---------------------------------------------------------
-        align_v = kv.get("general.alignment")
-        alignment = DEFAULT_ALIGNMENT
-        if align_v is not None:
-            if align_v.type != ValueType.UINT32:
-                raise self._err(
-                    FormatError, f"general.alignment must be UINT32, found {align_v.type.name}",
-                    field="metadata 'general.alignment'",
-                    offset=kv_offsets["general.alignment"],
-                )
-            alignment = int(align_v.value)
-            if alignment == 0 or alignment & (alignment - 1):
-                raise self._err(
-                    FormatError, f"general.alignment {alignment} is not a power of two",
-                    field="metadata 'general.alignment'",
-                    offset=kv_offsets["general.alignment"],
-                )
-        self.alignment = alignment
+    def _alignment(self) -> int:
+        """``general.alignment`` (a UINT32 power of two) or the default."""
+        align_v = self.kv.get("general.alignment")
+        if align_v is None:
+            return DEFAULT_ALIGNMENT
+        if align_v.type != ValueType.UINT32:
+            raise self._err(
+                FormatError, f"general.alignment must be UINT32, found {align_v.type.name}",
+                field="metadata 'general.alignment'",
+                offset=self.kv_offsets["general.alignment"],
+            )
+        alignment = int(align_v.value)
+        if alignment == 0 or alignment & (alignment - 1):
+            raise self._err(
+                FormatError, f"general.alignment {alignment} is not a power of two",
+                field="metadata 'general.alignment'",
+                offset=self.kv_offsets["general.alignment"],
+            )
+        return alignment
 
-        # -- tensor infos ------------------------------------------------------
-        by_id = _type_index()[0]
-        raw_infos: list[tuple[str, int, tuple[int, ...], int, int, int, GGMLType]] = []
-        names: set[str] = set()
-        for i in range(n_tensors):
-            at = pos
-            raw_name, pos = p.string(pos, f"tensor info #{i} name")
-            name = _decode_name(raw_name)
-            if name in names:
-                raise self._err(InconsistentError, "duplicate tensor name", tensor=name, field="tensor info", offset=at)
-            names.add(name)
-            n_dims = p.u32(pos, f"tensor info {name!r} n_dims")
-            if n_dims > MAX_DIMS:
-                raise self._err(FormatError, f"n_dims {n_dims} exceeds the maximum {MAX_DIMS}", tensor=name, field="n_dims", offset=pos)
-            pos += 4
-            if size - pos < 8 * n_dims:
-                raise p.trunc(pos, 8 * n_dims, f"tensor info {name!r} ne")
-            ne = struct.unpack_from(f"<{n_dims}Q", buf, pos)
-            ne_at = pos
-            pos += 8 * n_dims
-            type_at = pos
-            type_id = p.u32(pos, f"tensor info {name!r} type")
-            offset = p.u64(pos + 4, f"tensor info {name!r} offset")
-            pos += 12
-            for j, d in enumerate(ne):
-                if d > _I64_MAX:
-                    raise self._err(FormatError, f"ne[{j}] = {d} is negative as int64", tensor=name, field=f"ne[{j}]", offset=ne_at + 8 * j)
-            n_el = 1
-            for d in ne:
-                n_el *= d
-            if n_el > _I64_MAX:
-                raise self._err(FormatError, f"element count {n_el} of shape {list(ne)} overflows int64", tensor=name, field="ne", offset=ne_at)
-            t = by_id.get(type_id)
-            if t is None:
-                raise self._err(FormatError, f"unknown GGML type id {type_id}", tensor=name, field="type", offset=type_at)
-            if t.removed:
-                raise self._err(
-                    FormatError, f"GGML type id {type_id} ({t.name}) was removed from ggml: {t.note}", tensor=name, field="type", offset=type_at
-                )
-            ne0 = ne[0] if ne else 1
-            if ne0 % t.block_elements:
-                raise self._err(
-                    FormatError,
-                    f"ne[0] = {ne0} is not a multiple of the {t.name} block size {t.block_elements}",
-                    tensor=name,
-                    field="ne[0]",
-                    offset=ne_at,
-                )
-            nbytes = n_el // t.block_elements * t.block_bytes
-            raw_infos.append((name, type_id, tuple(ne), offset, nbytes, at, t))
-        self.metadata_end = pos
-        self.data_offset = data_offset = _align(pos, alignment)
+    def _parse_tensor_info(
+        self, p: "_Parser", buf: Any, size: int, pos: int, i: int, by_id: dict[int, GGMLType], names: set[str]
+    ) -> tuple[tuple[str, int, tuple[int, ...], int, int, int, GGMLType], int]:
+        """Tensor info #i: ``(name, type id, ne, offset, nbytes, info offset, type)`` and the
+        position after it (``names``: those seen so far; this one is added)."""
+        at = pos
+        raw_name, pos = p.string(pos, f"tensor info #{i} name")
+        name = _decode_name(raw_name)
+        if name in names:
+            raise self._err(InconsistentError, "duplicate tensor name", tensor=name, field="tensor info", offset=at)
+        names.add(name)
+        n_dims = p.u32(pos, f"tensor info {name!r} n_dims")
+        if n_dims > MAX_DIMS:
+            raise self._err(FormatError, f"n_dims {n_dims} exceeds the maximum {MAX_DIMS}", tensor=name, field="n_dims", offset=pos)
+        pos += 4
+        if size - pos < 8 * n_dims:
+            raise p.trunc(pos, 8 * n_dims, f"tensor info {name!r} ne")
+        ne = struct.unpack_from(f"<{n_dims}Q", buf, pos)
+        ne_at = pos
+        pos += 8 * n_dims
+        type_at = pos
+        type_id = p.u32(pos, f"tensor info {name!r} type")
+        offset = p.u64(pos + 4, f"tensor info {name!r} offset")
+        pos += 12
+        for j, d in enumerate(ne):
+            if d > _I64_MAX:
+                raise self._err(FormatError, f"ne[{j}] = {d} is negative as int64", tensor=name, field=f"ne[{j}]", offset=ne_at + 8 * j)
+        n_el = 1
+        for d in ne:
+            n_el *= d
+        if n_el > _I64_MAX:
+            raise self._err(FormatError, f"element count {n_el} of shape {list(ne)} overflows int64", tensor=name, field="ne", offset=ne_at)
+        t = by_id.get(type_id)
+        if t is None:
+            raise self._err(FormatError, f"unknown GGML type id {type_id}", tensor=name, field="type", offset=type_at)
+        if t.removed:
+            raise self._err(
+                FormatError, f"GGML type id {type_id} ({t.name}) was removed from ggml: {t.note}", tensor=name, field="type", offset=type_at
+            )
+        ne0 = ne[0] if ne else 1
+        if ne0 % t.block_elements:
+            raise self._err(FormatError, f"ne[0] = {ne0} is not a multiple of the {t.name} block size {t.block_elements}",
+                            tensor=name, field="ne[0]", offset=ne_at)
+        nbytes = n_el // t.block_elements * t.block_bytes
+        return (name, type_id, tuple(ne), offset, nbytes, at, t), pos
 
-        # -- tensor data ranges ----------------------------------------------
-        tensors: list[GGUFTensorInfo] = []
-        for name, type_id, ne, offset, nbytes, at, t in raw_infos:
-            if offset % alignment:
-                raise self._err(
-                    InconsistentError,
-                    f"data offset {offset} is not a multiple of the alignment {alignment}",
-                    tensor=name,
-                    field="tensor info offset",
-                    offset=at,
-                )
-            start = data_offset + offset
-            if start + nbytes > size:
-                raise self._err(
-                    TruncatedError,
-                    f"{t.name} data [{start}, {start + nbytes}) ({nbytes} bytes) extends past the end of the file ({size} bytes)",
-                    tensor=name,
-                    field="tensor data",
-                    offset=start,
-                )
-            view = np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=start)
-            tensors.append(GGUFTensorInfo(name, type_id, ne, offset, start, nbytes, at, view))
-        self.tensors = tensors
+    def _place(self, buf: Any, size: int, name: str, type_id: int, ne: tuple[int, ...], offset: int, nbytes: int,
+               at: int, t: GGMLType) -> GGUFTensorInfo:
+        """A tensor's data range: aligned, inside the file; a zero-copy view of it."""
+        if offset % self.alignment:
+            raise self._err(InconsistentError, f"data offset {offset} is not a multiple of the alignment {self.alignment}",
+                            tensor=name, field="tensor info offset", offset=at)
+        start = self.data_offset + offset
+        if start + nbytes > size:
+            raise self._err(
+                TruncatedError,
+                f"{t.name} data [{start}, {start + nbytes}) ({nbytes} bytes) extends past the end of the file ({size} bytes)",
+                tensor=name,
+                field="tensor data",
+                offset=start,
+            )
+        view = np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=start)
+        return GGUFTensorInfo(name, type_id, ne, offset, start, nbytes, at, view)
 
-        # overlaps (zero-size tensors occupy nothing), gaps, tail
+    def _check_data_region(self, buf: Any, size: int, pos: int) -> None:
+        """Overlaps (zero-size tensors occupy nothing), gaps and the tail after the tensor
+        infos ending at ``pos``; records the padding facts."""
+        tensors, alignment = self.tensors, self.alignment
         order = sorted((t for t in tensors if t.nbytes), key=lambda t: t.data_offset)
         nonzero: dict[int, np.ndarray] = {}
         cur = pos  # end of the tensor infos
@@ -926,7 +935,7 @@ class GGUFFile:
             cur = t.data_offset + t.nbytes
             prev = t
         # zero-size tensors occupy nothing but still place the end (as the writer does)
-        data_end = max([data_offset] + [t.data_offset + t.nbytes for t in tensors]) if tensors else pos
+        data_end = max([self.data_offset] + [t.data_offset + t.nbytes for t in tensors]) if tensors else pos
         self._check_gap(buf, cur, data_end, nonzero)  # only all-empty tensors leave one
         tail = size - data_end
         pad = _align(data_end, alignment) - data_end
@@ -1054,6 +1063,65 @@ def _kv_items(kv: Mapping[Any, GGUFValue] | Iterable[tuple[Any, GGUFValue]]) -> 
 # --------------------------------------------------------------------------
 
 
+def _check_writer_kv(items: list[tuple[bytes, GGUFValue]], alignment: int) -> None:
+    """Unique keys; ``general.alignment`` (if given) a UINT32 equal to ``alignment``."""
+    keys = [k for k, _ in items]
+    if len(set(keys)) != len(keys):
+        raise UsageError("duplicate metadata keys")
+    align_v = dict(items).get(b"general.alignment")
+    if align_v is not None:
+        if align_v.type != ValueType.UINT32 or int(align_v.value) != alignment:
+            raise UsageError(f"general.alignment {align_v!r} disagrees with alignment={alignment}")
+    elif alignment != DEFAULT_ALIGNMENT:
+        raise UsageError(f"alignment {alignment} needs a UINT32 general.alignment entry in kv")
+
+
+def _writer_specs(tensors: Sequence[Any], alignment: int) -> list[tuple[bytes, int, tuple[int, ...], int, int]]:
+    """``(raw name, type id, ne, offset, nbytes)`` per tensor; offsets laid out like
+    llama.cpp when none is given, else all given and aligned."""
+    specs: list[tuple[bytes, int, tuple[int, ...], Any, int]] = []
+    seen: set[bytes] = set()
+    for t in tensors:
+        name = _encode_name(getattr(t, "raw_name", None) or t.name)
+        if name in seen:
+            raise UsageError(f"duplicate tensor name {_decode_name(name)!r}")
+        seen.add(name)
+        ne = tuple(int(d) for d in t.ne)
+        if len(ne) > MAX_DIMS or any(d < 0 or d > _I64_MAX for d in ne):
+            raise UsageError(f"tensor {_decode_name(name)!r}: invalid ne {ne}")
+        try:
+            nbytes = tensor_nbytes(int(t.type_id), ne)
+        except UnsupportedError as e:
+            raise UsageError(f"tensor {_decode_name(name)!r}: {e.message}") from None
+        specs.append((name, int(t.type_id), ne, getattr(t, "offset", None), nbytes))
+    given = [s[3] is not None for s in specs]
+    if any(given) and not all(given):
+        raise UsageError("give every tensor offset or none")
+    if specs and not all(given):
+        offs = layout_offsets((s[4] for s in specs), alignment)
+        specs = [(n, ty, ne, o, nb) for (n, ty, ne, _, nb), o in zip(specs, offs)]
+    for n, _, _, o, _ in specs:
+        if o < 0 or o % alignment:
+            raise UsageError(f"tensor {_decode_name(n)!r}: offset {o} is not a multiple of the alignment {alignment}")
+    return specs
+
+
+def _head_parts(version: int, items: list[tuple[bytes, GGUFValue]],
+                specs: list[tuple[bytes, int, tuple[int, ...], int, int]]) -> list[Any]:
+    """Header, metadata and tensor infos, as the byte strings to write."""
+    out: list[Any] = [_HEADER.pack(MAGIC, version, len(specs), len(items))]
+    for k, v in items:
+        out.append(_U64.pack(len(k)))
+        out.append(k)
+        out.append(_U32.pack(int(v.type)))
+        _encode_value(v, out)
+    for name, type_id, ne, off, _ in specs:
+        out.append(_U64.pack(len(name)))
+        out.append(name)
+        out.append(struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, type_id, off))
+    return out
+
+
 class GGUFWriterStream:
     """Write a GGUF file exactly as described, streaming the tensor data.
 
@@ -1099,70 +1167,16 @@ class GGUFWriterStream:
         if alignment <= 0 or alignment & (alignment - 1):
             raise UsageError(f"alignment {alignment} is not a power of two")
         items = _kv_items(kv)
-        keys = [k for k, _ in items]
-        if len(set(keys)) != len(keys):
-            raise UsageError("duplicate metadata keys")
-        align_v = dict(items).get(b"general.alignment")
-        if align_v is not None:
-            if align_v.type != ValueType.UINT32 or int(align_v.value) != alignment:
-                raise UsageError(f"general.alignment {align_v!r} disagrees with alignment={alignment}")
-        elif alignment != DEFAULT_ALIGNMENT:
-            raise UsageError(f"alignment {alignment} needs a UINT32 general.alignment entry in kv")
+        _check_writer_kv(items, alignment)
         self.version = version
         self.alignment = alignment
         self._padding = {int(k): memoryview(v).cast("B") for k, v in (padding or {}).items()}
-
-        # -- tensor layout ------------------------------------------------------
-        specs: list[tuple[bytes, int, tuple[int, ...], int, int]] = []
-        seen: set[bytes] = set()
-        for t in tensors:
-            name = _encode_name(getattr(t, "raw_name", None) or t.name)
-            if name in seen:
-                raise UsageError(f"duplicate tensor name {_decode_name(name)!r}")
-            seen.add(name)
-            ne = tuple(int(d) for d in t.ne)
-            if len(ne) > MAX_DIMS or any(d < 0 or d > _I64_MAX for d in ne):
-                raise UsageError(f"tensor {_decode_name(name)!r}: invalid ne {ne}")
-            try:
-                nbytes = tensor_nbytes(int(t.type_id), ne)
-            except UnsupportedError as e:
-                raise UsageError(f"tensor {_decode_name(name)!r}: {e.message}") from None
-            specs.append((name, int(t.type_id), ne, getattr(t, "offset", None), nbytes))
-        given = [s[3] is not None for s in specs]
-        if any(given) and not all(given):
-            raise UsageError("give every tensor offset or none")
-        if specs and not all(given):
-            offs = layout_offsets((s[4] for s in specs), alignment)
-            specs = [(n, ty, ne, o, nb) for (n, ty, ne, _, nb), o in zip(specs, offs)]
-        for n, _, _, o, _ in specs:
-            if o < 0 or o % alignment:
-                raise UsageError(f"tensor {_decode_name(n)!r}: offset {o} is not a multiple of the alignment {alignment}")
-        self._specs = specs
-
-        # -- header, metadata, tensor infos --------------------------------------
-        out: list[Any] = [_HEADER.pack(MAGIC, version, len(specs), len(items))]
-        for k, v in items:
-            out.append(_U64.pack(len(k)))
-            out.append(k)
-            out.append(_U32.pack(int(v.type)))
-            _encode_value(v, out)
-        for name, type_id, ne, off, _ in specs:
-            out.append(_U64.pack(len(name)))
-            out.append(name)
-            out.append(struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, type_id, off))
+        specs = self._specs = _writer_specs(tensors, alignment)
+        out = _head_parts(version, items, specs)
         meta_len = sum(len(x) if isinstance(x, bytes) else memoryview(x).nbytes for x in out)
         self.metadata_end = meta_len
         self.data_offset = _align(meta_len, alignment)
-
-        order = sorted(range(len(specs)), key=lambda i: specs[i][3])
-        prev_end = self.data_offset
-        for i in order:
-            n, _, _, off, nb = specs[i]
-            if nb and self.data_offset + off < prev_end:
-                raise UsageError(f"tensor {_decode_name(n)!r}: data at offset {off} overlaps the previous tensor")
-            if nb:
-                prev_end = self.data_offset + off + nb
-        self._order = [i for i in order]
+        self._order = self._file_order()
         data_end = max((self.data_offset + s[3] + s[4] for s in specs), default=meta_len)
         if specs:
             data_end = max(data_end, self.data_offset)
@@ -1193,6 +1207,19 @@ class GGUFWriterStream:
         except BaseException:
             self.abort()
             raise
+
+    def _file_order(self) -> list[int]:
+        """Tensor indices by offset; data ranges must not overlap (empty tensors occupy nothing)."""
+        specs = self._specs
+        order = sorted(range(len(specs)), key=lambda i: specs[i][3])
+        prev_end = self.data_offset
+        for i in order:
+            n, _, _, off, nb = specs[i]
+            if nb and self.data_offset + off < prev_end:
+                raise UsageError(f"tensor {_decode_name(n)!r}: data at offset {off} overlaps the previous tensor")
+            if nb:
+                prev_end = self.data_offset + off + nb
+        return order
 
     # -- properties ------------------------------------------------------------
 

@@ -376,10 +376,12 @@ def run_roundtrip(
     to_hurray: Callable[[str, str], Any],
     from_hurray: Callable[[str, str], Any],
     suffix: str,
-    check: Callable[[str, str, tuple[int, int, int] | None], None],
+    check: Callable[[str, str, Any], None],
+    compare: Callable[[str, str], Any] = first_byte_diff,
 ) -> None:
     """Import ``path`` to Hurray and export it back in a temporary directory, compare the
-    files byte for byte, then ``check(hurray_copy, exported_copy, first_difference)``."""
+    files byte for byte (``compare(path, exported)``: None when identical), then
+    ``check(hurray_copy, exported_copy, difference)``."""
     with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
         mid = os.path.join(tmp, "roundtrip.hrry")
         back = os.path.join(tmp, "roundtrip" + suffix)
@@ -392,7 +394,7 @@ def run_roundtrip(
                 result.problems.append(f"{len(exc.reasons)} tensor(s) cannot be converted exactly")
                 return
             from_hurray(mid, back)
-            diff = first_byte_diff(path, back)
+            diff = compare(path, back)
             result.file_bytes_equal = diff is None
             check(mid, back, diff)
         except HurrayInteropError as exc:

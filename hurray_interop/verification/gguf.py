@@ -5,13 +5,21 @@ as the reference decoder.  For MXFP4, +0 and −0 compare equal (docs/conversion
 from __future__ import annotations
 
 import functools
-from typing import Iterator
+import os
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from ..conversions.gguf import reference_dequantizer
+from ..core.hrry import HrryFile
+from ..errors import ConversionRefused
 from ..formats import gguf as G
-from .common import ForeignChecks, ForeignVerifier, RawEntry, Rows, Unit
+from ..formats import gguf_split as S
+from .common import (ForeignChecks, ForeignVerifier, RawEntry, Rows, Unit, VerifyResult, first_byte_diff,
+                     run_roundtrip)
 
 __all__ = ["VERIFIER"]
 
@@ -118,7 +126,105 @@ def _units(gf: "G.GGUFFile") -> Iterator[Unit]:
         )
 
 
-VERIFIER = ForeignVerifier(
+class _SetView:
+    """A split set as the per-tensor checks read a GGUF file: every tensor in set order."""
+
+    def __init__(self, s: "S.SplitSet") -> None:
+        self.set = s
+        self.tensors = [t for _, t in s.tensors]
+
+    def release_pages(self) -> None:
+        self.set.release_pages()
+
+
+def _open_model(paths: Sequence[Path]) -> Any:
+    """The exported file, or the split set its shards form (a context manager either way)."""
+    return G.read_gguf(paths[0]) if len(paths) == 1 else S.open_split_set(paths[0])
+
+
+def _view(f: Any) -> Any:
+    return _SetView(f) if isinstance(f, S.SplitSet) else f
+
+
+def _exported(back: str) -> list[Path]:
+    """The files an export to ``back`` wrote in its (private, temporary) folder: ``back``
+    itself, or the shards of a split set named after it."""
+    b = Path(back)
+    return sorted(b.parent.glob(b.stem + "*.gguf"))
+
+
+def _set_count(path: str) -> int | None:
+    """The number of shards of the split set ``path`` belongs to (checked), or None."""
+    with G.read_gguf(path) as gf:
+        s = S.split_set_of(gf)
+        if s is None:
+            return None
+        for shard in s.shards:
+            if shard is not gf:
+                shard.close()
+        return s.count
+
+
+class _GGUFVerifier(ForeignVerifier):
+    """The GGUF checks, for a split set as for one file (docs/conversion-rules.md § 10):
+    a set round-trips to the same shards, each compared byte for byte, and every
+    tensor of the set is compared by bytes and values."""
+
+    def roundtrip(self, path: str, result: VerifyResult, fmt: Any) -> None:
+        if _set_count(path) is None:
+            return super().roundtrip(path, result, fmt)
+
+        def check(mid: str, back: str, diffs: Any) -> None:
+            self._against_set(path, _exported(back), mid, result, diffs, "the Hurray file", files_equal=diffs is None)
+
+        run_roundtrip(path, result, to_hurray=fmt.to_hurray, from_hurray=fmt.from_hurray, suffix=".gguf",
+                      check=check, compare=lambda a, b: _shard_diffs(a, _exported(b)))
+
+    def pair_with_hurray(self, path: str, fmt: Any, hrry_path: str, result: VerifyResult) -> None:
+        if _set_count(path) is None:
+            return super().pair_with_hurray(path, fmt, hrry_path, result)
+        with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
+            back = os.path.join(tmp, "export.gguf")
+            try:
+                fmt.from_hurray(hrry_path, back)
+            except ConversionRefused as exc:
+                result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have {self.checks.no_exact}")
+            paths = _exported(back)
+            diffs = _shard_diffs(path, paths) if paths else None
+            if paths:
+                result.file_bytes_equal = diffs is None
+            self._against_set(path, paths, hrry_path, result, diffs, hrry_path, files_equal=False)
+
+    def _against_set(self, path: str, exported: list[Path], hrry_path: str, result: VerifyResult, diffs: Any,
+                     label: str, *, files_equal: bool) -> None:
+        with ExitStack() as stack:
+            src = stack.enter_context(S.open_split_set(path))  # type: ignore[arg-type]
+            hf = stack.enter_context(HrryFile(hrry_path))
+            exp = stack.enter_context(_open_model(exported)) if exported else None
+            for problem in diffs or ():
+                result.problems.append(problem)
+            self.against_hurray(_SetView(src), hf, result, _view(exp), files_equal=files_equal, hurray_label=label)
+
+
+def _shard_diffs(path: str, exported: list[Path]) -> list[str] | None:
+    """Where each exported file first differs from the shard of ``path``'s set it should
+    equal (None when every shard is byte-identical)."""
+    with S.open_split_set(path) as src:  # type: ignore[union-attr]
+        if len(exported) != src.count:
+            return [f"the export wrote {len(exported)} file(s) for a set of {src.count} shards"]
+        out = []
+        for p, gf, q in zip(src.paths, src.shards, exported):
+            diff = first_byte_diff(os.fspath(p), os.fspath(q))
+            if diff is not None:
+                off, sa, sb = diff
+                where = _locate(gf, off) if off < sa else f"end of file ({sa} vs {sb} bytes)"
+                out.append(f"shard {p.name} re-exported differs first at {where}")
+                with G.read_gguf(q) as other:
+                    out.extend(f"{p.name}: {d}" for d in _kv_diffs(gf, other))
+        return out or None
+
+
+VERIFIER = _GGUFVerifier(
     ForeignChecks(
         title="GGUF",
         exported_as="a GGUF",

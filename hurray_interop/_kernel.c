@@ -1,0 +1,201 @@
+/* Byte movers between GGML blocks and Hurray buffers: the compiled twin of
+ * the numpy twins in hurray_interop/kernels.py (same results, byte for byte;
+ * tests/test_kernels.py proves it).  Portable C99, no SIMD intrinsics, no
+ * Python C-API: hurray_interop/kernels.py loads it with ctypes, which releases
+ * the GIL around each call, so worker threads run these in parallel.
+ *
+ * Every function takes raw pointers, a block count n and byte strides between
+ * consecutive blocks (rows), so a strided view of the memory-mapped GGUF is read
+ * in place and a Hurray or GGML buffer is written in place.  Within a row the
+ * bytes are contiguous.  Nothing is decoded: codes and scale bits are moved
+ * (docs/conversion-rules.md § 1.2); nibble orders are in § 2:
+ *   GGML:   element j low nibble, element j+16 high nibble of byte j (j < 16);
+ *   Hurray: element 2k low nibble, element 2k+1 high nibble of byte k.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(_WIN32)
+#define HK_API __declspec(dllexport)
+#else
+#define HK_API __attribute__((visibility("default")))
+#endif
+
+typedef ptrdiff_t hk_stride;
+
+/* Bumped whenever a signature changes: the loader refuses a stale library. */
+HK_API int hk_abi_version(void) { return 1; }
+
+/* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+static inline uint64_t ld64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline void st64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+#else
+static inline uint64_t ld64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int k = 7; k >= 0; k--) v = v << 8 | p[k];
+    return v;
+}
+static inline void st64(uint8_t *p, uint64_t v) {
+    for (int k = 0; k < 8; k++) p[k] = (uint8_t)(v >> (8 * k));
+}
+#endif
+
+#define LO4_8 0x0F0F0F0F0F0F0F0FULL /* low nibble of each byte */
+#define HI4_8 0xF0F0F0F0F0F0F0F0ULL
+#define BYTE_LSB 0x0101010101010101ULL
+
+/* The even bytes (0, 2, 4, 6) of w, packed into its low 4 bytes. */
+static inline uint64_t evens(uint64_t w) {
+    w &= 0x00FF00FF00FF00FFULL;
+    w = (w | w >> 8) & 0x0000FFFF0000FFFFULL;
+    return (w | w >> 16) & 0xFFFFFFFFULL;
+}
+
+/* The inverse: the low 4 bytes of v spread to the even bytes. */
+static inline uint64_t spread_evens(uint64_t v) {
+    v &= 0xFFFFFFFFULL;
+    v = (v | v << 16) & 0x0000FFFF0000FFFFULL;
+    return (v | v << 8) & 0x00FF00FF00FF00FFULL;
+}
+
+/* (n, w) GGML split-half nibbles -> (n, w) Hurray pairs, each byte XOR x; w a
+ * multiple of 16.  With a = qs[2i] and b = qs[2i+1] (the even and odd bytes),
+ * Hurray byte i is (a & 15) | (b & 15) << 4 and byte w/2 + i is a >> 4 | (b & 0xF0). */
+HK_API void hk_split_to_pairs(const uint8_t *src, hk_stride ss, size_t n, size_t w,
+                              uint8_t *dst, hk_stride ds, uint8_t x) {
+    uint64_t xx = BYTE_LSB * x;
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *q = src + (hk_stride)r * ss;
+        uint8_t *o = dst + (hk_stride)r * ds;
+        for (size_t g = 0; g < w; g += 16) {
+            uint64_t w0 = ld64(q + g), w1 = ld64(q + g + 8);
+            uint64_t a = evens(w0) | evens(w1) << 32, b = evens(w0 >> 8) | evens(w1 >> 8) << 32;
+            st64(o + g / 2, ((a & LO4_8) | (b << 4 & HI4_8)) ^ xx);
+            st64(o + w / 2 + g / 2, ((a >> 4 & LO4_8) | (b & HI4_8)) ^ xx);
+        }
+    }
+}
+
+/* The inverse (without XOR): (n, w) Hurray pairs -> GGML split halves. */
+HK_API void hk_pairs_to_split(const uint8_t *src, hk_stride ss, size_t n, size_t w,
+                              uint8_t *dst, hk_stride ds) {
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *h = src + (hk_stride)r * ss;
+        uint8_t *o = dst + (hk_stride)r * ds;
+        for (size_t g = 0; g < w; g += 16) {
+            uint64_t lo = ld64(h + g / 2), hi = ld64(h + w / 2 + g / 2);
+            uint64_t a = (lo & LO4_8) | (hi << 4 & HI4_8), b = (lo >> 4 & LO4_8) | (hi & HI4_8);
+            st64(o + g, spread_evens(a) | spread_evens(b) << 8);
+            st64(o + g + 8, spread_evens(a >> 32) | spread_evens(b >> 32) << 8);
+        }
+    }
+}
+
+/* Bit k of each of the 8 bytes v (LSB first) -> byte k's bit 4 (spread), and back (gather). */
+static inline uint64_t spread_bits(uint8_t v) {
+    uint64_t m = (BYTE_LSB * v) & 0x8040201008040201ULL; /* byte k keeps bit k */
+    return ((m + 0x7F7F7F7F7F7F7F7FULL) >> 7 & BYTE_LSB) << 4;
+}
+static inline uint8_t gather_bits(uint64_t w) {
+    return (uint8_t)(((w >> 4 & BYTE_LSB) * 0x0102040810204080ULL) >> 56);
+}
+
+/* GGML Q5-style parts -> k codes 0..31 per row (k a multiple of 16): qs (k/2 bytes)
+ * holds code j in the low and code k/2 + j in the high nibble of byte j; qh (k/8
+ * bytes, little-endian bit order) holds bit 4 of code j as its bit j. */
+HK_API void hk_q5_codes(const uint8_t *qs, hk_stride qss, const uint8_t *qh, hk_stride qhs,
+                        size_t n, size_t k, uint8_t *dst, hk_stride ds) {
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *q = qs + (hk_stride)r * qss;
+        const uint8_t *h = qh + (hk_stride)r * qhs;
+        uint8_t *o = dst + (hk_stride)r * ds;
+        for (size_t g = 0; g < k / 2; g += 8) {
+            uint64_t w = ld64(q + g);
+            st64(o + g, (w & LO4_8) | spread_bits(h[g / 8]));
+            st64(o + k / 2 + g, (w >> 4 & LO4_8) | spread_bits(h[(k / 2 + g) / 8]));
+        }
+    }
+}
+
+/* k codes per row (only bits 0..4 used) -> qs (k/2 bytes) and qh (k/8 bytes). */
+HK_API void hk_q5_pack(const uint8_t *src, hk_stride ss, size_t n, size_t k, uint8_t *qs,
+                       hk_stride qss, uint8_t *qh, hk_stride qhs) {
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *c = src + (hk_stride)r * ss;
+        uint8_t *q = qs + (hk_stride)r * qss;
+        uint8_t *h = qh + (hk_stride)r * qhs;
+        for (size_t g = 0; g < k / 2; g += 8) {
+            uint64_t lo = ld64(c + g), hi = ld64(c + k / 2 + g);
+            st64(q + g, (lo & LO4_8) | (hi & LO4_8) << 4);
+            h[g / 8] = gather_bits(lo);
+            h[(k / 2 + g) / 8] = gather_bits(hi);
+        }
+    }
+}
+
+/* Copy `size` bytes of every row: gathers a field out of blocks (dst rows
+ * contiguous) or scatters one back into blocks (src rows contiguous).  The
+ * common sizes get a fixed-size memcpy, which compilers turn into one move. */
+HK_API void hk_move(const uint8_t *src, hk_stride ss, size_t n, size_t size,
+                    uint8_t *dst, hk_stride ds) {
+#define HK_MOVE_FIXED(K)                                                  \
+    for (size_t r = 0; r < n; r++)                                        \
+        memcpy(dst + (hk_stride)r * ds, src + (hk_stride)r * ss, K);      \
+    return;
+    switch (size) {
+    case 1: HK_MOVE_FIXED(1)
+    case 2: HK_MOVE_FIXED(2)
+    case 4: HK_MOVE_FIXED(4)
+    case 16: HK_MOVE_FIXED(16)
+    case 32: HK_MOVE_FIXED(32)
+    default: HK_MOVE_FIXED(size)
+    }
+#undef HK_MOVE_FIXED
+}
+
+/* Scale classes, one byte per block: 0 usable, 1 zero, 2 not finite / NaN. */
+enum { HK_OK = 0, HK_ZERO = 1, HK_BAD = 2 };
+
+/* float16 scale (2 bytes, little-endian) at each row: ±0 -> ZERO, inf/NaN -> BAD.
+ * Returns how many rows are not OK. */
+HK_API size_t hk_class_f16(const uint8_t *src, hk_stride ss, size_t n, uint8_t *dst) {
+    size_t count = 0;
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *p = src + (hk_stride)r * ss;
+        unsigned v = (unsigned)p[0] | (unsigned)p[1] << 8;
+        uint8_t c = (v & 0x7C00u) == 0x7C00u ? HK_BAD : (v & 0x7FFFu) == 0 ? HK_ZERO : HK_OK;
+        dst[r] = c;
+        count += c != HK_OK;
+    }
+    return count;
+}
+
+/* E8M0 scale byte at each row: 0x00 -> ZERO, 0xFF (NaN) -> BAD. */
+HK_API size_t hk_class_e8m0(const uint8_t *src, hk_stride ss, size_t n, uint8_t *dst) {
+    size_t count = 0;
+    for (size_t r = 0; r < n; r++) {
+        uint8_t e = src[(hk_stride)r * ss];
+        uint8_t c = e == 0xFF ? HK_BAD : e == 0 ? HK_ZERO : HK_OK;
+        dst[r] = c;
+        count += c != HK_OK;
+    }
+    return count;
+}
+
+/* Per row of `size` bytes: 1 when every byte AND mask is zero (all codes decode
+ * to zero), else 0.  Returns how many rows are all zero. */
+HK_API size_t hk_all_zero(const uint8_t *src, hk_stride ss, size_t n, size_t size,
+                          uint8_t mask, uint8_t *dst) {
+    size_t count = 0;
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *p = src + (hk_stride)r * ss;
+        uint8_t acc = 0;
+        for (size_t k = 0; k < size; k++)
+            acc |= p[k];
+        dst[r] = (acc & mask) == 0;
+        count += dst[r];
+    }
+    return count;
+}

@@ -1,0 +1,306 @@
+"""The compiled kernel (hurray_interop/_kernel.c) against the numpy movers, byte for byte.
+
+Every function of :mod:`hurray_interop.kernels` runs once through C and once with
+the library switched off (the numpy path, kernels.numpy_*), on random
+blocks of many sizes (0, 1, odd, across the numpy step of 8192 rows, large), read
+through strided, reversed and every-other-row views of block buffers as the
+converters read the memory-mapped file.  The scale scans are also checked against
+numpy's own float16 classification (isfinite, == 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pytest
+
+from hurray_interop import kernels as K
+from hurray_interop.kernels import _np as B
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = (0, 1, 2, 7, 33, 8191, 8192, 8193, 20001)
+
+needs_c = pytest.mark.skipif(
+    K.KERNEL != "c",
+    reason=f"compiled kernel not loaded ({K.LIBRARY.name} not built or {K.ENV_VAR}=numpy); "
+    "build it with `python hatch_build.py`",
+)
+
+
+@contextlib.contextmanager
+def numpy_path() -> Iterator[None]:
+    saved, K._lib = K._lib, None
+    try:
+        yield
+    finally:
+        K._lib = saved
+
+
+class _Recorder:
+    """Stands in for the loaded library and notes which C functions were called."""
+
+    def __init__(self, lib: Any) -> None:
+        self.lib, self.calls = lib, []
+
+    def __getattr__(self, name: str) -> Any:
+        self.calls.append(name)
+        return getattr(self.lib, name)
+
+
+def both(fn: Callable[[], Any], expect_c: bool | set[str] = True) -> tuple[Any, Any]:
+    """``fn()`` through C (checking that C ran, not the fallback: any C function, or every one
+    of ``expect_c``), then through numpy."""
+    rec = _Recorder(K._lib)
+    saved, K._lib = K._lib, rec
+    try:
+        c = fn()
+    finally:
+        K._lib = saved
+    if isinstance(expect_c, set):
+        assert expect_c <= set(rec.calls), f"C functions called: {rec.calls}"
+    else:
+        assert bool(rec.calls) == expect_c, f"C functions called: {rec.calls}"
+    with numpy_path():
+        n = fn()
+    return c, n
+
+
+def same(a: Any, b: Any) -> None:
+    if isinstance(a, tuple):
+        assert isinstance(b, tuple) and len(a) == len(b)
+        for x, y in zip(a, b):
+            same(x, y)
+        return
+    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, a.dtype, b.shape, b.dtype)
+    assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+
+
+def views(n: int, block_bytes: int, seed: int) -> Iterator[tuple[str, np.ndarray]]:
+    """``(n, block_bytes)`` random blocks seen as the converters see them: contiguous,
+    every other block of a larger buffer, and in reverse (a negative row stride)."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(2 * n, block_bytes), dtype=np.uint8)
+    yield "contiguous", raw[:n]
+    yield "every-other", raw[::2]
+    yield "reversed", raw[n:][::-1]
+
+
+CASES = [(n, i) for i, n in enumerate(SIZES)]
+
+
+@needs_c
+@pytest.mark.parametrize(("n", "seed"), CASES)
+def test_nibble_movers(n: int, seed: int) -> None:
+    for _, blocks in views(n, 18, seed):  # Q4_0: d at 0, qs at 2..18
+        qs = blocks[:, 2:18]
+        for xor in (0, 0x88, 0x08):
+            same(*both(lambda: K.split_to_pairs(qs, xor)))
+            same(K.split_to_pairs(qs, xor), B.split_to_pairs(qs, xor))
+        same(*both(lambda: K.pairs_to_split(qs)))
+        assert np.array_equal(K.pairs_to_split(K.split_to_pairs(qs)), qs)  # inverses
+
+
+@needs_c
+@pytest.mark.parametrize(("n", "seed"), CASES)
+def test_q5_movers(n: int, seed: int) -> None:
+    for _, blocks in views(n, 24, seed):  # Q5_1: d 0, m 2, qh 4..8, qs 8..24
+        qs, qh = blocks[:, 8:24], blocks[:, 4:8]
+        same(*both(lambda: K.q5_codes(qs, qh)))
+        codes = K.q5_codes(qs, qh)
+        assert codes.max(initial=0) <= 31
+        same(*both(lambda: K.q5_pack(codes)))
+        assert np.array_equal(np.hstack(K.q5_pack(codes)), np.hstack([qs, qh]))
+        # bits 5..7 of a code are ignored, by both paths
+        noisy = blocks[:, :32] if blocks.shape[1] >= 32 else np.hstack([blocks, blocks])[:, :32]
+        same(*both(lambda: K.q5_pack(noisy)))
+        same(*both(lambda: K.q5_pack(noisy.view(np.int8))))
+        same(*both(lambda: K.q5_pack(noisy.astype(np.int16))))
+
+
+@needs_c
+@pytest.mark.parametrize(("n", "seed"), CASES)
+def test_field_gathers(n: int, seed: int) -> None:
+    for _, blocks in views(n, 34, seed):
+        for off in (0, 1, 2, 32):
+            same(*both(lambda: K.field_f16(blocks, off)))
+        for off, size in ((0, 1), (2, 32), (16, 17), (33, 1), (5, 0), (0, 34)):
+            same(*both(lambda: K.field_u8(blocks, off, size)))
+        same(*both(lambda: K.field_u8(blocks.view(np.int8), 2, 4)))
+
+
+@needs_c
+@pytest.mark.parametrize(("n", "seed"), CASES)
+def test_outputs_written_in_place(n: int, seed: int) -> None:
+    """``out=`` into a strided block buffer (export) gives the returned bytes, in place."""
+    rng = np.random.default_rng(seed)
+    h = rng.integers(0, 256, size=(n, 16), dtype=np.uint8)
+    codes = rng.integers(0, 32, size=(n, 32), dtype=np.uint8)
+
+    def export() -> tuple[np.ndarray, np.ndarray]:
+        out = np.zeros((n, 24), dtype=np.uint8)
+        codes_out = np.empty((n, 32), dtype=np.uint8)
+        K.scatter_field(out, 0, np.random.default_rng(seed).standard_normal(n).astype("<f2"))
+        K.pairs_to_split(h, out=out[:, 2:18])
+        K.q5_pack(codes, qs_out=out[:, 8:24], qh_out=out[:, 4:8])
+        K.split_to_pairs(h, 0x88, out=out[:, 2:18])
+        K.q5_codes(out[:, 8:24], out[:, 4:8], out=codes_out)
+        return out, codes_out
+
+    movers = {"hk_pairs_to_split", "hk_q5_pack", "hk_split_to_pairs", "hk_q5_codes"}
+    same(*both(export, expect_c=movers | ({"hk_move"} if n else set())))
+    out = np.zeros((n, 20), dtype=np.uint8)
+    K.pairs_to_split(h, out=out[:, 4:])
+    assert np.array_equal(out[:, 4:], B.pairs_to_split(h)) and not out[:, :4].any()
+
+
+@needs_c
+def test_output_overlapping_its_input_takes_the_safe_path() -> None:
+    rng = np.random.default_rng(5)
+    qs = rng.integers(0, 256, size=(100, 16), dtype=np.uint8)
+    want = B.split_to_pairs(qs, 0x88)
+    got = K.split_to_pairs(qs, 0x88, out=qs)
+    assert got is qs and np.array_equal(qs, want)
+
+
+@needs_c
+@pytest.mark.parametrize(("n", "seed"), CASES)
+def test_scatter_field(n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for values in (rng.integers(0, 2**16, n, dtype=np.uint16).view("<f2"),
+                   rng.integers(0, 256, (n, 4), dtype=np.uint8),
+                   rng.integers(0, 256, (2 * n, 3), dtype=np.uint8)[::2],
+                   rng.integers(0, 256, n, dtype=np.uint8)):
+        def put() -> np.ndarray:
+            base = np.full((2 * n, 22), 0xA5, dtype=np.uint8)
+            K.scatter_field(base[::2], 1, values)
+            return base
+        same(*both(put, expect_c=n > 0))
+        if n:
+            got = put()[::2]
+            width = values.nbytes // n
+            assert np.array_equal(got[:, 1 : 1 + width], np.ascontiguousarray(values).view(np.uint8).reshape(n, -1))
+
+
+SPECIAL_F16 = np.array([0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFFFF, 0x0001, 0x3C00, 0x7BFF],
+                       dtype="<u2")
+
+
+@needs_c
+@pytest.mark.parametrize(("n", "seed"), CASES)
+def test_scale_scans(n: int, seed: int) -> None:
+    for _, blocks in views(n, 18, seed):
+        k = min(n, SPECIAL_F16.size)
+        if blocks.flags.writeable:
+            blocks[:k, 2:4] = SPECIAL_F16[:k].view(np.uint8).reshape(-1, 2)
+            blocks[:k, 0] = np.array([0, 0xFF, 1, 0x7F, 0, 0xFF, 2, 3, 0, 0], dtype=np.uint8)[:k]
+        c, p = both(lambda: K.scale_class(blocks, 2, "f16"))
+        same(c, p)
+        d = B.field_f16(blocks, 2)  # the oracle: numpy's own float16 tests
+        with np.errstate(invalid="ignore"):
+            want = np.where(~np.isfinite(d), K.SCALE_BAD, np.where(d == 0, K.SCALE_ZERO, K.SCALE_OK))
+        assert np.array_equal(c, want.astype(np.uint8))
+        c, p = both(lambda: K.scale_class(blocks, 0, "e8m0"))
+        same(c, p)
+        e = blocks[:, 0]
+        assert np.array_equal(c, np.where(e == 0xFF, 2, np.where(e == 0, 1, 0)).astype(np.uint8))
+        for mask in (0xFF, 0x77):
+            rows = blocks[:, 2:18] & np.uint8((0x01, 0x10, 0x88)[seed % 3])  # some rows all zero
+            same(*both(lambda: K.all_zero(rows, mask)))
+            same(*both(lambda: K.all_zero(blocks[:, 2:18], mask)))
+
+
+def test_scale_scan_rejects_an_unknown_kind() -> None:
+    with pytest.raises(ValueError, match="bf16"):
+        K.scale_class(np.zeros((1, 4), np.uint8), 0, "bf16")
+
+
+@needs_c
+def test_odd_inputs_take_the_numpy_path_with_numpy_results() -> None:
+    """Shapes, dtypes and offsets the C code does not take give numpy's answer (or error)."""
+    blocks = np.arange(4 * 18, dtype=np.uint8).reshape(4, 18)
+    cols = np.asfortranarray(blocks)[:, 2:18]  # bytes within a row not contiguous
+    same(*both(lambda: K.split_to_pairs(cols), expect_c=False))
+    same(*both(lambda: K.field_u8(blocks, -3, 2), expect_c=False))  # numpy's slicing rules
+    same(*both(lambda: K.field_f16(blocks, -2), expect_c=False))
+    for path in (contextlib.nullcontext, numpy_path):
+        with path(), pytest.raises(ValueError):
+            K.field_f16(blocks, 17)  # runs off the block
+        with path(), pytest.raises(ValueError):
+            K.pairs_to_split(np.zeros((3, 16), np.uint8), out=np.zeros((2, 16), np.uint8))
+
+
+@needs_c
+def test_two_threads_at_once() -> None:
+    """ctypes drops the GIL: two threads in the C code at the same time both get their bytes."""
+    rng = np.random.default_rng(9)
+    parts = [rng.integers(0, 256, size=(200_000, 18), dtype=np.uint8) for _ in range(2)]
+    results: list[Any] = [None, None]
+
+    def work(i: int) -> None:
+        results[i] = K.split_to_pairs(parts[i][:, 2:18], 0x88)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(2):
+        same(results[i], B.split_to_pairs(parts[i][:, 2:18], 0x88))
+
+
+def _run(code: list[str], **env: str) -> str:
+    e = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    p = subprocess.run([sys.executable, *code], capture_output=True, text=True, env=e, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+@pytest.mark.parametrize(("env", "kernel"), [("numpy", "numpy"), pytest.param("", "c", marks=needs_c)])
+def test_environment_forces_the_numpy_path(env: str, kernel: str) -> None:
+    assert _run(["-c", "import hurray_interop.kernels as k; print(k.KERNEL, k._lib is None)"],
+                HURRAY_INTEROP_KERNEL=env) == f"{kernel} {kernel == 'numpy'}"
+    assert _run(["-m", "hurray_interop", "--version"], HURRAY_INTEROP_KERNEL=env).endswith(f"(kernel: {kernel})")
+
+
+def _ggml_elements(qs: np.ndarray) -> np.ndarray:
+    """The oracle, element by element: GGML byte j holds element j (low nibble) and element
+    j + w (high nibble) of a 2w-element block (docs/conversion-rules.md § 2)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+
+
+def _hurray_pairs(elements: np.ndarray) -> np.ndarray:
+    """Hurray byte k holds elements 2k (low nibble) and 2k + 1 (high nibble)."""
+    return (elements[:, 0::2] | elements[:, 1::2] << 4).astype(np.uint8)
+
+
+@needs_c
+@pytest.mark.parametrize("w", [16, 32, 64, 128])
+def test_nibble_movers_of_any_block_width_follow_the_element_order(w: int) -> None:
+    """The C movers take any width that is a multiple of 16 bytes (K-quant-sized blocks too)."""
+    rng = np.random.default_rng(w)
+    raw = rng.integers(0, 256, size=(300, w + 6), dtype=np.uint8)
+    qs = raw[::3, 3 : 3 + w]
+    want = _hurray_pairs(_ggml_elements(qs))
+    assert np.array_equal(K.split_to_pairs(qs), want)
+    assert np.array_equal(K.split_to_pairs(qs, 0x88), want ^ 0x88)
+    assert np.array_equal(K.pairs_to_split(want), qs)
+
+
+@needs_c
+@pytest.mark.parametrize("k", [16, 32, 64, 256])
+def test_q5_movers_of_any_block_width_follow_the_element_order(k: int) -> None:
+    rng = np.random.default_rng(k)
+    raw = rng.integers(0, 256, size=(200, k // 2 + k // 8 + 1), dtype=np.uint8)
+    qs, qh = raw[:, 1 : 1 + k // 2], raw[:, 1 + k // 2 :]
+    high = np.unpackbits(qh, axis=1, bitorder="little")  # bit j of qh: bit 4 of code j
+    want = _ggml_elements(qs) | high << 4
+    assert np.array_equal(K.q5_codes(qs, qh), want)
+    got_qs, got_qh = K.q5_pack(want | 0xE0)  # bits 5..7 ignored
+    assert np.array_equal(got_qs, qs) and np.array_equal(got_qh, qh)
