@@ -279,3 +279,20 @@ def test_expanded_tensor_without_record_exports_only_by_fallback(fixture_hrry: P
     rep = hurray_to_gguf(bad, tmp_path / "f32.gguf", fallback="float32")
     q4k = {t.name: t for t in rep.tensors}["q.Q4_K"]
     assert q4k.mapping == "F32 (fallback)" and q4k.status == "value-exact"
+
+
+def test_zero_patches_in_1d_and_3d_tensors(tmp_path: Path) -> None:
+    """Zero patches are (1, …, 1, K) boxes at the sub-block's offset whatever the rank."""
+    src = write_gguf_raw(tmp_path / "ranks.gguf", [
+        ("a", "Q6_K", (2, 3, 1024), random_blocks("Q6_K", 24, 5)),
+        ("b", "Q3_K", (4096,), random_blocks("Q3_K", 16, 6)),
+        ("c", "IQ2_XS", (2, 2, 1024), random_blocks("IQ2_XS", 16, 7)),
+    ])
+    hrry = assert_round_trip(src, tmp_path)
+    assert_values_bit_exact(src, hrry)
+    with HrryFile(hrry) as hf:
+        for name in "abc":
+            t = hf.tensor(name)
+            assert t.descriptor.is_composite and len(t.members) > 1  # random d = ±0 rows mix ±0
+            for m in t.members[1:]:
+                assert m.descriptor.shape[:-1] == (1,) * (len(t.descriptor.shape) - 1)
