@@ -45,6 +45,12 @@ answer from ``split``.  What the converter then adds for such a kind is the Hurr
 geometry of ``s`` scales per block (Hurray block size ``K / s``, scale type from
 ``Parts.scales``) and a record for ``Parts.restore``.  Adding a GGML type is one table
 row, plus one code kind if its codes are laid out in a way no registered kind knows.
+
+The types of ``mappings/gguf_expanded.toml`` (K-quants, IQ, TQ, NVFP4) do not go through this
+seam: they have no native mapping, stay refused by default, and ``--fallback exact`` stores
+them per tensor through :mod:`.gguf_exact` (docs/conversion-rules.md § 9), whose forms --
+several sub-block scales, overlay members, zero patches, a record of whole headers -- are
+more than one codec row can say.
 """
 
 from __future__ import annotations
