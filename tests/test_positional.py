@@ -116,3 +116,20 @@ def test_a_failing_writeback_call_costs_nothing(tmp_path: Path, src: Path, monke
     monkeypatch.setattr(P, "WRITEBACK_MIN", 1)
     _write(tmp_path / "out.bin", src)
     assert (tmp_path / "out.bin").read_bytes() == _expected_with_prefix()
+
+
+def test_atomic_output_starts_writeback_as_it_writes(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Sequential writers (the .hrry, GGUF and safetensors writers) get incremental
+    writeback through AtomicOutput.write: ranges in order, covering what was written."""
+    import hurray_interop.files.atomic as A
+
+    ranges: list[tuple[int, int]] = []
+    monkeypatch.setattr(A, "writeback_function", lambda strategy="auto": lambda fd, off, n: ranges.append((off, n)))
+    monkeypatch.setattr(A, "WRITEBACK_STEP", 1000)
+    data = RNG.integers(0, 256, 5500, dtype=np.uint8).tobytes()
+    with AtomicOutput(tmp_path / "out.bin") as out:
+        for i in range(0, len(data), 700):
+            out.write(data[i : i + 700])
+        out.commit()
+    assert (tmp_path / "out.bin").read_bytes() == data
+    assert ranges == [(0, 1400), (1400, 1400), (2800, 1400), (4200, 1300)]  # the last 1300 bytes: 1000 or more
