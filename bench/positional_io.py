@@ -5,7 +5,8 @@
 Writes a file of ``--size`` bytes in DIR per strategy, interleaved over rounds, and prints
 the median seconds of the whole write and of its final fsync:
 
-* ``write+fsync``        buffered sequential writes, then fsync (what AtomicOutput does today)
+* ``write+fsync``        buffered sequential writes, then fsync (AtomicOutput before this work)
+* ``write/AtomicOutput wb`` the same with AtomicOutput's incremental writeback (every 8 MiB)
 * ``pwrite/<writeback>`` PositionalWriter.pwrite of 8 MiB chunks from two threads, with
   writeback started per chunk by ``sync_file_range``, ``fadvise`` (DONTNEED) or ``none``
 * ``copy/<how>``         a source file copied with ``copy_file_range`` or read/pwrite, then fsync
@@ -31,8 +32,8 @@ from hurray_interop.files.atomic import AtomicOutput  # noqa: E402
 CHUNK = 8 << 20
 
 
-def _plain(path: Path, size: int, data: bytes) -> float:
-    with AtomicOutput(path, force=True) as out:
+def _plain(path: Path, size: int, data: bytes, writeback: bool = False) -> float:
+    with AtomicOutput(path, force=True, writeback=writeback) as out:
         for off in range(0, size, CHUNK):
             out.write(memoryview(data)[: min(CHUNK, size - off)])
         out.flush()
@@ -76,6 +77,7 @@ def main() -> None:
     out = d / "positional-out.bin"
     cases = {
         "write+fsync": lambda: _plain(out, size, data),
+        "write/AtomicOutput wb": lambda: _plain(out, size, data, True),
         "pwrite/sync_file_range": lambda: _positional(out, size, data, "sync_file_range"),
         "pwrite/fadvise": lambda: _positional(out, size, data, "fadvise"),
         "pwrite/none": lambda: _positional(out, size, data, "none"),
