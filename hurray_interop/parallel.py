@@ -9,6 +9,7 @@
   :func:`jobs` threads (numpy releases the GIL in the gathers and bit operations that
   do the work).
 * :func:`prefetch_chunks` -- a worker thread producing chunks ahead of a writer.
+* :func:`in_background` -- one call on a worker thread while the caller does other work.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from .errors import UsageError
 
-__all__ = ["DEFAULT_JOBS", "cpus", "check_jobs", "use_jobs", "jobs", "pmap", "PREFETCH_CHUNKS", "prefetch_chunks"]
+__all__ = [
+    "DEFAULT_JOBS", "cpus", "check_jobs", "use_jobs", "jobs", "pmap", "PREFETCH_CHUNKS", "prefetch_chunks",
+    "in_background",
+]
 
 T = TypeVar("T")
 
@@ -161,4 +165,39 @@ def prefetch_chunks(chunks: Iterable[Any], depth: int | None = None) -> Iterator
                 raise c
     finally:
         stop.set()
+        worker.join()
+
+
+@contextmanager
+def in_background(fn: Callable[[], T]) -> Iterator[Callable[[], T]]:
+    """Run ``fn()`` on a worker thread (in the caller's context) while the body runs.
+
+    The body gets a function that waits for ``fn`` and returns its result or raises its
+    exception, unchanged.  Leaving the body always waits for the worker first (so it
+    never outlives, say, the temporary directory it writes into)."""
+    import contextvars
+    import threading
+
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as e:  # handed to the caller, re-raised there
+            box.append((False, e))
+
+    ctx = contextvars.copy_context()
+    worker = threading.Thread(target=ctx.run, args=(run,), name="hurray-interop-background", daemon=True)
+    worker.start()
+
+    def result() -> T:
+        worker.join()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    try:
+        yield result
+    finally:
         worker.join()

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-import ml_dtypes  # noqa: F401  (registers bfloat16, float8_*, float4/6 dtypes by name)
 import numpy as np
 
 from ..errors import FormatError, UnsupportedError
@@ -74,6 +73,8 @@ class ElementType:
 
 @functools.cache
 def _np_dtype(name: str) -> np.dtype:
+    import ml_dtypes  # on first use: ``inspect`` of a GGUF never needs it (start-up time)
+
     if hasattr(ml_dtypes, name):
         return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)

@@ -19,6 +19,7 @@ OCP/Hurray decode −0; a unit may declare +0 and −0 equal.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from contextlib import ExitStack
@@ -31,7 +32,7 @@ from ..core.hrry import HrryFile
 from ..core.model import Tensor
 from ..dequant import iter_dequantize
 from ..errors import ConversionRefused, HurrayInteropError
-from ..parallel import prefetch_chunks
+from ..parallel import in_background, prefetch_chunks
 
 __all__ = [
     "TensorCheck",
@@ -45,8 +46,12 @@ __all__ = [
     "ForeignVerifier",
 ]
 
-#: elements compared per chunk (bounds memory for any tensor)
-CHUNK_ROWS_ELEMENTS = 1 << 22
+#: elements compared per chunk: 1 MiB of float32 a side, so both decoders' chunks and the
+#: comparison's temporaries stay in the L2 cache, and memory is bounded for any tensor
+CHUNK_ROWS_ELEMENTS = 1 << 18
+
+#: elements compared between two calls of ``release`` (bounds the mapped pages resident)
+RELEASE_ELEMENTS = 1 << 22
 
 Rows = Callable[[int, int], np.ndarray]
 
@@ -130,20 +135,31 @@ def first_value_diff(a: np.ndarray, b: np.ndarray, *, signed_zero_equal: bool) -
 
 
 def compare_values(
-    name: str, ours: Tensor, reference_rows: Rows, *, block: int = 1, signed_zero_equal: bool = False
+    name: str,
+    ours: Tensor,
+    reference_rows: Rows,
+    *,
+    block: int = 1,
+    signed_zero_equal: bool = False,
+    row: int = 0,
+    release: Callable[[], None] | None = None,
 ) -> tuple[bool, float | None, str]:
     """Compare the shared dequantizer on ``ours`` with a reference decoder, chunk by chunk.
 
     ``reference_rows(start, stop)`` returns the reference float32 values of the
-    flattened outer rows ``start:stop`` (rows run along the last axis).  Memory
-    stays bounded by the chunk size whatever the tensor's size.
+    flattened rows ``start:stop`` of ``row`` elements each (0: rows run along the last
+    axis; a GGUF reference decodes blocks).  Memory stays bounded by the chunk size
+    whatever the tensor's size; ``release()``, if given, is called every
+    :data:`RELEASE_ELEMENTS` values to drop the mapped pages read so far.
     Returns ``(equal, max_abs_diff, where)``; ``where`` locates the first difference.
     """
     shape = tuple(int(x) for x in ours.shape)
     ncols = max(shape[-1] if shape else 1, 1)
+    unit = row or ncols
     worst: float | None = 0.0
     first = ""
     flat = 0
+    since = 0
     # our dequantizer produces chunk k+1 in a worker thread while the reference decodes and
     # compares chunk k (numpy releases the GIL: the two decoders share the cores)
     chunks = iter_dequantize(ours, max_elements=CHUNK_ROWS_ELEMENTS)  # threads: parallel.use_jobs
@@ -153,9 +169,13 @@ def compare_values(
         flat = hi
         if not a.size:
             continue
-        r0, r1 = lo // ncols, -(-hi // ncols)
-        ref = np.asarray(reference_rows(r0, r1), dtype=np.float32).reshape(-1)[lo - r0 * ncols : hi - r0 * ncols]
+        r0, r1 = lo // unit, -(-hi // unit)
+        ref = np.asarray(reference_rows(r0, r1), dtype=np.float32).reshape(-1)[lo - r0 * unit : hi - r0 * unit]
         idx, mad = first_value_diff(a, np.ascontiguousarray(ref), signed_zero_equal=signed_zero_equal)
+        since += a.size
+        if release is not None and since >= RELEASE_ELEMENTS:
+            release()
+            since = 0
         if idx < 0:
             continue
         worst = None if (mad is None or worst is None) else max(worst, mad)
@@ -204,14 +224,30 @@ class RawEntry:
     where: Callable[[int], str]  # names a byte offset inside ``data`` (e.g. block and byte)
 
 
-def compare_entries(a: RawEntry, b: RawEntry, *, same_offsets_equal: bool = False) -> tuple[bool, str]:
+#: bytes compared per step of :func:`compare_entries` (cache-sized temporaries)
+CHUNK_BYTES = 1 << 20
+
+
+def compare_entries(
+    a: RawEntry, b: RawEntry, *, same_offsets_equal: bool = False, release: Callable[[], None] | None = None
+) -> tuple[bool, str]:
     """Whether two stored tensors hold the same type, shape and bytes; where they first differ.
-    ``same_offsets_equal``: the files are known identical, so equal offsets mean equal bytes."""
+    ``same_offsets_equal``: the files are known identical, so equal offsets mean equal bytes.
+    Compares :data:`CHUNK_BYTES` at a time; ``release()`` drops the mapped pages read so far."""
     if a.key != b.key:
         return False, f"stored as {b.label} {list(b.key[1:])}, not {a.label} {list(a.key[1:])}"
-    if (same_offsets_equal and a.offset == b.offset) or np.array_equal(a.data, b.data):
+    if same_offsets_equal and a.offset == b.offset:
         return True, ""
-    return False, a.where(int(np.argmax(a.data != b.data)))
+    x, y = a.data.reshape(-1), b.data.reshape(-1)
+    if x.size != y.size:
+        return False, a.where(min(x.size, y.size))
+    for lo in range(0, x.size, CHUNK_BYTES):
+        xs, ys = x[lo : lo + CHUNK_BYTES], y[lo : lo + CHUNK_BYTES]
+        if not np.array_equal(xs, ys):
+            return False, a.where(lo + int(np.argmax(xs != ys)))
+        if release is not None and lo % (RELEASE_ELEMENTS * 4) == 0:
+            release()
+    return True, ""
 
 
 @dataclass(frozen=True)
@@ -226,6 +262,7 @@ class Unit:
     reference: Callable[[], Rows | None]
     block: int = 1
     signed_zero_equal: bool = False
+    row: int = 0  # elements per row of ``reference()`` (0: the last axis; see compare_values)
 
 
 @dataclass(frozen=True)
@@ -265,41 +302,59 @@ class ForeignVerifier:
     ) -> None:
         """Per tensor: bytes of the export against the source, values of ours against the
         reference decoder; tensors the Hurray file has beyond the source's are a problem."""
-        c = self.checks
-        src_entries = c.entries(src)
-        exp_entries = c.entries(exported) if exported is not None else {}
+        self.finish(src, self.values(src, hf), result, exported, files_equal=files_equal, hurray_label=hurray_label)
+
+    def values(self, src: Any, hf: HrryFile) -> tuple[list[tuple[Unit, TensorCheck, bool]], list[str]]:
+        """The value checks of every unit (ours against the reference decoder): needs no
+        export, so it runs while the export is written.  Also the names only ``hf`` has."""
+        done: list[tuple[Unit, TensorCheck, bool]] = []
         known: set[str] = set()
-        for u in c.units(src):
-            _release_pages(src, hf, exported)
+        for u in self.checks.units(src):
+            _release_pages(src, hf)
             known.add(u.name)
             chk = TensorCheck(u.name, u.label, "-")
-            result.tensors.append(chk)
+            done.append((u, chk, u.name in hf))
             if u.name not in hf:
                 chk.values_equal, chk.where = False, "missing from the Hurray file"
                 continue
             t = hf.tensor(u.name)
             chk.mapping = t.describe()
-            if exported is not None:
-                chk.bytes_equal, chk.where = self._export_bytes(u, src_entries, exp_entries, files_equal)
             ref = u.reference()
             if ref is None:
                 continue
-            eq, mad, where = compare_values(u.name, t, ref, block=u.block, signed_zero_equal=u.signed_zero_equal)
-            chk.values_equal, chk.max_abs_diff = eq, mad
-            if where and not chk.where:
-                chk.where = where
-        extra = [n for n in hf.top_level_names() if n not in known]
+            chk.values_equal, chk.max_abs_diff, chk.where = compare_values(
+                u.name, t, ref, block=u.block, signed_zero_equal=u.signed_zero_equal, row=u.row,
+                release=functools.partial(_release_pages, src, hf),
+            )
+        return done, [n for n in hf.top_level_names() if n not in known]
+
+    def finish(
+        self, src: Any, checked: tuple[list[tuple[Unit, TensorCheck, bool]], list[str]], result: VerifyResult,
+        exported: Any, *, files_equal: bool, hurray_label: str,
+    ) -> None:
+        """Add the export's byte checks to the value checks ``checked`` and record them all."""
+        done, extra = checked
+        if exported is not None:
+            src_entries, exp_entries = self.checks.entries(src), self.checks.entries(exported)
+            release = functools.partial(_release_pages, src, exported)
+            for u, chk, in_hurray in done:
+                release()
+                if in_hurray:
+                    eq, where = self._export_bytes(u, src_entries, exp_entries, files_equal, release)
+                    chk.bytes_equal, chk.where = eq, (where or chk.where)
+        result.tensors.extend(chk for _, chk, _ in done)
         if extra:
             result.problems.append(f"tensors only in {hurray_label}: {', '.join(extra[:5])}")
 
     @staticmethod
     def _export_bytes(
-        u: Unit, src_entries: dict[str, RawEntry], exp_entries: dict[str, RawEntry], files_equal: bool
+        u: Unit, src_entries: dict[str, RawEntry], exp_entries: dict[str, RawEntry], files_equal: bool,
+        release: Callable[[], None],
     ) -> tuple[bool, str]:
         for n in u.parts:
             other = exp_entries.get(n)
             eq, where = (False, "missing after export") if other is None else compare_entries(
-                src_entries[n], other, same_offsets_equal=files_equal
+                src_entries[n], other, same_offsets_equal=files_equal, release=release
             )
             if not eq:
                 return False, (f"{n!r} {where}" if len(u.parts) > 1 else where)
@@ -309,13 +364,16 @@ class ForeignVerifier:
         """``fmt`` (the registry record) -> .hrry -> ``fmt`` in a temporary directory."""
         c = self.checks
 
-        def check(mid: str, back: str, diff: tuple[int, int, int] | None) -> None:
-            with c.open(path) as src, c.open(back) as exported, HrryFile(mid) as hf:
-                if diff is not None:
-                    where = self._where(src, diff, "end of file (source {sa} bytes, result {sb} bytes)")
-                    result.problems.append(f"re-exported {c.title} differs from the source first at {where}")
-                    result.problems.extend(c.metadata_diffs(src, exported))
-                self.against_hurray(src, hf, result, exported, files_equal=diff is None, hurray_label="the Hurray file")
+        def check(mid: str, back: str, exported_diff: Callable[[], tuple[int, int, int] | None]) -> None:
+            with c.open(path) as src, HrryFile(mid) as hf:
+                checked = self.values(src, hf)  # while the export is written
+                diff = exported_diff()
+                with c.open(back) as exported:
+                    if diff is not None:
+                        where = self._where(src, diff, "end of file (source {sa} bytes, result {sb} bytes)")
+                        result.problems.append(f"re-exported {c.title} differs from the source first at {where}")
+                        result.problems.extend(c.metadata_diffs(src, exported))
+                    self.finish(src, checked, result, exported, files_equal=diff is None, hurray_label="the Hurray file")
 
         run_roundtrip(
             path,
@@ -376,12 +434,13 @@ def run_roundtrip(
     to_hurray: Callable[[str, str], Any],
     from_hurray: Callable[[str, str], Any],
     suffix: str,
-    check: Callable[[str, str, Any], None],
+    check: Callable[[str, str, Callable[[], tuple[int, int, int] | None]], None],
     compare: Callable[[str, str], Any] = first_byte_diff,
 ) -> None:
-    """Import ``path`` to Hurray and export it back in a temporary directory, compare the
-    files byte for byte (``compare(path, exported)``: None when identical), then
-    ``check(hurray_copy, exported_copy, difference)``."""
+    """Import ``path`` to Hurray, then ``check(hurray_copy, exported_copy, first_difference)``
+    while a worker thread exports the copy back (in a temporary directory) and compares
+    the files (``compare(path, exported)``: None when identical): ``first_difference()``
+    waits for that and returns its result."""
     with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
         mid = os.path.join(tmp, "roundtrip.hrry")
         back = os.path.join(tmp, "roundtrip" + suffix)
@@ -393,10 +452,19 @@ def run_roundtrip(
                     result.tensors.append(TensorCheck(name, typ, "refused", values_equal=False, where=reason))
                 result.problems.append(f"{len(exc.reasons)} tensor(s) cannot be converted exactly")
                 return
-            from_hurray(mid, back)
-            diff = compare(path, back)
-            result.file_bytes_equal = diff is None
-            check(mid, back, diff)
+
+            def export() -> tuple[int, int, int] | None:
+                from_hurray(mid, back)
+                return compare(path, back)
+
+            with in_background(export) as exported:
+
+                def first_difference() -> tuple[int, int, int] | None:
+                    diff = exported()
+                    result.file_bytes_equal = diff is None
+                    return diff
+
+                check(mid, back, first_difference)
         except HurrayInteropError as exc:
             if exc.path is not None and exc.path.startswith(tmp):
                 # name the user's file, not our temporary copy that is about to vanish

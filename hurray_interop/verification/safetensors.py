@@ -53,14 +53,13 @@ def _plain_reference(st: SafetensorsFile, name: str) -> Callable[[int, int], np.
     if not exact_type:
         return None
     n = int(np.prod(e.shape, dtype=np.int64))
-    ncols = e.shape[-1] if e.shape else 1
     if et.packed:
         flat = unpack(st.raw(name), et, n).view(et.dtype)
     else:
         flat = st.raw(name).view(et.dtype)
 
-    def rows(start: int, stop: int) -> np.ndarray:
-        return flat[start * ncols : stop * ncols].astype(np.float32)
+    def rows(start: int, stop: int) -> np.ndarray:  # rows of one element (Unit.row): bounded windows
+        return flat[start:stop].astype(np.float32)
 
     return rows
 
@@ -89,7 +88,7 @@ def _units(st: SafetensorsFile) -> Iterator[Unit]:
             ref = functools.partial(_pair_reference, st, p)
             yield Unit(p.hurray_name, pair_label(p), (p.data.name, p.scale.name), ref, block=p.block_size)
         elif e.name not in used:  # (the scale half of a pair is checked with its data tensor)
-            yield Unit(e.name, e.dtype, (e.name,), functools.partial(_plain_reference, st, e.name))
+            yield Unit(e.name, e.dtype, (e.name,), functools.partial(_plain_reference, st, e.name), row=1)
 
 
 VERIFIER = ForeignVerifier(

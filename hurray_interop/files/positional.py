@@ -1,0 +1,199 @@
+"""Positional output for worker threads: bytes written at their final offsets.
+
+A :class:`PositionalWriter` wraps an open :class:`~hurray_interop.files.atomic.AtomicOutput`
+(so a failure anywhere still deletes the temporary file, and ``commit`` still does the
+final ``fsync`` and the rename).  Any number of threads may call, concurrently:
+
+* :meth:`PositionalWriter.pwrite` -- ``os.pwrite`` of a buffer at its final offset;
+* :meth:`PositionalWriter.copy` -- bytes of another file copied by the kernel
+  (``os.copy_file_range``: no pass through Python buffers, and on file systems that
+  share extents no copy at all), falling back to ``os.pread``/``os.pwrite`` through a
+  buffer reused per thread.
+
+After each range of at least :data:`WRITEBACK_MIN` bytes the writer starts the
+kernel's writeback of that range (incremental writeback), so dirty pages do not pile
+up for the final ``fsync``: ``sync_file_range(SYNC_FILE_RANGE_WRITE)`` through ctypes
+where the C library has it (Linux), else ``posix_fadvise(POSIX_FADV_DONTNEED)``, which
+on Linux also starts writeback of the dirty pages of the range.  Where neither exists
+(macOS, Windows) nothing is started and the final ``fsync`` writes everything: the same
+bytes, only slower.  Gaps never written read as zeros (the file is sized up front).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from typing import Any, Callable
+
+from ..errors import UsageError
+
+__all__ = ["PositionalWriter", "WRITEBACK_MIN", "COPY_CHUNK", "writeback_function"]
+
+#: ranges shorter than this are left to the final fsync (a header, a small tensor)
+WRITEBACK_MIN = 1 << 20
+
+#: bytes per ``copy_file_range`` call, and the size of the fallback's reused buffer
+COPY_CHUNK = 8 << 20
+
+#: errors after which ``copy_file_range`` is given up for the read/write fallback
+_NO_COPY_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.ETXTBSY}
+
+
+def _sync_file_range() -> Callable[[int, int, int], None] | None:
+    """``sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WRITE)`` from the C library, or None."""
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError, ImportError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+
+    def start(fd: int, offset: int, length: int) -> None:
+        if fn(fd, offset, length, 2) != 0:  # SYNC_FILE_RANGE_WRITE
+            raise OSError(ctypes.get_errno(), "sync_file_range failed")
+
+    return start
+
+
+def _fadvise_dontneed() -> Callable[[int, int, int], None] | None:
+    advise = getattr(os, "posix_fadvise", None)
+    flag = getattr(os, "POSIX_FADV_DONTNEED", None)
+    if advise is None or flag is None:
+        return None
+    return lambda fd, offset, length: advise(fd, offset, length, flag)
+
+
+_SEEK_LOCK = threading.Lock()  # positions shared by the seek-and-write fallbacks
+
+
+def _pwrite_function() -> Callable[[int, memoryview, int], int]:
+    """``os.pwrite``, or (Windows) a seek and a write under a lock."""
+    pwrite = getattr(os, "pwrite", None)
+    if pwrite is not None:
+        return pwrite
+
+    def seek_write(fd: int, data: memoryview, offset: int) -> int:
+        with _SEEK_LOCK:
+            os.lseek(fd, offset, os.SEEK_SET)
+            return os.write(fd, data)
+
+    return seek_write
+
+
+def _pread_function() -> Callable[[int, memoryview, int], int]:
+    """Read into a buffer at an offset: ``os.preadv``, or a seek and a read under a lock."""
+    preadv = getattr(os, "preadv", None)
+    if preadv is not None:
+        return lambda fd, into, offset: preadv(fd, [into], offset)
+
+    def seek_read(fd: int, into: memoryview, offset: int) -> int:
+        with _SEEK_LOCK:
+            os.lseek(fd, offset, os.SEEK_SET)
+            got = os.read(fd, len(into))
+        into[: len(got)] = got
+        return len(got)
+
+    return seek_read
+
+
+def writeback_function(strategy: str = "auto") -> Callable[[int, int, int], None] | None:
+    """How ranges are handed to writeback: ``"sync_file_range"``, ``"fadvise"``, ``"none"``,
+    or ``"auto"`` (the first of the two the platform has); None when there is none."""
+    if strategy == "none":
+        return None
+    if strategy in ("auto", "sync_file_range"):
+        fn = _sync_file_range()
+        if fn is not None or strategy == "sync_file_range":
+            return fn
+    if strategy in ("auto", "fadvise"):
+        return _fadvise_dontneed()
+    raise UsageError(f"unknown writeback strategy {strategy!r}")
+
+
+class PositionalWriter:
+    """Thread-safe positional writes into an open :class:`AtomicOutput` of ``size`` bytes.
+
+    ``out`` is flushed first (bytes it holds in its buffer land at their offsets) and
+    truncated/extended to ``size``.  ``writeback``: see :func:`writeback_function`.
+    The final ``fsync`` is ``out.commit()``'s."""
+
+    def __init__(self, out: Any, size: int, *, writeback: str = "auto") -> None:
+        out.flush()
+        self.fd: int = out.fileno()
+        self.path = getattr(out, "path", None)
+        self.size = size
+        self._writeback = writeback_function(writeback)
+        self._copy_range = getattr(os, "copy_file_range", None)
+        self._pwrite, self._pread = _pwrite_function(), _pread_function()
+        self._local = threading.local()
+        self._fail(os.ftruncate, self.fd, size)
+
+    def _fail(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except OSError as e:
+            raise UsageError(f"cannot write the output: {e.strerror or e}", path=self.path) from None
+
+    def _check(self, offset: int, length: int) -> None:
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise UsageError(f"write of {length} bytes at offset {offset} is outside the {self.size}-byte output",
+                             path=self.path)
+
+    def pwrite(self, data: Any, offset: int) -> None:
+        """Write all of ``data`` (any buffer) at ``offset``, then start its writeback."""
+        mv = memoryview(data).cast("B")
+        self._check(offset, len(mv))
+        done = 0
+        while done < len(mv):
+            done += self._fail(self._pwrite, self.fd, mv[done:], offset + done)
+        self.started(offset, len(mv))
+
+    def copy(self, src_fd: int, src_offset: int, length: int, offset: int) -> None:
+        """Copy ``length`` bytes of the file ``src_fd`` from ``src_offset`` to ``offset``."""
+        self._check(offset, length)
+        done = 0
+        while done < length and self._copy_range is not None:
+            try:
+                n = self._copy_range(src_fd, self.fd, min(COPY_CHUNK, length - done), src_offset + done, offset + done)
+            except OSError as e:
+                if e.errno not in _NO_COPY_RANGE:
+                    raise UsageError(f"cannot write the output: {e.strerror or e}", path=self.path) from None
+                self._copy_range = None  # this pair of files cannot: the fallback from here on
+                break
+            if n == 0:
+                raise UsageError(f"the source ends before offset {src_offset + length}", path=self.path)
+            done += n
+        if done < length:
+            self._copy_via_buffer(src_fd, src_offset + done, length - done, offset + done)
+        self.started(offset, length)
+
+    def _copy_via_buffer(self, src_fd: int, src_offset: int, length: int, offset: int) -> None:
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = bytearray(COPY_CHUNK)
+        mv = memoryview(buf)
+        done = 0
+        while done < length:
+            k = min(len(buf), length - done)
+            n = self._fail(self._pread, src_fd, mv[:k], src_offset + done)
+            if n == 0:
+                raise UsageError(f"the source ends before offset {src_offset + length}", path=self.path)
+            w = 0
+            while w < n:
+                w += self._fail(self._pwrite, self.fd, mv[w:n], offset + done + w)
+            done += n
+
+    def started(self, offset: int, length: int) -> None:
+        """Start the writeback of a written range (ranges under :data:`WRITEBACK_MIN` wait
+        for the final fsync); a failure only costs speed, never bytes."""
+        if self._writeback is None or length < WRITEBACK_MIN:
+            return
+        try:
+            self._writeback(self.fd, offset, length)
+        except OSError:
+            self._writeback = None
