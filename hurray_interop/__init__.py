@@ -99,12 +99,19 @@ def open(path: str | _os.PathLike[str], format: str | None = None) -> Any:  # no
     :class:`~hurray_interop.core.hrry.HrryFile`, :class:`~hurray_interop.formats.gguf.GGUFFile`
     or :class:`~hurray_interop.formats.safetensors.SafetensorsFile`, memory-mapped and
     usable as a context manager.  The format is the one the magic bytes say (``format``,
-    a registry name, insists on one).
+    a registry name, insists on one).  A shard of a split GGUF set opens as the whole
+    set, as ``convert`` and ``verify`` read it: a
+    :class:`~hurray_interop.formats.gguf_split.SplitModel` with the model metadata
+    (``kv``, without the ``split.*`` keys), every tensor in set order and the shards
+    themselves (``paths``, ``shards``); a bad set raises its located error.
 
     >>> import hurray_interop
     >>> with hurray_interop.open("fixtures/tiny-llama.gguf") as f:
     ...     type(f).__name__, f.tensors[0].name, f.tensors[0].type_name
     ('GGUFFile', 'token_embd.weight', 'Q8_0')
+    >>> with hurray_interop.open("fixtures/tiny-split-00002-of-00003.gguf") as f:
+    ...     type(f).__name__, f.count, len(f.tensors), f.shard_of(f.tensors[-1].name).name
+    ('SplitModel', 3, 8, 'tiny-split-00003-of-00003.gguf')
     """
     from .registry import detect_format
 

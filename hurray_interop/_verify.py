@@ -6,7 +6,8 @@ through the format registry to each format's verifier (:mod:`hurray_interop.veri
   for byte, and compare, per tensor, the shared dequantizer's values on the
   Hurray tensor with the source ecosystem's own decoder, bit for bit.
 * :func:`verify_pair` — compare two given files of any supported pair.
-* :func:`verify_files` — what the ``verify`` command runs.
+* :func:`plan_checks` / :func:`verify_files` — what the ``verify`` command checks, and runs
+  (the batch in :mod:`hurray_interop.batch` runs the same checks, one task each).
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import os
 from typing import Callable, Sequence
 
 from .errors import ConversionRefused, HurrayInteropError, UnsupportedError, UsageError
-from .registry import FALLBACK_EXACT, HURRAY, detect_format
+from .registry import FALLBACK_EXACT, HURRAY, detect_format, group_models
 from .parallel import check_jobs, use_jobs
 from .verification.common import TensorCheck, VerifyResult
 
-__all__ = ["TensorCheck", "VerifyResult", "verify_roundtrip", "verify_pair", "verify_files"]
+__all__ = ["TensorCheck", "VerifyResult", "verify_roundtrip", "verify_pair", "plan_checks", "verify_check", "verify_files"]
 
 
 def _run(result: VerifyResult, fn: Callable[[], None], jobs: int | None = None) -> VerifyResult:
@@ -83,29 +84,49 @@ def verify_pair(a: str | os.PathLike[str], b: str | os.PathLike[str], *, jobs: i
     return _run(result, go, jobs)
 
 
-def verify_files(
-    files: Sequence[str], *, pair: bool = False, each: bool = False, jobs: int | None = None,
-    fallback: str | None = None,
-) -> list[VerifyResult]:
-    """What ``hurray-interop verify`` runs: a pair comparison when asked (or for two
-    files of different formats), otherwise a round trip of every file (``fallback``: see
-    :func:`verify_roundtrip`)."""
+def plan_checks(
+    files: Sequence[str], *, pair: bool = False, each: bool = False, fallback: str | None = None
+) -> list[tuple[str, ...]]:
+    """What ``hurray-interop verify FILE ...`` checks, one tuple per check: two files are
+    a pair comparison, one file a round trip.  A pair when asked (``pair``), or for
+    exactly two files of different formats (unless ``each`` or ``fallback``); otherwise
+    a round trip of every model -- the shards given of one split GGUF set are one
+    model, round-tripped once from the first of them (it covers the whole set).
+    Usage errors (a wrong number of files for a pair, exclusive options) raise
+    :class:`UsageError` here, before anything runs."""
     _check_fallback(fallback)
-    if fallback is not None:
-        if pair:
-            raise UsageError("--fallback applies to round trips, not to --pair")
-        return [verify_roundtrip(f, jobs=jobs, fallback=fallback) for f in files]
+    if fallback is not None and pair:
+        raise UsageError("--fallback applies to round trips, not to --pair")
     if pair and each:
         raise UsageError("--pair and --each exclude each other")
     if pair:
         if len(files) != 2:
             raise UsageError(f"--pair compares exactly two files, got {len(files)}")
-        return [verify_pair(files[0], files[1], jobs=jobs)]
-    if len(files) == 2 and not each:
+        return [(files[0], files[1])]
+    if len(files) == 2 and not each and fallback is None:
         try:
             fa, fb = detect_format(files[0]), detect_format(files[1])
         except HurrayInteropError:
-            return [verify_roundtrip(f, jobs=jobs) for f in files]
+            fa = fb = None  # the round trips report the bad file
         if fa is not fb:
-            return [verify_pair(files[0], files[1], jobs=jobs)]
-    return [verify_roundtrip(f, jobs=jobs) for f in files]
+            return [(files[0], files[1])]
+    return [g[:1] for g in group_models(files)]
+
+
+def verify_check(
+    files: Sequence[str], *, jobs: int | None = None, fallback: str | None = None
+) -> VerifyResult:
+    """Run one check of :func:`plan_checks`: two files compared, or one round-tripped."""
+    if len(files) == 2:
+        return verify_pair(files[0], files[1], jobs=jobs)
+    return verify_roundtrip(files[0], jobs=jobs, fallback=fallback)
+
+
+def verify_files(
+    files: Sequence[str], *, pair: bool = False, each: bool = False, jobs: int | None = None,
+    fallback: str | None = None,
+) -> list[VerifyResult]:
+    """What ``hurray-interop verify`` runs: every check of :func:`plan_checks`, in order
+    (``fallback``: see :func:`verify_roundtrip`)."""
+    checks = plan_checks(files, pair=pair, each=each, fallback=fallback)
+    return [verify_check(c, jobs=jobs, fallback=fallback) for c in checks]

@@ -24,9 +24,9 @@ broken pool) becomes that file's result too.  One bad file never stops the
 others.  Closing the result iterator early (or Ctrl-C while it waits) cancels
 every task not yet finished.
 
-The functions the tasks call -- :func:`convert_file`, :func:`verify_files`,
-:func:`output_extension` -- are the only places this module touches the
-conversion and verification code.
+The functions the tasks call -- :func:`convert_file`, :func:`plan_checks`,
+:func:`verify_check`, :func:`output_extension` -- are the only places this module
+touches the conversion and verification code.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
-from .errors import ConversionRefused, HurrayInteropError, UsageError
+from .errors import ConversionRefused, HurrayInteropError, OutputExistsError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import ConversionReport
@@ -52,6 +52,7 @@ __all__ = [
     "FAILED",
     "ERROR",
     "ConvertOptions",
+    "VerifyOptions",
     "FileResult",
     "Summary",
     "convert_many",
@@ -64,9 +65,12 @@ __all__ = [
     "group_sources",
     "check_inputs",
     "plan_outputs",
+    "check_outputs",
     "summarize",
     "open_executor",
     "DASK_HINT",
+    "CONNECT_TIMEOUT",
+    "connect_timeout",
 ]
 
 #: per-file statuses and the exit status each stands for (the worst one is the batch's)
@@ -78,6 +82,10 @@ ERROR = "error"  # a defect of ours or of the executor (lost worker, broken pool
 EXIT_STATUS = {OK: 0, REFUSED: 1, FAILED: 1, BAD_INPUT: 2, ERROR: 2}
 
 DASK_HINT = "--scheduler needs Dask distributed, which is not installed: install hurray-interop[dask] (pip install 'hurray-interop[dask]')"
+
+#: seconds to wait for a Dask scheduler to answer; the environment variable overrides it
+CONNECT_TIMEOUT = 10.0
+CONNECT_TIMEOUT_ENV = "HURRAY_INTEROP_CONNECT_TIMEOUT"
 
 Group = tuple[str, ...]
 
@@ -93,11 +101,18 @@ def convert_file(src: str, dst: str, options: "ConvertOptions") -> "ConversionRe
     return convert(src, dst, **asdict(options))
 
 
-def verify_files(files: Sequence[str], *, pair: bool, each: bool, jobs: int | None) -> list["VerifyResult"]:
-    """Verify what ``hurray-interop verify FILE ...`` would for ``files``."""
-    from ._verify import verify_files as verify
+def plan_checks(files: Sequence[str], options: "VerifyOptions") -> list[tuple[str, ...]]:
+    """The checks ``hurray-interop verify FILE ...`` runs for ``files`` (a pair, or round trips)."""
+    from ._verify import plan_checks as plan
 
-    return verify(list(files), pair=pair, each=each, jobs=jobs)
+    return plan(list(files), pair=options.pair, each=options.each, fallback=options.fallback)
+
+
+def verify_check(files: Sequence[str], options: "VerifyOptions") -> "VerifyResult":
+    """Run one check of :func:`plan_checks` (two files: a pair; one: a round trip)."""
+    from ._verify import verify_check as check
+
+    return check(list(files), jobs=options.jobs, fallback=options.fallback)
 
 
 def output_extension(fmt: str) -> str:
@@ -126,6 +141,16 @@ class ConvertOptions:
     dry_run: bool = False
     force: bool = False
     jobs: int | None = None
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """The options of ``hurray-interop verify`` (as :func:`hurray_interop._verify.verify_files` takes them)."""
+
+    pair: bool = False
+    each: bool = False
+    jobs: int | None = None
+    fallback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -216,22 +241,19 @@ def convert_task(group: Group, output: str, options: ConvertOptions) -> tuple[Fi
     return (FileResult(src, OK, line, output=output, seconds=seconds),)
 
 
-def verify_task(group: Group, pair: bool, each: bool, jobs: int | None) -> tuple[FileResult, ...]:
+def verify_task(group: Group, options: VerifyOptions) -> tuple[FileResult, ...]:
     """Verify one file (a round trip), or two files with each other (a pair)."""
     started = time.perf_counter()
     try:
-        results = verify_files(group, pair=pair, each=each, jobs=jobs)
+        r = verify_check(group, options)
     except Exception as exc:  # noqa: BLE001 - every failure is this file's result
         return (_failure(group[0], exc, started),)
     seconds = time.perf_counter() - started
-    out = []
-    for r in results:
-        if r.error is not None:
-            status, reason = BAD_INPUT, r.error
-        else:
-            status, reason = (OK if r.ok else FAILED), r.summary_line().split(None, 1)[1]
-        out.append(FileResult(r.source, status, reason, other=r.other, seconds=seconds))
-    return tuple(out)
+    if r.error is not None:
+        status, reason = BAD_INPUT, r.error
+    else:
+        status, reason = (OK if r.ok else FAILED), r.summary_line().split(None, 1)[1]
+    return (FileResult(r.source, status, reason, other=r.other, seconds=seconds),)
 
 
 # ---------------------------------------------------------------------------
@@ -239,45 +261,20 @@ def verify_task(group: Group, pair: bool, each: bool, jobs: int | None) -> tuple
 
 
 def group_sources(sources: Sequence[str]) -> list[Group]:
-    """The models among ``sources``: each a tuple of files, its first the one to convert.
+    """The models among ``sources`` (absolute paths), each a tuple of files, its first the
+    one to convert: the shards given of one split GGUF set are one group, in shard order
+    (converting any shard converts the whole set, and a bad set is that group's located
+    error; see :func:`hurray_interop.registry.group_models`)."""
+    from .registry import group_models
 
-    Every file is a model of its own, except the shards of a split GGUF set
-    (``model-00001-of-00003.gguf`` ...; docs/conversion-rules.md § 10): the shards
-    of one set given -- all of them, some, or one -- form one group, in shard
-    order, in the place of the first one given (converting any shard converts the
-    whole set, and a bad set is that group's located error).  Grouping goes by the
-    names alone (the format record's ``member_of``): a lone file named like a shard
-    without ``split.*`` keys still converts as the whole model it is, but two such
-    files named as shards of one set count as one source.
-    """
-    groups: list[list[tuple[int, str]]] = []
-    sets: dict[str, int] = {}
-    for s in sources:
-        p = os.path.abspath(s)
-        member = _member_of(p)
-        if member is None:
-            groups.append([(0, p)])
-            continue
-        key, place, _ = member
-        if key not in sets:
-            sets[key] = len(groups)
-            groups.append([])
-        if all(q != p for _, q in groups[sets[key]]):
-            groups[sets[key]].append((place, p))
-    return [tuple(p for _, p in sorted(g)) for g in groups]
-
-
-def _member_of(path: str) -> tuple[str, int, str] | None:
-    """Where the file's name places it in a multi-file model (see ``Format.member_of``)."""
-    from .registry import format_for_extension
-
-    fmt = format_for_extension(path)
-    return fmt.member_of(path) if fmt is not None and fmt.member_of is not None else None
+    return group_models([os.path.abspath(s) for s in sources])
 
 
 def _stem(path: str) -> str:
     """The output stem of a source: a split set's prefix, or the file's stem."""
-    member = _member_of(path)
+    from .registry import member_of
+
+    member = member_of(path)
     return member[2] if member is not None else Path(path).stem
 
 
@@ -310,6 +307,37 @@ def plan_outputs(groups: Sequence[Group], out_dir: str | os.PathLike[str], dst_f
             raise UsageError(f"{seen[out]} and {g[0]} would both be written to {out}")
         seen[out] = g[0]
     return outputs
+
+
+def check_outputs(outputs: Sequence[str], options: ConvertOptions) -> None:
+    """Without ``force`` (and unless ``dry_run``) no output may exist yet: raises
+    :class:`~hurray_interop.errors.OutputExistsError` listing the ones that do, before
+    anything is submitted.  With ``--split-max-tensors``/``--split-max-size`` the outputs
+    are split sets, so files named as shards of an output's prefix count too.  (An export
+    of a .hrry that recorded a split set writes its shards under the same names; the
+    task itself finds those, as a single conversion does.)"""
+    if options.force or options.dry_run or not outputs:
+        return
+    existing = [o for o in outputs if os.path.lexists(o)]
+    if options.split_max_tensors is not None or options.split_max_size is not None:
+        existing += _shards_of(outputs)
+    if existing:
+        shown = ", ".join(existing[:3]) + (f" and {len(existing) - 3} more" if len(existing) > 3 else "")
+        raise OutputExistsError(f"{len(existing)} output(s) exist already (--force overwrites them): {shown}")
+
+
+def _shards_of(outputs: Sequence[str]) -> list[str]:
+    """The files beside ``outputs`` (one folder) named as shards of a split set of an output's stem."""
+    from .registry import member_of
+
+    folder = os.path.dirname(outputs[0])
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    stems = {Path(o).stem for o in outputs}
+    found = (os.path.join(folder, n) for n in names)
+    return [p for p in found if (m := member_of(p)) is not None and m[2] in stems]
 
 
 def _create_out_dir(out_dir: str | os.PathLike[str], *, create: bool = True) -> None:
@@ -361,8 +389,9 @@ class Batch:
 
     @property
     def files(self) -> int:
-        """The number of input files."""
-        return sum(len(call[0]) for call in self.calls)
+        """The number of results the batch yields: one per model converted (a split set is
+        one), one per check verified (a pair is one)."""
+        return len(self.calls)
 
     def run(self, executor: cf.Executor | None = None) -> Iterator[FileResult]:
         """Submit the tasks to ``executor`` (None: run them here, in order); yield results as each finishes."""
@@ -385,6 +414,7 @@ def plan_convert(
     check_inputs(groups)
     outputs = plan_outputs(groups, out_dir, dst_format)
     _create_out_dir(out_dir, create=False)
+    check_outputs(outputs, opts)
     calls: list[tuple[Any, ...]] = [(g, out, opts) for g, out in zip(groups, outputs)]
     return Batch(convert_task, calls, out_dir=None if opts.dry_run else os.fspath(out_dir))
 
@@ -409,15 +439,17 @@ def convert_many(
 
 
 def plan_verify(
-    files: Sequence[str | os.PathLike[str]], *, pair: bool = False, each: bool = False, jobs: int | None = None
+    files: Sequence[str | os.PathLike[str]], *, pair: bool = False, each: bool = False, jobs: int | None = None,
+    fallback: str | None = None,
 ) -> Batch:
-    """The checked :class:`Batch` of :func:`verify_many` (raises :class:`UsageError` on a bad path)."""
-    groups = group_sources([os.fspath(f) for f in files])
-    check_inputs(groups)
-    groups = [g[:1] for g in groups]  # a set is verified from one shard: its round trip covers the whole set
-    if pair or (len(groups) == 2 and not each):  # verify_files decides: one pair, or two round trips
-        groups = [tuple(p for g in groups for p in g)]
-    return Batch(verify_task, [(g, pair, each, jobs) for g in groups])
+    """The checked :class:`Batch` of :func:`verify_many`: one task per check that
+    ``hurray-interop verify`` runs for ``files`` (:func:`hurray_interop._verify.plan_checks`:
+    exactly two files of different formats are one pair task, otherwise a round trip per
+    model, a split set once).  Raises :class:`UsageError` on a bad path or option."""
+    paths = [os.path.abspath(os.fspath(f)) for f in files]
+    check_inputs([tuple(paths)])
+    options = VerifyOptions(pair=pair, each=each, jobs=jobs, fallback=fallback)
+    return Batch(verify_task, [(check, options) for check in plan_checks(paths, options)])
 
 
 def verify_many(
@@ -427,14 +459,16 @@ def verify_many(
     pair: bool = False,
     each: bool = False,
     jobs: int | None = None,
+    fallback: str | None = None,
 ) -> Iterator[FileResult]:
     """Verify like ``hurray-interop verify FILE ...``, one task per file; yield a result per file as each finishes.
 
     ``pair`` (or two files of different formats without ``each``) compares the
-    files with each other in one task.  Checks every path first.  Paths in the
-    results are absolute.
+    files with each other in one task; ``fallback="exact"`` round-trips with the
+    import's exact expanded forms.  Checks every path and option first.  Paths in
+    the results are absolute.
     """
-    return plan_verify(files, pair=pair, each=each, jobs=jobs).run(executor)
+    return plan_verify(files, pair=pair, each=each, jobs=jobs, fallback=fallback).run(executor)
 
 
 # ---------------------------------------------------------------------------
@@ -451,11 +485,30 @@ def _dask_executor(address: str) -> tuple[cf.Executor, Any]:
         get_address_host_port(address)  # a malformed address fails here, before a client exists
     except ValueError as exc:
         raise UsageError(f"--scheduler {address}: {exc} (expected tcp://host:port)") from None
+    timeout = connect_timeout()
     try:
-        client = Client(address, set_as_default=False)
+        client = Client(address, timeout=timeout, set_as_default=False)
     except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+        raise UsageError(
+            f"cannot reach the Dask scheduler at {address} (waited up to {timeout:g} s; {CONNECT_TIMEOUT_ENV} "
+            f"sets the limit): {' '.join(str(exc).split())}"
+        ) from None
     return client.get_executor(pure=False), client
+
+
+def connect_timeout() -> float:
+    """Seconds to wait for the Dask scheduler: ``$HURRAY_INTEROP_CONNECT_TIMEOUT``, default
+    :data:`CONNECT_TIMEOUT` (Dask's own default, 30 s, is long for a typo in the address)."""
+    text = os.environ.get(CONNECT_TIMEOUT_ENV, "").strip()
+    if not text:
+        return CONNECT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise UsageError(f"{CONNECT_TIMEOUT_ENV}={text!r}: expected a positive number of seconds")
+    return value
 
 
 def _cancel(executor: cf.Executor) -> None:

@@ -77,7 +77,8 @@ def _add_batch_options(p: argparse.ArgumentParser, *, out_dir: bool = False) -> 
     p.add_argument(
         "--scheduler", metavar="ADDRESS",
         help="run one task per file on the Dask distributed scheduler at ADDRESS (tcp://host:8786); "
-        "needs hurray-interop[dask] and workers that see the same paths",
+        "needs hurray-interop[dask] and workers that see the same paths; waits up to 10 s for the scheduler "
+        "($HURRAY_INTEROP_CONNECT_TIMEOUT seconds)",
     )
 
 
@@ -390,11 +391,9 @@ def _cmd_verify_any(args: argparse.Namespace, out: TextIO) -> int:
     """``verify FILE ...`` in this process (today's output), or as a batch with --workers/--scheduler."""
     if args.workers == 1 and args.scheduler is None:
         return _cmd_verify(args, out)
-    if args.fallback:
-        raise UsageError("verify --fallback runs in this process only (no --workers, no --scheduler)")
     from .batch import plan_verify
 
-    batch = plan_verify(args.files, pair=args.pair, each=args.each, jobs=args.jobs)
+    batch = plan_verify(args.files, pair=args.pair, each=args.each, jobs=args.jobs, fallback=args.fallback)
     return _run_batch(batch, args, out, "verified exact")
 
 

@@ -28,7 +28,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .conversions.fallback import CHOICES as FALLBACK_CHOICES  # the --fallback vocabulary (no numpy)
 from .conversions.fallback import EXACT as FALLBACK_EXACT
@@ -47,6 +47,8 @@ __all__ = [
     "sniff_format",
     "format_for_extension",
     "detect_format",
+    "member_of",
+    "group_models",
 ]
 
 #: the name of the hub format every conversion goes through
@@ -146,6 +148,39 @@ def _list(words: list[str]) -> str:
     return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else "".join(words)
 
 
+def member_of(path: str | os.PathLike[str]) -> tuple[str, int, str] | None:
+    """Where the file's name places it in a multi-file model (see :attr:`Format.member_of`)."""
+    fmt = format_for_extension(path)
+    return fmt.member_of(os.fspath(path)) if fmt is not None and fmt.member_of is not None else None
+
+
+def group_models(paths: Sequence[str]) -> list[tuple[str, ...]]:
+    """The models among ``paths``: each a tuple of the paths given, the first the one to read.
+
+    Every path is a model of its own, except the files of a multi-file model (the
+    shards of a split GGUF set, ``model-00001-of-00003.gguf`` ...; docs/conversion-rules.md
+    § 10): those of one set -- all of them, some, or one -- form one group, in their
+    order in the set, in the place of the first one given; a path given twice counts
+    once.  Grouping goes by the names alone (``member_of``; paths are compared
+    absolute): a lone file named like a shard is still the whole model it is.
+    """
+    groups: list[list[tuple[int, str]]] = []
+    sets: dict[str, int] = {}
+    for p in paths:
+        member = member_of(os.path.abspath(p))
+        if member is None:
+            groups.append([(0, p)])
+            continue
+        key, place, _ = member
+        if key not in sets:
+            sets[key] = len(groups)
+            groups.append([])
+        group = groups[sets[key]]
+        if all(os.path.abspath(q) != os.path.abspath(p) for _, q in group):
+            group.append((place, p))
+    return [tuple(p for _, p in sorted(g)) for g in groups]
+
+
 def detect_format(path: str | os.PathLike[str], forced: str | None = None, *, must_exist: bool = True) -> Format:
     """A file's format: ``forced`` (a name) > its extension, confirmed by its magic bytes
     when the file must exist (inputs); for outputs (``must_exist=False``) the name or
@@ -227,9 +262,9 @@ def _gguf_member_of(path: str) -> tuple[str, int, str] | None:
 
 
 def _open_gguf(path: str) -> Any:
-    from .formats.gguf import read_gguf
+    from .formats.gguf_split import open_model
 
-    return read_gguf(path)
+    return open_model(path)  # a shard of a split set opens as the whole set (docs/conversion-rules.md § 10)
 
 
 def _open_hurray(path: str) -> Any:

@@ -135,8 +135,10 @@ def test_two_files_of_different_formats_are_one_pair_task(collection, tmp_path):
     assert "pair" in result.reason
     results = list(batch.verify_many([src, hrry], pair=False, each=True))  # --each: two tasks, round trips
     assert [r.status for r in results] == [batch.OK, batch.BAD_INPUT]  # a .hrry alone has no source
-    (bad,) = batch.verify_many([src, hrry, src], pair=True)
-    assert (bad.status, bad.reason) == (batch.BAD_INPUT, "--pair compares exactly two files, got 3")
+    ex = RecordingExecutor()
+    with pytest.raises(UsageError, match="--pair compares exactly two files, got 3"):  # before submission
+        batch.verify_many([src, hrry, src], pair=True, executor=ex)
+    assert ex.submitted == []
 
 
 def test_quiet_prints_only_the_files_that_did_not_succeed(collection, tmp_path):

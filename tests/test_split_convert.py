@@ -458,3 +458,151 @@ def test_tampered_split_layout_is_a_located_error(fixtures_dir, tmp_path, case):
         status, _, err = cli("convert", bad, out, *extra)
         assert status == 2 and err.count("\n") == 1 and "bad.hrry" in err and K_SPLIT in err, err
         assert list(out.parent.iterdir()) == []
+
+
+# --------------------------------------------------------------------------
+# the public reader, pairs of sets, several shards given, --merge without a layout
+# --------------------------------------------------------------------------
+
+
+def test_open_a_shard_presents_the_whole_set(fixtures_dir, tmp_path):
+    import hurray_interop
+    from hurray_interop.errors import SplitSetError
+
+    src = shard_files(fixtures_dir, "nofirst", 3)
+    with hurray_interop.open(src[1]) as m:
+        assert isinstance(m, S.SplitModel) and m.count == 3 and m.paths == src
+        got = [(t.name, t.type_name, list(t.ne), t.data.tobytes()) for t in m.tensors]
+        assert [(n, ty, b) for n, ty, _, b in got] == [(n, ty, b) for n, ty, _, b in reader_tensors(src)]
+        assert not any(k.startswith("split.") for k in m.kv)
+        assert list(m.kv) == list(model_fields(src[0]))  # the first shard's model metadata, in order
+        assert m.get("general.name") == gguf.GGUFReader(str(src[0])).fields["general.name"].contents()
+        last = reader_tensors(src[2:])[0][0]
+        assert m.shard_of(last) == src[2] and m.tensor(last).name == last
+    with hurray_interop.open(fixtures_dir / "tiny-llama.gguf") as f:  # a whole model stays a GGUFFile
+        assert isinstance(f, G.GGUFFile)
+    d = tmp_path / "bad"
+    copy_set(fixtures_dir, d)
+    (d / "tiny-split-00002-of-00003.gguf").unlink()
+    with pytest.raises(SplitSetError, match="missing shard 2 of 3"):
+        hurray_interop.open(d / "tiny-split-00001-of-00003.gguf")
+
+
+def _flip_last_byte_of_tensor(path: Path, name: str) -> None:
+    with G.read_gguf(path) as gf:
+        t = gf.tensor(name)
+        at = t.data_offset + t.nbytes - 1
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def test_verify_pair_of_two_sets_compares_every_shard_and_tensor(fixtures_dir, tmp_path):
+    a = copy_set(fixtures_dir, tmp_path / "a")
+    b = copy_set(fixtures_dir, tmp_path / "b")
+    status, out, err = cli("verify", "--pair", a[0], b[1], "--json")
+    assert (status, err) == (0, "")
+    (r,) = json.loads(out)
+    assert r["ok"] and r["file_bytes_equal"] is True
+    assert [t["name"] for t in r["tensors"]] == [t[0] for t in reader_tensors(a)]  # every tensor of the set
+    # a difference in a shard neither argument names is found, located in that shard
+    last = reader_tensors(b[2:])[-1][0]
+    _flip_last_byte_of_tensor(b[2], last)
+    status, out, _ = cli("verify", "--pair", a[0], b[0], "--json")
+    (r,) = json.loads(out)
+    assert status == 1 and r["file_bytes_equal"] is False
+    assert any(p.startswith(f"shard {b[2].name} and {b[2].name} differ first at tensor {last!r}") for p in r["problems"])
+    assert [t["name"] for t in r["tensors"] if not t["bytes_equal"]] == [last]
+    # the same tensors as another set's layout, and as one merged file: tensors equal, files not
+    other = shard_files(fixtures_dir, "nofirst", 3)
+    status, out, _ = cli("verify", "--pair", a[2], other[1], "--json")
+    (r,) = json.loads(out)
+    assert status == 1 and r["file_bytes_equal"] is False and all(t["bytes_equal"] for t in r["tensors"])
+    assert cli("convert", a[0], tmp_path / "m.hrry", "-q")[0] == 0
+    assert cli("convert", tmp_path / "m.hrry", tmp_path / "merged.gguf", "--merge", "-q")[0] == 0
+    status, out, _ = cli("verify", "--pair", tmp_path / "merged.gguf", a[1], "--json")
+    (r,) = json.loads(out)
+    assert status == 1 and all(t["bytes_equal"] for t in r["tensors"]) and len(r["tensors"]) == 8
+    assert r["problems"] == [f"{tmp_path / 'merged.gguf'} is one file, {a[1]} is a shard of a split set of 3"]
+
+
+def test_verify_several_shards_of_one_set_round_trips_it_once(fixtures_dir, tmp_path, monkeypatch):
+    from hurray_interop import _verify
+
+    src = shard_files(fixtures_dir, "tiny-split", 3)
+    calls = []
+    real = _verify.verify_roundtrip
+    monkeypatch.setattr(_verify, "verify_roundtrip", lambda p, **kw: calls.append(p) or real(p, **kw))
+    status, out, err = cli("verify", src[2], src[0], src[1], fixtures_dir / "kv-types.gguf", "--json")
+    assert (status, err) == (0, "")
+    results = json.loads(out)
+    assert [r["source"] for r in results] == [str(src[0]), str(fixtures_dir / "kv-types.gguf")]  # the set once
+    assert calls == [str(src[0]), str(fixtures_dir / "kv-types.gguf")]
+    assert results[0]["file_bytes_equal"] is True and len(results[0]["tensors"]) == 8
+    calls.clear()
+    status, out, _ = cli("verify", src[1], src[2])  # two shards of one set: one round trip, not a pair
+    assert status == 0 and calls == [str(src[1])] and out.count("OK") == 1
+
+
+def test_merge_of_a_file_without_a_recorded_set_says_so(fixtures_dir, tmp_path):
+    src = fixtures_dir / "tiny-llama.gguf"
+    assert cli("convert", src, tmp_path / "t.hrry", "-q")[0] == 0
+    status, out, err = cli("convert", tmp_path / "t.hrry", tmp_path / "t.gguf", "--merge", "--json")
+    assert (status, err) == (0, "")
+    assert any("records no split GGUF set" in n for n in json.loads(out)["notes"])
+    assert (tmp_path / "t.gguf").read_bytes() == src.read_bytes()  # the one file it always writes
+    status, out, _ = cli("convert", tmp_path / "t.hrry", tmp_path / "u.gguf")
+    assert status == 0 and "records no split" not in out  # no note without --merge
+
+
+def test_json_reports_cover_the_whole_set(fixtures_dir, tmp_path):
+    src = shard_files(fixtures_dir, "nofirst", 3)
+    names = [t[0] for t in reader_tensors(src)]
+    status, out, err = cli("convert", src[1], tmp_path / "m.hrry", "--json")
+    assert (status, err) == (0, "")
+    report = json.loads(out)
+    assert [t["name"] for t in report["tensors"]] == names and report["source"] == str(src[1])
+    assert any("split GGUF set of 3 shards" in n for n in report["notes"])
+    status, out, err = cli("convert", tmp_path / "m.hrry", into(tmp_path / "o" / "m.gguf"), "--json")
+    assert (status, err) == (0, "")
+    report = json.loads(out)
+    assert [t["name"] for t in report["tensors"]] == names
+    assert report["notes"] == [f"wrote a split GGUF set of 3 shards (tensors per shard: "
+                               f"m-00001-of-00003.gguf 0, m-00002-of-00003.gguf 4, m-00003-of-00003.gguf 4)"]
+    status, out, err = cli("convert", "--to", "hurray", "--out-dir", tmp_path / "b", "--json", src[2], src[0])
+    assert (status, err) == (0, "")
+    (line, summary) = [json.loads(x) for x in out.splitlines()]
+    assert (line["source"], line["status"], line["output"]) == (str(src[0]), "ok", str(tmp_path / "b" / "nofirst.hrry"))
+    assert "8 tensors" in line["reason"] and summary["files"] == 1
+
+
+def test_set_conversion_memory_does_not_grow_with_the_set(tmp_path):
+    """Streaming: the Python-heap peak (tracemalloc: numpy buffers included, mapped file pages
+    not) of importing a set and exporting it again is the same for 2 shards as for 12 --
+    bounded by about one tensor, not by the shards or the set's size."""
+    import tracemalloc
+
+    def peaks(n: int, tag: str = "") -> tuple[int, int, int]:
+        d = tmp_path / f"n{n}{tag}"
+        write_gguf_py(into(d / "src" / "m.gguf"), [TensorDef(f"blk.{i}.w", "Q8_0", (512, 4096)) for i in range(n)],
+                      split_max_tensors=1, seed=n)
+        shards = sorted((d / "src").iterdir())
+        assert len(shards) == n
+        out = []
+        for a, b in ((shards[-1], d / "m.hrry"), (d / "m.hrry", into(d / "o" / "m.gguf"))):
+            tracemalloc.start()
+            try:
+                convert(a, b)
+                out.append(tracemalloc.get_traced_memory()[1])
+            finally:
+                tracemalloc.stop()
+        assert [p.read_bytes() for p in sorted((d / "o").iterdir())] == [p.read_bytes() for p in shards]
+        return out[0], out[1], sum(p.stat().st_size for p in shards)
+
+    peaks(2, "warm-up")  # warm-up: first-use imports and tables are not the conversion's memory
+    small, big = peaks(2), peaks(12)
+    tensor = 512 * 4096 // 32 * 34  # one Q8_0 tensor's bytes
+    assert big[2] > 5 * small[2] > 5 * 2 * tensor  # 6x the data ...
+    for s, b in zip(small[:2], big[:2]):  # ... the same peak (import, export)
+        assert b < s + tensor // 4, (small, big)
+        assert b < 2 * tensor + (1 << 20), (small, big)

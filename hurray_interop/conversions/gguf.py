@@ -1418,6 +1418,8 @@ def _hurray_to_gguf(
         split = None if report.refused else _set_layout(kv, records, src, exports, alignment, out_shape)
         if split is not None:
             report.notes.append(_set_note(split, dst, out_shape.merge, dry_run))
+        elif out_shape.merge and not report.refused:
+            report.notes.append("--merge: the file records no split GGUF set; it exports to one file, as without --merge")
         if _plan_only(report, src, "have no exact GGML equivalent", dst, dry_run):
             return report
         if split is not None:

@@ -82,6 +82,7 @@ __all__ = [
     "tensor_nbytes",
     "StringArray",
     "GGUFValue",
+    "ModelMetadata",
     "encode_value",
     "decode_value",
     "GGUFTensorInfo",
@@ -699,7 +700,22 @@ def _short_string_heads(buf: Any, pos: int, count: int, end: int) -> tuple[list[
     return parts, pos, got
 
 
-class GGUFFile:
+class ModelMetadata:
+    """Metadata lookups a GGUF model reader offers (over its ``kv``)."""
+
+    kv: dict[str, GGUFValue]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Python value of a metadata key (strings decoded with errors='replace')."""
+        v = self.kv.get(key)
+        return default if v is None else v.to_python("replace")
+
+    @property
+    def architecture(self) -> str | None:
+        return self.get("general.architecture")
+
+
+class GGUFFile(ModelMetadata):
     """A parsed, memory-mapped GGUF file. Use :func:`read_gguf` or :meth:`open`.
 
     Attributes: ``path``, ``version``, ``alignment``, ``kv`` (ordered
@@ -787,15 +803,6 @@ class GGUFFile:
             return self._by_name[name]
         except KeyError:
             raise UsageError(f"no tensor named {name!r}", path=self.path) from None
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """Python value of a metadata key (strings decoded with errors='replace')."""
-        v = self.kv.get(key)
-        return default if v is None else v.to_python("replace")
-
-    @property
-    def architecture(self) -> str | None:
-        return self.get("general.architecture")
 
     def __repr__(self) -> str:
         return (

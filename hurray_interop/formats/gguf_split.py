@@ -69,7 +69,9 @@ __all__ = [
     "new_split_layout",
     "merged_layout",
     "SplitSet",
+    "SplitModel",
     "open_split_set",
+    "open_model",
     "split_set_of",
     "shard_kv",
     "write_shard",
@@ -583,6 +585,63 @@ class SplitSet:
         return f"SplitSet({os.fspath(self.paths[0])!r}, shards={self.count}, tensors={self.total_tensors})"
 
 
+class SplitModel(G.ModelMetadata):
+    """A split set read as the one model it holds -- what :func:`hurray_interop.open`
+    returns for a shard: the attributes of a :class:`~.gguf.GGUFFile` that describe a
+    model (``path`` of the first shard, ``version``, ``alignment``, ``kv`` -- the model
+    metadata, without the ``split.*`` keys --, ``tensors`` in set order, ``tensor(name)``,
+    ``get(key)``, ``architecture``) plus the set itself (``set``, ``paths``, ``shards``,
+    ``count``, ``shard_of(name)``).  A context manager; closing it closes every shard."""
+
+    def __init__(self, s: SplitSet) -> None:
+        first = s.shards[0]
+        self.set = s
+        self.path = os.fspath(s.paths[0])
+        self.paths, self.shards = s.paths, s.shards
+        self.version, self.alignment = first.version, first.alignment
+        self.kv = s.model_kv()
+        self.tensors = [t for _, t in s.tensors]
+
+    @property
+    def count(self) -> int:
+        return self.set.count
+
+    def tensor(self, name: str) -> G.GGUFTensorInfo:
+        return self.set.tensor(name)[1]
+
+    def shard_of(self, name: str) -> Path:
+        """The shard file that holds tensor ``name``."""
+        return self.paths[self.set.tensor(name)[0]]
+
+    def release_pages(self) -> None:
+        self.set.release_pages()
+
+    def close(self) -> None:
+        self.set.close()
+
+    def __enter__(self) -> "SplitModel":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SplitModel({self.path!r}, shards={self.count}, tensors={len(self.tensors)})"
+
+
+def open_model(path: "str | os.PathLike[str]") -> "G.GGUFFile | SplitModel":
+    """A GGUF model from one of its files: the file itself (a :class:`~.gguf.GGUFFile`),
+    or, for a shard of a split set, the whole set (a :class:`SplitModel`, checked as
+    :func:`open_split_set` checks it)."""
+    gf = G.read_gguf(path)
+    try:
+        s = split_set_of(gf)
+    except BaseException:
+        gf.close()
+        raise
+    return gf if s is None else SplitModel(s)
+
+
 def _split_keys(gf: G.GGUFFile) -> tuple[int, int, int] | None:
     """``(split.no, split.count, split.tensors.count)`` of a shard; None for a whole model
     (no split keys, or ``split.count = 0`` as ``gguf-split --merge`` leaves it)."""
@@ -620,15 +679,11 @@ def open_split_set(path: "str | os.PathLike[str]") -> SplitSet | None:
     Raises :class:`~hurray_interop.errors.SplitSetError` (or another located
     ``FormatError``) naming the shard when the set is incomplete or inconsistent.
     """
-    gf = G.read_gguf(path)
-    try:
-        s = split_set_of(gf)
-    except BaseException:
-        gf.close()
-        raise
-    if s is None:
-        gf.close()
-    return s
+    m = open_model(path)
+    if isinstance(m, SplitModel):
+        return m.set
+    m.close()
+    return None
 
 
 def split_set_of(gf: G.GGUFFile) -> SplitSet | None:

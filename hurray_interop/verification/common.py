@@ -416,15 +416,19 @@ class ForeignVerifier:
             if diff is not None:
                 result.problems.append(f"files differ first at {self._where(fa, diff, 'end of file ({sa} vs {sb} bytes)')}")
                 result.problems.extend(c.metadata_diffs(fa, fb))
-            ea, eb = c.entries(fa), c.entries(fb)
-            for name, e in ea.items():
-                chk = TensorCheck(name, e.label, "-")
-                result.tensors.append(chk)
-                o = eb.get(name)
-                chk.bytes_equal, chk.where = (False, f"missing from {b}") if o is None else compare_entries(e, o)
-            extra = [n for n in eb if n not in ea]
-            if extra:
-                result.problems.append(f"tensors only in {b}: {', '.join(extra[:5])}")
+            self.pair_tensors(fa, fb, b, result)
+
+    def pair_tensors(self, fa: Any, fb: Any, b: str, result: VerifyResult) -> None:
+        """Every stored tensor of ``fa`` against the one of that name in ``fb`` (opened; ``b`` names it)."""
+        ea, eb = self.checks.entries(fa), self.checks.entries(fb)
+        for name, e in ea.items():
+            chk = TensorCheck(name, e.label, "-")
+            result.tensors.append(chk)
+            o = eb.get(name)
+            chk.bytes_equal, chk.where = (False, f"missing from {b}") if o is None else compare_entries(e, o)
+        extra = [n for n in eb if n not in ea]
+        if extra:
+            result.problems.append(f"tensors only in {b}: {', '.join(extra[:5])}")
 
 
 def run_roundtrip(

@@ -126,24 +126,19 @@ def _units(gf: "G.GGUFFile") -> Iterator[Unit]:
         )
 
 
-class _SetView:
-    """A split set as the per-tensor checks read a GGUF file: every tensor in set order."""
-
-    def __init__(self, s: "S.SplitSet") -> None:
-        self.set = s
-        self.tensors = [t for _, t in s.tensors]
-
-    def release_pages(self) -> None:
-        self.set.release_pages()
-
-
 def _open_model(paths: Sequence[Path]) -> Any:
-    """The exported file, or the split set its shards form (a context manager either way)."""
-    return G.read_gguf(paths[0]) if len(paths) == 1 else S.open_split_set(paths[0])
+    """The exported file, or the split set its shards form (a context manager either way;
+    a set reads as one model, every tensor in set order: :class:`~..formats.gguf_split.SplitModel`)."""
+    return G.read_gguf(paths[0]) if len(paths) == 1 else S.open_model(paths[0])
 
 
-def _view(f: Any) -> Any:
-    return _SetView(f) if isinstance(f, S.SplitSet) else f
+def _files(m: Any) -> list[tuple[Path, "G.GGUFFile"]]:
+    """The files of an opened model: a split set's shards, or the one file."""
+    return list(zip(m.paths, m.shards)) if isinstance(m, S.SplitModel) else [(Path(m.path), m)]
+
+
+def _describe(path: str, m: Any) -> str:
+    return f"{path} is a shard of a split set of {m.count}" if isinstance(m, S.SplitModel) else f"{path} is one file"
 
 
 def _exported(back: str) -> list[Path]:
@@ -168,7 +163,22 @@ def _set_count(path: str) -> int | None:
 class _GGUFVerifier(ForeignVerifier):
     """The GGUF checks, for a split set as for one file (docs/conversion-rules.md § 10):
     a set round-trips to the same shards, each compared byte for byte, and every
-    tensor of the set is compared by bytes and values."""
+    tensor of the set is compared by bytes and values; two sets compare shard by shard
+    and tensor by tensor."""
+
+    def pair_same(self, a: str, b: str, result: VerifyResult) -> None:
+        if _set_count(a) is None and _set_count(b) is None:
+            return super().pair_same(a, b, result)
+        with S.open_model(a) as ma, S.open_model(b) as mb:
+            fa, fb = _files(ma), _files(mb)
+            if len(fa) != len(fb):
+                result.file_bytes_equal = False
+                result.problems.append(f"{_describe(a, ma)}, {_describe(b, mb)}")
+            else:
+                diffs = _file_diffs(fa, [p for p, _ in fb], "shard {a} and {b} differ first at {where}")
+                result.file_bytes_equal = not diffs
+                result.problems.extend(diffs)
+            self.pair_tensors(ma, mb, b, result)
 
     def roundtrip(self, path: str, result: VerifyResult, fmt: Any) -> None:
         if _set_count(path) is None:
@@ -199,30 +209,37 @@ class _GGUFVerifier(ForeignVerifier):
     def _against_set(self, path: str, exported: list[Path], hrry_path: str, result: VerifyResult, diffs: Any,
                      label: str, *, files_equal: bool) -> None:
         with ExitStack() as stack:
-            src = stack.enter_context(S.open_split_set(path))  # type: ignore[arg-type]
+            src = stack.enter_context(S.open_model(path))
             hf = stack.enter_context(HrryFile(hrry_path))
             exp = stack.enter_context(_open_model(exported)) if exported else None
             for problem in diffs or ():
                 result.problems.append(problem)
-            self.against_hurray(_SetView(src), hf, result, _view(exp), files_equal=files_equal, hurray_label=label)
+            self.against_hurray(src, hf, result, exp, files_equal=files_equal, hurray_label=label)
 
 
 def _shard_diffs(path: str, exported: list[Path]) -> list[str] | None:
     """Where each exported file first differs from the shard of ``path``'s set it should
     equal (None when every shard is byte-identical)."""
-    with S.open_split_set(path) as src:  # type: ignore[union-attr]
-        if len(exported) != src.count:
-            return [f"the export wrote {len(exported)} file(s) for a set of {src.count} shards"]
-        out = []
-        for p, gf, q in zip(src.paths, src.shards, exported):
-            diff = first_byte_diff(os.fspath(p), os.fspath(q))
-            if diff is not None:
-                off, sa, sb = diff
-                where = _locate(gf, off) if off < sa else f"end of file ({sa} vs {sb} bytes)"
-                out.append(f"shard {p.name} re-exported differs first at {where}")
-                with G.read_gguf(q) as other:
-                    out.extend(f"{p.name}: {d}" for d in _kv_diffs(gf, other))
-        return out or None
+    with S.open_model(path) as src:
+        files = _files(src)
+        if len(exported) != len(files):
+            return [f"the export wrote {len(exported)} file(s) for a set of {len(files)} shards"]
+        return _file_diffs(files, exported, "shard {a} re-exported differs first at {where}") or None
+
+
+def _file_diffs(files: list[tuple[Path, "G.GGUFFile"]], others: Sequence[Path], template: str) -> list[str]:
+    """Where each of ``others`` first differs from the file of ``files`` in its place (``template``
+    says it, from ``{a}``, ``{b}``: the two names, and ``{where}``), and their metadata differences."""
+    out = []
+    for (p, gf), q in zip(files, others):
+        diff = first_byte_diff(os.fspath(p), os.fspath(q))
+        if diff is not None:
+            off, sa, sb = diff
+            where = _locate(gf, off) if off < sa else f"end of file ({sa} vs {sb} bytes)"
+            out.append(template.format(a=p.name, b=q.name, where=where))
+            with G.read_gguf(q) as other:
+                out.extend(f"{p.name}: {d}" for d in _kv_diffs(gf, other))
+    return out
 
 
 VERIFIER = _GGUFVerifier(
