@@ -28,7 +28,7 @@ from fuzzing import run_cli
 from gguf_factory import TensorDef, write_gguf_py
 from hurray_interop import batch
 from hurray_interop._convert import convert
-from hurray_interop.errors import ConversionRefused, UsageError
+from hurray_interop.errors import ConversionRefused, OutputExistsError, UsageError
 from hurray_interop._verify import verify_files
 
 GOOD = ["tiny-llama.gguf", "kv-types.gguf", "gen-a.gguf", "gen-b.gguf", "gen-c.gguf"]
@@ -338,3 +338,109 @@ def test_batch_usage_errors(collection, tmp_path, monkeypatch, argv, message):
     assert (status, out) == (2, "")
     assert err.startswith(f"hurray-interop: error: {message}") and len(err.splitlines()) == 1
     assert os.listdir(tmp_path) == []
+
+
+# -- verify options and pairs in a batch, outputs checked before submission, the scheduler's timeout --
+
+
+def test_verify_fallback_exact_runs_in_a_batch(collection):
+    """K-quants round-trip exactly through their expanded forms (--fallback exact), in
+    worker processes as in this process."""
+    paths = [os.fspath(collection / n) for n in ["kquant.gguf", "tiny-llama.gguf"]]
+    status, out, err = run_cli(["verify", "--workers", "2", "--fallback", "exact", "--json", *paths])
+    assert (status, err) == (0, "")
+    *files, summary = [json.loads(line) for line in out.splitlines()]
+    serial = {r.source: r for r in verify_files(paths, fallback="exact")}
+    assert {o["source"]: o["status"] for o in files} == {p: "ok" for p in paths}
+    assert {o["source"]: o["reason"] for o in files} == {p: r.summary_line().split(None, 1)[1] for p, r in serial.items()}
+    assert summary["counts"] == {"ok": 2}
+    status, out, _ = run_cli(["verify", "--workers", "2", paths[0]])  # without it: no exact mapping
+    assert status == 1 and out.startswith("FAILED")
+    status, out, err = run_cli(["verify", "--workers", "2", "--fallback", "exact", "--pair", *paths])
+    assert (status, out) == (2, "") and "--fallback applies to round trips" in err
+
+
+def test_two_files_of_one_format_are_two_round_trip_tasks(collection):
+    """As in a single run: two GGUF files are two round trips (in parallel), a GGUF and a
+    .hrry one pair; the decision is made before anything is submitted."""
+    paths = [os.fspath(collection / n) for n in ["kv-types.gguf", "tiny-llama.gguf"]]
+    ex = RecordingExecutor([None, None])
+    results = sorted(batch.verify_many(paths, executor=ex), key=lambda r: r.source)
+    assert [args[0] for _, args in ex.submitted] == [(p,) for p in paths]
+    assert [(r.source, r.other, r.status) for r in results] == [(p, None, batch.OK) for p in paths]
+    assert [r.reason for r in results] == [r.summary_line().split(None, 1)[1] for r in verify_files(paths)]
+
+
+def test_existing_outputs_fail_before_submission(collection, tmp_path, monkeypatch):
+    sources = [os.fspath(collection / n) for n in ["kv-types.gguf", "tiny-llama.gguf", "gen-a.gguf"]]
+    out = tmp_path / "out"
+    out.mkdir()
+    for stem in ("kv-types", "gen-a"):
+        (out / f"{stem}.hrry").write_bytes(b"keep")
+    ex = RecordingExecutor()
+    with pytest.raises(OutputExistsError) as info:
+        batch.convert_many(sources, out, dst_format="hurray", executor=ex)
+    assert ex.submitted == []
+    message = f"2 output(s) exist already (--force overwrites them): {out / 'kv-types.hrry'}, {out / 'gen-a.hrry'}"
+    assert str(info.value) == message
+    status, stdout, err = run_cli(["convert", "--to", "hurray", "--workers", "2", "--out-dir", os.fspath(out), *sources])
+    assert (status, stdout, err) == (2, "", f"hurray-interop: error: {message}\n")
+    assert files_in(out) == {"gen-a.hrry": b"keep", "kv-types.hrry": b"keep"}
+    # --dry-run writes nothing, so nothing is in its way; --force overwrites
+    assert run_cli(["convert", "--to", "hurray", "--dry-run", "--out-dir", os.fspath(out), *sources])[0] == 0
+    status, _, err = run_cli(["convert", "--to", "hurray", "--force", "-q", "--out-dir", os.fspath(out), *sources])
+    assert (status, err) == (0, "")
+    assert sorted(files_in(out)) == ["gen-a.hrry", "kv-types.hrry", "tiny-llama.hrry"]
+    # a new split set's shards count as outputs too
+    convert(collection / "tiny-llama.gguf", tmp_path / "t.hrry")
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "t-00002-of-00003.gguf").write_bytes(b"keep")
+    argv = ["convert", "--to", "gguf", "--split-max-tensors", "10", "--out-dir", os.fspath(tmp_path / "set"),
+            os.fspath(tmp_path / "t.hrry")]
+    status, _, err = run_cli(argv)
+    assert status == 2 and err == (f"hurray-interop: error: 1 output(s) exist already (--force overwrites them): "
+                                   f"{tmp_path / 'set' / 't-00002-of-00003.gguf'}\n")
+    assert run_cli([*argv, "--force", "-q"])[0] == 0
+    assert sorted(files_in(tmp_path / "set")) == [f"t-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+
+
+class _Unreachable:
+    """A stand-in for ``distributed.Client`` that fails as an unreachable scheduler does."""
+
+    seen: list = []
+
+    def __init__(self, address, **kwargs):
+        self.seen.append(kwargs.get("timeout"))
+        raise OSError(f"Timed out trying to connect to {address} after {kwargs.get('timeout')} s")
+
+
+def test_unreachable_scheduler_is_one_line_within_the_connect_timeout(collection, monkeypatch):
+    distributed = pytest.importorskip("distributed")
+    path = os.fspath(collection / "kv-types.gguf")
+    monkeypatch.setattr(distributed, "Client", _Unreachable)
+    monkeypatch.delenv(batch.CONNECT_TIMEOUT_ENV, raising=False)
+    status, out, err = run_cli(["verify", "--scheduler", "tcp://192.0.2.1:8786", path])
+    assert (status, out) == (2, "") and _Unreachable.seen == [10.0]  # not Dask's 30 s
+    assert err == ("hurray-interop: error: cannot reach the Dask scheduler at tcp://192.0.2.1:8786 (waited up to 10 s; "
+                   "HURRAY_INTEROP_CONNECT_TIMEOUT sets the limit): Timed out trying to connect to "
+                   "tcp://192.0.2.1:8786 after 10.0 s\n")
+    monkeypatch.setenv(batch.CONNECT_TIMEOUT_ENV, "2.5")
+    assert run_cli(["verify", "--scheduler", "tcp://192.0.2.1:8786", path])[0] == 2 and _Unreachable.seen[-1] == 2.5
+    monkeypatch.setenv(batch.CONNECT_TIMEOUT_ENV, "soon")
+    status, _, err = run_cli(["verify", "--scheduler", "tcp://192.0.2.1:8786", path])
+    assert status == 2 and err == ("hurray-interop: error: HURRAY_INTEROP_CONNECT_TIMEOUT='soon': "
+                                   "expected a positive number of seconds\n")
+
+
+def test_unreachable_real_scheduler_fails_with_the_address(collection, monkeypatch):
+    """A real Client against a port nobody listens on, with a short limit."""
+    pytest.importorskip("distributed")
+    import socket
+
+    with socket.socket() as s:  # a free port, closed again
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv(batch.CONNECT_TIMEOUT_ENV, "0.5")
+    status, out, err = run_cli(["verify", "--scheduler", f"tcp://127.0.0.1:{port}", os.fspath(collection / "kv-types.gguf")])
+    assert (status, out) == (2, "") and len(err.splitlines()) == 1
+    assert err.startswith(f"hurray-interop: error: cannot reach the Dask scheduler at tcp://127.0.0.1:{port} (waited up to 0.5 s")
