@@ -606,3 +606,29 @@ def test_set_conversion_memory_does_not_grow_with_the_set(tmp_path):
     for s, b in zip(small[:2], big[:2]):  # ... the same peak (import, export)
         assert b < s + tensor // 4, (small, big)
         assert b < 2 * tensor + (1 << 20), (small, big)
+
+
+def test_fallbacks_compose_with_sets(fixtures_dir, tmp_path):
+    """A set holding K-quants (the K-quant fixture, split by way of its exact import):
+    refused without a fallback (nothing written), exact with --fallback exact (back to the
+    identical set; verify --fallback exact of a shard passes), dequantized with --fallback float32."""
+    single = fixtures_dir / "tiny-llama-kquant.gguf"
+    assert cli("convert", single, tmp_path / "one.hrry", "--fallback", "exact", "-q") == (0, "", "")
+    assert cli("convert", tmp_path / "one.hrry", into(tmp_path / "src" / "k.gguf"), "--split-max-tensors", "10", "-q") \
+        == (0, "", "")
+    shards = sorted((tmp_path / "src").iterdir())
+    assert len(shards) == 3 and reader_tensors(shards) == reader_tensors([single])
+    kquants = [t[0] for t in reader_tensors(shards) if t[1] in ("Q4_K", "Q6_K")]
+    status, _, err = cli("convert", shards[1], tmp_path / "k.hrry", "-q")
+    assert status == 1 and "refused" in err and not (tmp_path / "k.hrry").exists()
+    assert cli("convert", shards[1], tmp_path / "k.hrry", "--fallback", "exact", "-q") == (0, "", "")
+    assert cli("convert", tmp_path / "k.hrry", into(tmp_path / "o" / "k.gguf"), "-q") == (0, "", "")
+    assert [p.read_bytes() for p in sorted((tmp_path / "o").iterdir())] == [p.read_bytes() for p in shards]
+    status, out, err = cli("verify", "--fallback", "exact", shards[2], "--json")
+    (r,) = json.loads(out)
+    assert (status, err) == (0, "") and r["file_bytes_equal"] is True and len(r["tensors"]) == len(reader_tensors(shards))
+    status, out, err = cli("convert", shards[0], tmp_path / "f.hrry", "--fallback", "float32", "--json")
+    assert (status, err) == (0, "")
+    mapped = {t["name"]: t["mapping"] for t in json.loads(out)["tensors"]}
+    assert list(mapped) == [t[0] for t in reader_tensors(shards)] and kquants
+    assert {mapped[n] for n in kquants} == {"float32 (fallback)"}
