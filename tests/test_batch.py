@@ -444,3 +444,15 @@ def test_unreachable_real_scheduler_fails_with_the_address(collection, monkeypat
     status, out, err = run_cli(["verify", "--scheduler", f"tcp://127.0.0.1:{port}", os.fspath(collection / "kv-types.gguf")])
     assert (status, out) == (2, "") and len(err.splitlines()) == 1
     assert err.startswith(f"hurray-interop: error: cannot reach the Dask scheduler at tcp://127.0.0.1:{port} (waited up to 0.5 s")
+
+
+def test_the_file_count_is_the_number_of_results(collection, fixtures_dir, tmp_path):
+    """What the progress bar and the summary count: a split set (any of its shards given) is
+    one source, a pair comparison one result."""
+    shards = [fixtures_dir / f"tiny-split-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    plan = batch.plan_convert([*shards[1:], collection / "kv-types.gguf"], tmp_path / "o", dst_format="hurray")
+    assert plan.files == 2 and len(list(plan.run())) == 2
+    plan = batch.plan_verify([*shards, collection / "kv-types.gguf"])
+    assert plan.files == 2 and [r.source for r in plan.run()] == [os.fspath(shards[0]), os.fspath(collection / "kv-types.gguf")]
+    plan = batch.plan_verify([collection / "kv-types.gguf", tmp_path / "o" / "kv-types.hrry"])
+    assert plan.files == 1 and [r.status for r in plan.run()] == [batch.OK]
