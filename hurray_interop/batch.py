@@ -25,8 +25,8 @@ others.  Closing the result iterator early (or Ctrl-C while it waits) cancels
 every task not yet finished.
 
 The functions the tasks call -- :func:`convert_file`, :func:`plan_checks`,
-:func:`verify_check`, :func:`output_extension` -- are the only places this module
-touches the conversion and verification code.
+:func:`verify_check`, :func:`output_extension`, :func:`output_paths` -- are the
+only places this module touches the conversion and verification code.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ __all__ = [
     "open_executor",
     "DASK_HINT",
     "CONNECT_TIMEOUT",
+    "CONNECT_TIMEOUT_ENV",
     "connect_timeout",
 ]
 
@@ -113,6 +114,17 @@ def verify_check(files: Sequence[str], options: "VerifyOptions") -> "VerifyResul
     from ._verify import verify_check as check
 
     return check(list(files), jobs=options.jobs, fallback=options.fallback)
+
+
+def output_paths(src: str, dst: str, options: "ConvertOptions") -> list[str]:
+    """The files converting ``src`` to ``dst`` writes, as far as names and records tell before
+    converting (the output format's ``outputs``: a split GGUF set's shards; else ``dst``)."""
+    from .registry import get_format
+
+    fmt = get_format(options.dst_format or "")
+    if fmt.outputs is None:
+        return [dst]
+    return fmt.outputs(src, dst, **{k: getattr(options, k) for k in fmt.export_options})
 
 
 def output_extension(fmt: str) -> str:
@@ -261,7 +273,7 @@ def verify_task(group: Group, options: VerifyOptions) -> tuple[FileResult, ...]:
 
 
 def group_sources(sources: Sequence[str]) -> list[Group]:
-    """The models among ``sources`` (absolute paths), each a tuple of files, its first the
+    """The models among ``sources`` (paths made absolute), each a tuple of files, its first the
     one to convert: the shards given of one split GGUF set are one group, in shard order
     (converting any shard converts the whole set, and a bad set is that group's located
     error; see :func:`hurray_interop.registry.group_models`)."""
@@ -309,35 +321,16 @@ def plan_outputs(groups: Sequence[Group], out_dir: str | os.PathLike[str], dst_f
     return outputs
 
 
-def check_outputs(outputs: Sequence[str], options: ConvertOptions) -> None:
+def check_outputs(groups: Sequence[Group], outputs: Sequence[str], options: ConvertOptions) -> None:
     """Without ``force`` (and unless ``dry_run``) no output may exist yet: raises
     :class:`~hurray_interop.errors.OutputExistsError` listing the ones that do, before
-    anything is submitted.  With ``--split-max-tensors``/``--split-max-size`` the outputs
-    are split sets, so files named as shards of an output's prefix count too.  (An export
-    of a .hrry that recorded a split set writes its shards under the same names; the
-    task itself finds those, as a single conversion does.)"""
-    if options.force or options.dry_run or not outputs:
+    anything is submitted.  A split GGUF set's shards count (:func:`output_paths`)."""
+    if options.force or options.dry_run:
         return
-    existing = [o for o in outputs if os.path.lexists(o)]
-    if options.split_max_tensors is not None or options.split_max_size is not None:
-        existing += _shards_of(outputs)
+    existing = [p for g, out in zip(groups, outputs) for p in output_paths(g[0], out, options) if os.path.lexists(p)]
     if existing:
         shown = ", ".join(existing[:3]) + (f" and {len(existing) - 3} more" if len(existing) > 3 else "")
         raise OutputExistsError(f"{len(existing)} output(s) exist already (--force overwrites them): {shown}")
-
-
-def _shards_of(outputs: Sequence[str]) -> list[str]:
-    """The files beside ``outputs`` (one folder) named as shards of a split set of an output's stem."""
-    from .registry import member_of
-
-    folder = os.path.dirname(outputs[0])
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError:
-        return []
-    stems = {Path(o).stem for o in outputs}
-    found = (os.path.join(folder, n) for n in names)
-    return [p for p in found if (m := member_of(p)) is not None and m[2] in stems]
 
 
 def _create_out_dir(out_dir: str | os.PathLike[str], *, create: bool = True) -> None:
@@ -414,7 +407,7 @@ def plan_convert(
     check_inputs(groups)
     outputs = plan_outputs(groups, out_dir, dst_format)
     _create_out_dir(out_dir, create=False)
-    check_outputs(outputs, opts)
+    check_outputs(groups, outputs, opts)
     calls: list[tuple[Any, ...]] = [(g, out, opts) for g, out in zip(groups, outputs)]
     return Batch(convert_task, calls, out_dir=None if opts.dry_run else os.fspath(out_dir))
 

@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .conversions.fallback import CHOICES as FALLBACK_CHOICES  # the --fallback vocabulary (no numpy)
 from .conversions.fallback import EXACT as FALLBACK_EXACT
-from .errors import BadMagicError, FormatError, UsageError
+from .errors import BadMagicError, FormatError, HurrayInteropError, UsageError
 
 __all__ = [
     "FALLBACK_CHOICES",
@@ -89,6 +89,10 @@ class Format:
     #: is ``(set key, place in the set, output stem)`` when the name makes the file a member
     #: of such a set, None for a file of its own (batches count a set as one source)
     member_of: Callable[[str], tuple[str, int, str] | None] | None = None
+    #: for a format whose output may be several files: ``outputs(src, dst, **export_options)``
+    #: lists the files converting ``src`` into ``dst`` would write or find in its way, as far
+    #: as names and records tell before converting (None: ``dst`` alone); batches check them
+    outputs: Callable[..., list[str]] | None = None
 
 
 _REGISTRY: dict[str, Format] = {}
@@ -261,6 +265,41 @@ def _gguf_member_of(path: str) -> tuple[str, int, str] | None:
     return os.path.join(os.path.dirname(path), f"{sn.prefix}-of-{sn.count}"), sn.number, sn.prefix
 
 
+def _gguf_outputs(src: str, dst: str, *, merge: bool = False, split_max_tensors: int | None = None,
+                  split_max_size: int | str | None = None) -> list[str]:
+    """The files in the way of a GGUF export to ``dst`` (docs/conversion-rules.md § 10): ``dst``
+    (``convert`` refuses an existing DST in any case), and the shards of a set: for a new set
+    (its size unknown before converting) the files named as its shards, for a .hrry that
+    recorded a set that set's shards; with ``merge`` only ``dst``."""
+    from .formats import gguf_split as S
+
+    if merge:
+        return [dst]
+    if split_max_tensors is not None or split_max_size is not None:
+        return [dst, *map(os.fspath, S.shards_in_the_way(dst))]
+    count = _recorded_set_count(src)
+    try:
+        return [dst] if count is None else [dst, *(os.fspath(p) for p in S.set_paths(dst, count))]
+    except UsageError:  # the conversion reports it, located
+        return [dst]
+
+
+def _recorded_set_count(src: str) -> int | None:
+    """The shard count of the split set a .hrry recorded (None: not a .hrry, no set, or a bad record)."""
+    from .conversions.gguf import K_SPLIT
+    from .core.hrry import HrryFile
+    from .formats.gguf_split import SplitLayout
+
+    try:
+        if not _sniff_hurray(_read_head(src)):
+            return None
+        with HrryFile(src) as hf:
+            v = hf.kv.get(K_SPLIT)
+            return None if v is None or v.type != "string" else SplitLayout.from_json(v.value).count
+    except HurrayInteropError:
+        return None
+
+
 def _open_gguf(path: str) -> Any:
     from .formats.gguf_split import open_model
 
@@ -320,7 +359,7 @@ register_format(Format(
     verifier=_gguf_verifier, to_hurray=_gguf_to_hurray, from_hurray=_hurray_to_gguf,
     import_options={"q4_1": "overlay"},
     export_options={"merge": False, "split_max_tensors": None, "split_max_size": None},  # docs/conversion-rules.md § 10
-    member_of=_gguf_member_of,
+    member_of=_gguf_member_of, outputs=_gguf_outputs,
 ))
 register_format(Format(
     name=HURRAY, title="Hurray", extensions=(".hrry",), sniff=_sniff_hurray, open=_open_hurray,

@@ -371,7 +371,7 @@ def test_two_files_of_one_format_are_two_round_trip_tasks(collection):
     assert [r.reason for r in results] == [r.summary_line().split(None, 1)[1] for r in verify_files(paths)]
 
 
-def test_existing_outputs_fail_before_submission(collection, tmp_path, monkeypatch):
+def test_existing_outputs_fail_before_submission(collection, fixtures_dir, tmp_path):
     sources = [os.fspath(collection / n) for n in ["kv-types.gguf", "tiny-llama.gguf", "gen-a.gguf"]]
     out = tmp_path / "out"
     out.mkdir()
@@ -402,6 +402,20 @@ def test_existing_outputs_fail_before_submission(collection, tmp_path, monkeypat
                                    f"{tmp_path / 'set' / 't-00002-of-00003.gguf'}\n")
     assert run_cli([*argv, "--force", "-q"])[0] == 0
     assert sorted(files_in(tmp_path / "set")) == [f"t-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    # a .hrry that recorded a split set: the shards it exports to are outputs too
+    convert(fixtures_dir / "tiny-split-00001-of-00003.gguf", tmp_path / "tiny-split.hrry")
+    back = tmp_path / "back"
+    back.mkdir()
+    (back / "tiny-split-00003-of-00003.gguf").write_bytes(b"keep")
+    argv = ["convert", "--to", "gguf", "--out-dir", os.fspath(back), os.fspath(tmp_path / "tiny-split.hrry")]
+    assert run_cli(argv)[2] == (f"hurray-interop: error: 1 output(s) exist already (--force overwrites them): "
+                                f"{back / 'tiny-split-00003-of-00003.gguf'}\n")
+    assert run_cli([*argv, "--merge", "-q"]) == (0, "", "")  # one merged file: the shards are not in its way
+    status, _, err = run_cli(argv)
+    assert status == 2 and f"2 output(s) exist already (--force overwrites them): {back / 'tiny-split.gguf'}, " in err
+    assert run_cli([*argv, "-q", "--force"]) == (0, "", "")
+    assert [files_in(back)[f"tiny-split-0000{i}-of-00003.gguf"] for i in (1, 2, 3)] == [
+        (fixtures_dir / f"tiny-split-0000{i}-of-00003.gguf").read_bytes() for i in (1, 2, 3)]
 
 
 class _Unreachable:

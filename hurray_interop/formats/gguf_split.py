@@ -59,6 +59,7 @@ __all__ = [
     "shard_suffix",
     "shard_name",
     "set_paths",
+    "shards_in_the_way",
     "split_entries",
     "parse_split_size",
     "plan_split",
@@ -144,12 +145,27 @@ def set_paths(dst: "str | os.PathLike[str]", count: int) -> list[Path]:
                 f"({shard_name(sn.prefix, 0, count)}) for a set of {count}",
                 path=p,
             )
-        prefix = sn.prefix
-    else:
-        prefix = p.name[: -len(".gguf")] if p.name.endswith(".gguf") else p.name
+    prefix = _prefix_of(p)
     if not prefix or prefix in (".", ".."):
         raise UsageError("output path has no file name to build shard names from", path=p)
     return [p.with_name(shard_name(prefix, i, count)) for i in range(count)]
+
+
+def _prefix_of(dst: Path) -> str:
+    """The shard name prefix of a set written to ``dst`` (see :func:`set_paths`)."""
+    sn = parse_shard_name(dst.name)
+    if sn is not None:
+        return sn.prefix
+    return dst.name[: -len(".gguf")] if dst.name.endswith(".gguf") else dst.name
+
+
+def shards_in_the_way(dst: "str | os.PathLike[str]") -> list[Path]:
+    """The files beside ``dst`` named as shards of a set written to ``dst``, of any count
+    (what a new set of a size not known yet would replace, or refuse to mix with)."""
+    p = Path(os.fspath(dst))
+    if not p.parent.is_dir():
+        return []
+    return [q for _, q in _shards_beside(p.parent, _prefix_of(p))]
 
 
 def _shards_beside(folder: Path, prefix: str) -> list[tuple[ShardName, Path]]:
