@@ -16,7 +16,11 @@ records, for the generic converter :mod:`.gguf` (which calls :func:`plan` on imp
   shard of shape ``(1, …, 1, K)`` over its sub-block holding the ±0 pattern (role correction).
 * The restore record, KV ``hurray_interop.gguf.expanded.<name>`` (bytes): the
   :class:`~.gguf_expanded.Record` of the whole tensor -- every block's header bytes, then the
-  exception blocks with their absolute block indices (``Record.to_bytes``).
+  exception blocks with their absolute block indices (``Record.to_bytes``). The records
+  take ~10 % of a K-quant model, so they are never held whole: the import spools them,
+  chunk by chunk, to a scratch file of the writer and streams them into the KV section
+  (:class:`~hurray_interop.core.kv.StreamedBytes`); the export reads them from the mapped
+  file in windows (:meth:`~hurray_interop.core.kv.KVValue.view`).
 
 The export rebuilds the GGML blocks chunk by chunk with :func:`~.gguf_expanded.rebuild`,
 which proves the stored codes, scales, corrections and patches are those of the rebuilt
@@ -28,13 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import shutil
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator
 
 import numpy as np
 
 from ..core.elements import buffer_size, element_type, pack, sign_extend, unpack
-from ..core.kv import KVValue
+from ..core.kv import KVValue, StreamedBytes
 from ..core import model as M
 from ..core.model import Descriptor, Tensor
 from ..errors import FormatError
@@ -127,7 +132,7 @@ class ExactPlan:
     bytes_out: int
     record_bytes: int  # the record's header part (exception blocks come on top)
     zero_patches: int
-    write: Callable[["HrryWriter", list[tuple[str, KVValue]]], None]
+    write: Callable[["HrryWriter", list[tuple[str, "KVValue | StreamedBytes"]]], None]
 
     def describe(self) -> str:
         n = self.zero_patches
@@ -165,10 +170,10 @@ def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray) 
     head = Descriptor(element_type=element_type("float32"), shape=shape, buffers=(),
                       layout=M.CompositeHead(composition_rule=M.RULE_OVERLAY, combine_op=M.OP_ADD, member_count=len(members)))
     nb = blocks.shape[0]
-    sources = _Sources(ggml_type, blocks)
 
-    def write(w: "HrryWriter", records: list[tuple[str, KVValue]]) -> None:
-        rec = _RecordSink(ggml_type)
+    def write(w: "HrryWriter", records: list[tuple[str, KVValue | StreamedBytes]]) -> None:
+        sources = _Sources(ggml_type, blocks)  # (its stash lives while this tensor is written)
+        rec = _RecordSink(ggml_type, w.scratch(RECORD_PREFIX + "records"), w.scratch(RECORD_PREFIX + "exceptions"))
         bufs = [[sources.codes(rec), sources.scales()] + ([sources.zero_points()] if f.zero_point is not None else [])]
         if f.overlay:
             bufs.append([sources.correction_codes(), sources.correction_scales()])
@@ -177,7 +182,7 @@ def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray) 
             w.write_composite(name, head, [(mn, md, b) for (mn, md), b in zip(members, bufs)])
         else:
             w.write(name, base, bufs[0])
-        records.append((record_key(name), KVValue("bytes", rec.to_bytes())))
+        records.append((record_key(name), rec.value()))
 
     out = sum(h.byte_size for _, d in members for h in d.buffers)
     names = ((name,) if composite else ()) + tuple(mn for mn, _ in members)
@@ -185,26 +190,27 @@ def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray) 
 
 
 class _RecordSink:
-    """The tensor's record, gathered chunk by chunk while its codes are written."""
+    """The tensor's record (``Record.to_bytes``), spooled chunk by chunk while its codes are
+    written: the headers to the end of ``spool``, the exception entries to ``exceptions``
+    (emptied first), copied after the headers by :meth:`value`."""
 
-    def __init__(self, ggml_type: str) -> None:
-        self.type = ggml_type
-        self.header = bytearray()
-        self.index: list[np.ndarray] = []
-        self.blocks: list[np.ndarray] = []
+    def __init__(self, ggml_type: str, spool: BinaryIO, exceptions: BinaryIO) -> None:
+        self.type, self.spool, self.exceptions = ggml_type, spool, exceptions
+        self.start = spool.seek(0, 2)
+        exceptions.seek(0)
+        exceptions.truncate()
 
     def add(self, r: X.Record) -> None:
-        self.header += r.header.tobytes()
+        self.spool.write(np.ascontiguousarray(r.header).data)
         if r.exception_index.size:
-            self.index.append(r.exception_index)
-            self.blocks.append(r.exception_blocks)
+            self.exceptions.write(dataclasses.replace(r, header=r.header[:0]).to_bytes())
 
-    def to_bytes(self) -> bytes:
-        spec, h = X._specs()[self.type], X.form(self.type).record_bytes
-        idx = np.concatenate(self.index) if self.index else np.zeros(0, np.uint32)
-        blk = np.concatenate(self.blocks) if self.blocks else np.zeros((0, spec.block_bytes), np.uint8)
-        exceptions = X.Record(self.type, np.zeros((0, h), np.uint8), idx, blk).to_bytes()
-        return bytes(self.header) + exceptions
+    def value(self) -> StreamedBytes:
+        """The whole record, streamed from the spool when the KV section is written."""
+        self.exceptions.seek(0)
+        self.spool.seek(0, 2)
+        shutil.copyfileobj(self.exceptions, self.spool, 1 << 20)
+        return StreamedBytes(self.spool, self.start, self.spool.tell() - self.start)
 
 
 @dataclass
@@ -328,7 +334,7 @@ def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> Callable[[], Iterat
     if raw.type != "bytes":
         raise _bad("the record is not bytes", t.name, record_key(t.name))
     try:
-        record = X.Record.from_bytes(ggml_type, raw.value, nb)
+        record = X.Record.from_bytes(ggml_type, raw.view(), nb)  # mapped, read in windows
     except FormatError as e:
         raise _bad(f"record: {e.message}", t.name, record_key(t.name)) from None
     data = _Stored(f, spec.elements, per, base, corr, patch_index, patch, record)
