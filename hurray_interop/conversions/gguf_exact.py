@@ -145,8 +145,7 @@ def _scan(ggml_type: str, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     idx, pat = [], []
     k = X.form(ggml_type).sub_block
     per = X._specs()[ggml_type].elements // k
-    for sl in _chunks(blocks.shape[0]):
-        e = X.expand_scales(ggml_type, blocks[sl], sl.start)
+    for sl, e in pmap(lambda sl: (sl, X.expand_scales(ggml_type, blocks[sl], sl.start)), blocks.shape[0], CHUNK_BLOCKS):
         if e.zero_patch_index.size:
             idx.append(e.zero_patch_index + sl.start * per)
             pat.append(e.zero_patch)
@@ -232,11 +231,15 @@ class _Sources:
         f = X.form(self.type)
         subs = self.blocks.shape[0] * (X._specs()[self.type].elements // f.sub_block)
         keep: list[X.Expanded] | None = [] if subs * (4 + 4 * f.overlay + 1) <= STASH_BYTES else None
-        for x in pmap(lambda sl: X.expand(self.type, self.blocks[sl], sl.start), self.blocks.shape[0], CHUNK_BLOCKS):
+        def chunk(sl: slice) -> tuple[X.Expanded, np.ndarray]:  # (on the pool's threads)
+            x = X.expand(self.type, self.blocks[sl], sl.start)
+            return dataclasses.replace(x, codes=None), pack(x.codes, f.storage)
+
+        for x, packed in pmap(chunk, self.blocks.shape[0], CHUNK_BLOCKS):
             rec.add(x.record)
             if keep is not None:
-                keep.append(dataclasses.replace(x, codes=None, record=None))
-            yield pack(x.codes, f.storage)
+                keep.append(dataclasses.replace(x, record=None))
+            yield packed
         self.stash = keep
 
     def scales(self) -> Iterator[np.ndarray]:

@@ -196,6 +196,11 @@ class _Bits:
     #: of 16..64 consecutive items in consecutive bytes): ``(item, byte, length, shift,
     #: mask, dst)`` each; else None (gathers by ``unpack``/``pack``)
     runs: tuple[tuple[int, int, int, int, int, int], ...] | None = None
+    #: per run: are its items untouched by the runs before it (then it is assigned, not
+    #: OR-ed)? and is every item assigned before it is OR-ed into (then the result need
+    #: not be zeroed first)?
+    first: tuple[bool, ...] = ()
+    covered: bool = False
 
 
 #: at most this many runs make the slice moves cheaper than one gather
@@ -237,14 +242,31 @@ def _bits(n_items: int, parts: Callable[[int], list[tuple[int, int, int, int]]])
         if step > 0 and np.array_equal(dest, dest[0] + step * np.arange(len(dest))):
             dest = slice(int(dest[0]), int(dest[-1]) + 1, step)
         pack.append(_Part(items[o], byte[o], *(f[o] for f in fields), dest=dest, starts=starts, run=run))
-    return _Bits(n_items, dtype, tuple(unpack), tuple(pack), _runs(rows))
+    runs = _runs(rows)
+    if runs is not None:  # longest first at each item: fewer runs OR-ed into partly unassigned items
+        runs = tuple(sorted(runs, key=lambda r: (r[0], -r[2])))
+    seen = np.zeros(n_items, dtype=bool)
+    first, whole = [], True  # whole: every OR-ed run finds its items already assigned
+    for item, _, length, *_ in runs or ():
+        first.append(not seen[item : item + length].any())
+        whole &= first[-1] or bool(seen[item : item + length].all())
+        seen[item : item + length] = True
+    return _Bits(n_items, dtype, tuple(unpack), tuple(pack), runs, tuple(first), whole and bool(seen.all()))
 
 
 def _unpack(blocks: np.ndarray, b: _Bits) -> np.ndarray:
     """``(n, items)`` values (uint8 or uint16) of the fields ``b`` in every block."""
     if b.runs is not None:
-        res = np.zeros((blocks.shape[0], b.n_items), dtype=b.dtype)
-        for item, byte, length, shift, mask, dst in b.runs:
+        res = (np.empty if b.covered else np.zeros)((blocks.shape[0], b.n_items), dtype=b.dtype)
+        for (item, byte, length, shift, mask, dst), first in zip(b.runs, b.first):
+            if first:  # in place, no temporaries
+                o = res[:, item : item + length]
+                np.right_shift(blocks[:, byte : byte + length], shift, out=o)
+                if shift + mask.bit_length() < 8:
+                    o &= mask
+                if dst:
+                    o <<= dst
+                continue
             v = blocks[:, byte : byte + length] >> shift if shift else blocks[:, byte : byte + length].copy()
             if shift + mask.bit_length() < 8:
                 v &= mask
@@ -397,7 +419,7 @@ def _span(byte: int, bit: int, width: int, dst: int = 0) -> list[tuple[int, int,
 @dataclass(frozen=True)
 class _Codec:
     decode: Callable[[np.ndarray], np.ndarray]  # blocks -> (n, elements) Hurray codes
-    encode: Callable[[np.ndarray, np.ndarray], np.ndarray]  # (codes, zeroed blocks to OR into) -> valid
+    encode: Callable[[np.ndarray, np.ndarray], np.ndarray | None]  # (codes, zeroed blocks to OR into) -> valid (None: all)
     #: bijective codecs (every raw field value is one code, and back): the bits of each
     #: block byte the codes occupy (a bytes object), else None
     coverage: bytes | None = None
@@ -424,7 +446,7 @@ def _lut_codec(values: tuple[int, ...], dtype: type, zp: int, unpack: Callable, 
         pack((u - np.uint8(shift & 0xFF) if shift else u) if offset else np.take(packable, u), out)
         c = codes.view(dtype)
         if lo is not None and (c.size == 0 or (int(c.min()) >= lo and int(c.max()) <= hi)):
-            return np.broadcast_to(True, u.shape)  # every code valid: two reductions are cheaper
+            return None  # every code valid: two reductions are cheaper
         return np.take(valid, u)
 
     if offset:  # no lookup
@@ -826,8 +848,9 @@ def _header(spec: _Spec, blocks: np.ndarray) -> np.ndarray:
     return blocks[:, cols] & np.array([m for _, m in spec.header], dtype=np.uint8)
 
 
-def _pack_blocks(spec: _Spec, codes: np.ndarray, header: np.ndarray, first_block: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(blocks, valid)``: the codes packed with the header bits, and which codes were valid."""
+def _pack_blocks(spec: _Spec, codes: np.ndarray, header: np.ndarray, first_block: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(blocks, valid)``: the codes packed with the header bits, and which codes were valid
+    (``None``: all)."""
     out = np.zeros((codes.shape[0], spec.block_bytes), dtype=np.uint8)
     out[:, [b for b, _ in spec.header]] = header
     if spec.zero_code is not None:  # (a code that is not the zero point there fails _compare)
@@ -854,6 +877,26 @@ def _dense(ggml_type: str) -> bool:
     return bool(np.all(bits == 0xFF))
 
 
+@functools.cache
+def _reversible(ggml_type: str) -> bool:
+    """Do valid codes packed with a block's header decode back to themselves, outside the
+    zero-scale sub-blocks (where the zero code is packed) and the exception blocks? Yes
+    for a dense type whose code bits and header bits are disjoint and whose zero point
+    packs back to itself (so every valid code is a value of the bijection)."""
+    if not _dense(ggml_type):
+        return False
+    spec, f = _specs()[ggml_type], form(ggml_type)
+    cov, hdr = np.zeros(spec.block_bytes, dtype=np.uint8), np.zeros(spec.block_bytes, dtype=np.uint8)
+    c = np.frombuffer(spec.codec.coverage or b"", dtype=np.uint8)
+    cov[: len(c)] = c
+    for byte, mask in spec.header:
+        hdr[byte] |= mask
+    zp = np.full((1, spec.elements), f.zero_point or 0, dtype=_STORAGE[f.storage][1])
+    out = np.zeros((1, spec.block_bytes), dtype=np.uint8)
+    spec.codec.encode(zp, out)
+    return not np.any(cov & hdr) and bool(np.array_equal(spec.codec.decode(out), zp))
+
+
 def _exceptions(spec: _Spec, codes: np.ndarray, blocks: np.ndarray, candidates: np.ndarray | None = None) -> np.ndarray:
     """The blocks that packing their (substituted) codes with their header would not restore
     (among ``candidates`` when given: the others are known to be restored)."""
@@ -863,13 +906,14 @@ def _exceptions(spec: _Spec, codes: np.ndarray, blocks: np.ndarray, candidates: 
     return np.flatnonzero((packed != blocks).any(axis=1))
 
 
-def expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded:
+def expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0, codes: np.ndarray | None = None) -> Expanded:
     """The expanded form of a chunk of whole ``ggml_type`` blocks (``(n, block_bytes)`` uint8).
+    ``codes``: their decoded codes when already known (:func:`rebuild`; changed in place).
 
     Raises :class:`NonFiniteScale` for a NaN/inf ``d`` or ``dmin``."""
     spec, f = _specs()[ggml_type], form(ggml_type)
     _check_blocks(spec, ggml_type, blocks)
-    codes = spec.codec.decode(blocks)
+    codes = spec.codec.decode(blocks) if codes is None else codes
     scales, corr0 = _scales(spec, blocks, first_block)
     scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
     zero_blocks = np.flatnonzero((scales == 0).any(axis=1)) if _dense(ggml_type) else None
@@ -990,6 +1034,23 @@ def _compare(x: Expanded, y: Expanded, first_block: int) -> None:
     _first_bad(exc[0] != exc[1], first_block, "record", "exception block listed wrongly")
 
 
+def _rebuilt_codes(x: Expanded, blocks: np.ndarray, exc: np.ndarray) -> np.ndarray | None:
+    """The codes of the rebuilt ``blocks`` without decoding them all where :func:`_reversible`
+    says they are ``x.codes``: decoded only in the exception blocks and in the blocks that
+    may hold a zero-scale sub-block (a scale of ±1 in ``x``; elsewhere a zero scale makes
+    the scales differ, which :func:`_compare` reports); None: decode them all."""
+    if not _reversible(x.type):
+        return None
+    rows = np.zeros(blocks.shape[0], dtype=bool)
+    rows[(np.abs(x.scales) == 1).any(axis=1)] = True
+    rows[exc] = True
+    codes = x.codes.copy()
+    r = np.flatnonzero(rows)
+    if r.size:
+        codes[r] = _specs()[x.type].codec.decode(blocks[r])
+    return codes
+
+
 def rebuild(x: Expanded, first_block: int = 0) -> np.ndarray:
     """The original ``(n, block_bytes)`` GGML blocks of ``x``, byte for byte.
 
@@ -1001,9 +1062,11 @@ def rebuild(x: Expanded, first_block: int = 0) -> np.ndarray:
     x.record.check(n, first_block)
     try:
         blocks, valid = _pack_blocks(spec, x.codes, x.record.header, first_block)
-        _first_bad(~valid, first_block, "codes", f"code of element {{j}} is out of range for {x.type}")
-        blocks[x.record.exception_index.astype(np.int64) - first_block] = x.record.exception_blocks
-        y = expand(x.type, blocks, first_block)
+        if valid is not None:
+            _first_bad(~valid, first_block, "codes", f"code of element {{j}} is out of range for {x.type}")
+        exc = x.record.exception_index.astype(np.int64) - first_block
+        blocks[exc] = x.record.exception_blocks
+        y = expand(x.type, blocks, first_block, _rebuilt_codes(x, blocks, exc))
     except NonFiniteScale as e:
         raise FormatError(e.message, field="record") from None
     _compare(x, y, first_block)
