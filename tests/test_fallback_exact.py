@@ -313,3 +313,15 @@ def test_record_spooled_chunk_by_chunk_equals_the_whole_tensor_record(tmp_path: 
             want = X.expand(t, b).record
             assert np.unique(want.exception_index // gguf_exact.CHUNK_BLOCKS).size == 3  # every chunk has some
             assert hf.kv[gguf_exact.record_key(f"w.{t}")].value == want.to_bytes()
+
+
+@pytest.mark.parametrize("width", [4, 8, 3])
+def test_correction_codes_read_per_sub_block(width: int) -> None:
+    """Whole sub-blocks of uint2 correction codes read as 1 (all 0b01), 0 (all zero) or 2
+    (anything else), as one integer per sub-block where the width allows."""
+    rng = np.random.default_rng(width)
+    rows = np.where(rng.random((500, 1)) < 0.5, 0x55, 0).astype(np.uint8).repeat(width, axis=1)
+    rows[rng.integers(0, 500, 40), rng.integers(0, width, 40)] ^= rng.integers(1, 256, 40).astype(np.uint8)
+    want = np.where((rows == 0x55).all(axis=1), 1, np.where((rows == 0).all(axis=1), 0, 2))
+    got = gguf_exact._sub_block_codes(rows.reshape(-1), width)
+    assert got.dtype == np.uint8 and np.array_equal(got, want) and set(np.unique(got)) == {0, 1, 2}

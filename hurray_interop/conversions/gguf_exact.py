@@ -356,6 +356,19 @@ def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> Callable[[], Iterat
     return lambda: pmap(chunk, nb, CHUNK_BLOCKS)
 
 
+def _sub_block_codes(raw: np.ndarray, width: int) -> np.ndarray:
+    """Per sub-block of ``width`` bytes of uint2 correction codes: 1 (all ones), 0 (all
+    zeros) or 2 (mixed: not a correction this form writes). Whole sub-blocks compared as
+    one unsigned integer where ``width`` is one."""
+    if width in (1, 2, 4, 8):
+        w = np.ascontiguousarray(raw).view(f"<u{width}").reshape(-1)
+        is_ones, is_zero = w == int.from_bytes(bytes([_ONES]) * width, "little"), w == 0
+    else:
+        cc = raw.reshape(-1, width)
+        is_ones, is_zero = (cc == _ONES).all(axis=1), (cc == 0).all(axis=1)
+    return np.where(is_ones, 1, np.where(is_zero, 0, 2)).astype(np.uint8)
+
+
 @dataclass
 class _Stored:
     """An expanded tensor as stored, sliced into :class:`~.gguf_expanded.Expanded` chunks."""
@@ -383,8 +396,7 @@ class _Stored:
         corr = ccodes = None
         if self.corr is not None:
             width = buffer_size(_CORRECTION, f.sub_block)
-            cc = self.corr.data[0][s0 * width : s1 * width].reshape(-1, width)
-            ccodes = np.where((cc == _ONES).all(axis=1), 1, np.where((cc == 0).all(axis=1), 0, 2)).astype(np.uint8)
+            ccodes = _sub_block_codes(self.corr.data[0][s0 * width : s1 * width], width)
             corr = self.corr.data[1].view("<f4")[s0:s1].reshape(nb, self.per).astype(np.float32)
             ccodes = ccodes.reshape(nb, self.per)
         lo, hi = np.searchsorted(self.patch_index, [s0, s1])

@@ -196,11 +196,6 @@ class _Bits:
     #: of 16..64 consecutive items in consecutive bytes): ``(item, byte, length, shift,
     #: mask, dst)`` each; else None (gathers by ``unpack``/``pack``)
     runs: tuple[tuple[int, int, int, int, int, int], ...] | None = None
-    #: per run: are its items untouched by the runs before it (then it is assigned, not
-    #: OR-ed)? and is every item assigned before it is OR-ed into (then the result need
-    #: not be zeroed first)?
-    first: tuple[bool, ...] = ()
-    covered: bool = False
 
 
 #: at most this many runs make the slice moves cheaper than one gather
@@ -242,31 +237,14 @@ def _bits(n_items: int, parts: Callable[[int], list[tuple[int, int, int, int]]])
         if step > 0 and np.array_equal(dest, dest[0] + step * np.arange(len(dest))):
             dest = slice(int(dest[0]), int(dest[-1]) + 1, step)
         pack.append(_Part(items[o], byte[o], *(f[o] for f in fields), dest=dest, starts=starts, run=run))
-    runs = _runs(rows)
-    if runs is not None:  # longest first at each item: fewer runs OR-ed into partly unassigned items
-        runs = tuple(sorted(runs, key=lambda r: (r[0], -r[2])))
-    seen = np.zeros(n_items, dtype=bool)
-    first, whole = [], True  # whole: every OR-ed run finds its items already assigned
-    for item, _, length, *_ in runs or ():
-        first.append(not seen[item : item + length].any())
-        whole &= first[-1] or bool(seen[item : item + length].all())
-        seen[item : item + length] = True
-    return _Bits(n_items, dtype, tuple(unpack), tuple(pack), runs, tuple(first), whole and bool(seen.all()))
+    return _Bits(n_items, dtype, tuple(unpack), tuple(pack), _runs(rows))
 
 
 def _unpack(blocks: np.ndarray, b: _Bits) -> np.ndarray:
     """``(n, items)`` values (uint8 or uint16) of the fields ``b`` in every block."""
     if b.runs is not None:
-        res = (np.empty if b.covered else np.zeros)((blocks.shape[0], b.n_items), dtype=b.dtype)
-        for (item, byte, length, shift, mask, dst), first in zip(b.runs, b.first):
-            if first:  # in place, no temporaries
-                o = res[:, item : item + length]
-                np.right_shift(blocks[:, byte : byte + length], shift, out=o)
-                if shift + mask.bit_length() < 8:
-                    o &= mask
-                if dst:
-                    o <<= dst
-                continue
+        res = np.zeros((blocks.shape[0], b.n_items), dtype=b.dtype)
+        for item, byte, length, shift, mask, dst in b.runs:
             v = blocks[:, byte : byte + length] >> shift if shift else blocks[:, byte : byte + length].copy()
             if shift + mask.bit_length() < 8:
                 v &= mask
