@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator
 
 import numpy as np
 
-from ..core.elements import buffer_size, element_type, pack, sign_extend, unpack
+from ..core.elements import buffer_size, element_type, sign_extend, unpack
 from ..core.kv import KVValue, StreamedBytes
 from ..core import model as M
 from ..core.model import Descriptor, Tensor
@@ -231,11 +231,8 @@ class _Sources:
         f = X.form(self.type)
         subs = self.blocks.shape[0] * (X._specs()[self.type].elements // f.sub_block)
         keep: list[X.Expanded] | None = [] if subs * (4 + 4 * f.overlay + 1) <= STASH_BYTES else None
-        def chunk(sl: slice) -> tuple[X.Expanded, np.ndarray]:  # (on the pool's threads)
-            x = X.expand(self.type, self.blocks[sl], sl.start)
-            return dataclasses.replace(x, codes=None), pack(x.codes, f.storage)
-
-        for x, packed in pmap(chunk, self.blocks.shape[0], CHUNK_BLOCKS):
+        for x, packed in pmap(lambda sl: X.expand_packed(self.type, self.blocks[sl], sl.start), self.blocks.shape[0],
+                              CHUNK_BLOCKS):
             rec.add(x.record)
             if keep is not None:
                 keep.append(dataclasses.replace(x, record=None))

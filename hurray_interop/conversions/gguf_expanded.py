@@ -65,6 +65,8 @@ from typing import Callable
 
 import numpy as np
 
+from .. import kernels as K
+from ..core.elements import pack
 from ..errors import ConversionRefused, FormatError
 from ..tables import load_table
 
@@ -77,6 +79,7 @@ __all__ = [
     "NonFiniteScale",
     "expand",
     "expand_scales",
+    "expand_packed",
     "rebuild",
     "values",
 ]
@@ -245,9 +248,11 @@ def _unpack(blocks: np.ndarray, b: _Bits) -> np.ndarray:
     if b.runs is not None:
         res = np.zeros((blocks.shape[0], b.n_items), dtype=b.dtype)
         for item, byte, length, shift, mask, dst in b.runs:
-            v = blocks[:, byte : byte + length] >> shift if shift else blocks[:, byte : byte + length].copy()
+            v = blocks[:, byte : byte + length]  # (a view: no copy when the field is whole bytes)
+            if shift:
+                v = v >> shift
             if shift + mask.bit_length() < 8:
-                v &= mask
+                v = np.bitwise_and(v, mask, out=v if shift else None)
             if dst:
                 v = v.astype(b.dtype) << dst
             res[:, item : item + length] |= v
@@ -562,6 +567,22 @@ class _Spec:
     m: _Bits | None = None  # overlay types: the minimum's multiplier (correction −dmin·m)
     zero_code: int | None = None  # the code ggml's quantizer leaves in all-zero blocks, packed
     # in zero-scale sub-blocks instead of the zero point (fewer exception blocks)
+    #: blocks -> their codes' storage bytes, where the code fields are those bytes moved
+    direct: Callable[[np.ndarray], np.ndarray] | None = None
+
+
+def _split_pairs(offset: int, groups: int, width: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Codes in ``groups`` runs of ``width`` bytes from ``offset``, each GGML split-half
+    nibbles (element j: low nibble of byte j, element j + width: its high nibble), as
+    Hurray uint4 bytes (:func:`~hurray_interop.kernels.split_to_pairs`)."""
+    def direct(blocks: np.ndarray) -> np.ndarray:
+        out = np.empty((blocks.shape[0], groups * width), dtype=np.uint8)
+        for g in range(groups):
+            a = offset + g * width
+            K.split_to_pairs(blocks[:, a : a + width], out=out[:, g * width : (g + 1) * width])
+        return out
+
+    return direct
 
 
 def _hdr(*ranges: tuple[int, int], masked: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
@@ -593,7 +614,8 @@ def _specs() -> dict[str, _Spec]:
                       d=_f16_at(80), dmin=_f16_at(82), sc=_bits(16, _byte(0, 4)), m=_bits(16, lambda i: [(i, 4, 4, 0)])),
         "Q3_K": _Spec(256, 110, _hdr((96, 110)), _bit_lut(256, _q3k, (-4, -3, -2, -1, 0, 1, 2, 3), _I8), "d_sc",
                       d=_f16_at(108), sc=_bits(16, _q3k_scale), add=-32.0, zero_code=-4),
-        "Q4_K": _Spec(256, 144, _hdr((0, 16)), _bit_lut(256, lambda e: [_q45k(16, e)], _r(0, 16), _U8), "d_sc", **q45),
+        "Q4_K": _Spec(256, 144, _hdr((0, 16)), _bit_lut(256, lambda e: [_q45k(16, e)], _r(0, 16), _U8), "d_sc", **q45,
+                      direct=_split_pairs(16, 4, 32)),
         "Q5_K": _Spec(256, 176, _hdr((0, 16)), _bit_lut(256, _q5k, _r(0, 32), _U8), "d_sc", **q45),
         "Q6_K": _Spec(256, 210, _hdr((192, 210)), _bit_lut(256, _q6k, _r(-32, 32), _I8), "d_sc",
                       d=_f16_at(208), sc=_bits(16, _byte(192)), sc_int8=True, zero_code=-32),
@@ -915,25 +937,52 @@ def _correction(corr0: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray
     return np.where(corr0 == 0, _one_like(corr0), corr0).astype(np.float32), (corr0 != 0).astype(np.uint8)
 
 
+def _zero_rows(spec: _Spec, f: Form, blocks: np.ndarray, first_block: int) -> tuple[Expanded, np.ndarray, np.ndarray]:
+    """:func:`expand_scales`, and the blocks that have a zero-scale sub-block with their
+    codes (the only ones decoded; the zero point substituted in those sub-blocks)."""
+    scales, corr0 = _scales(spec, blocks, first_block)
+    scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
+    zb = np.flatnonzero((scales == 0).any(axis=1))
+    codes = spec.codec.decode(blocks[zb])
+    patch_index, patch = np.zeros(0, dtype=np.int64), np.zeros((0, f.sub_block), dtype=np.float32)
+    if zb.size:
+        sub = scales[zb]
+        patch_index, patch = _fix_zeros(codes, sub, f.zero_point or 0, f.sub_block)
+        subs = scales.shape[1]
+        patch_index = zb[patch_index // subs] * subs + patch_index % subs
+        scales[zb] = sub
+    correction, correction_codes = _correction(corr0)
+    empty = Record(f.type, np.zeros((0, f.record_bytes), np.uint8), np.zeros(0, np.uint32), np.zeros((0, spec.block_bytes), np.uint8))
+    x = Expanded(f.type, None, scales, correction, correction_codes, patch_index, patch, empty)  # type: ignore[arg-type]
+    return x, zb, codes
+
+
 def expand_scales(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded:
     """What :func:`expand` gives for the scales, corrections and zero patches, without the
     codes (``codes`` is ``None``) and the record: cheap, for planning and for writing the
     scale buffers. Codes are decoded only in blocks that have a zero-scale sub-block."""
     spec, f = _specs()[ggml_type], form(ggml_type)
     _check_blocks(spec, ggml_type, blocks)
-    scales, corr0 = _scales(spec, blocks, first_block)
-    scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
-    zb = np.flatnonzero((scales == 0).any(axis=1))
-    patch_index, patch = np.zeros(0, dtype=np.int64), np.zeros((0, f.sub_block), dtype=np.float32)
+    return _zero_rows(spec, f, blocks, first_block)[0]
+
+
+def expand_packed(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> tuple[Expanded, np.ndarray]:
+    """:func:`expand` without the codes (``codes`` is ``None``), and the codes packed in the
+    form's storage (uint8, block after block). A dense type whose code bits are the storage
+    bytes moved (``_Spec.direct``) is packed straight from the blocks: codes are decoded
+    only in the blocks with a zero-scale sub-block, the only possible exception blocks."""
+    spec, f = _specs()[ggml_type], form(ggml_type)
+    if spec.direct is None or not _dense(ggml_type):
+        x = expand(ggml_type, blocks, first_block)
+        return dataclasses.replace(x, codes=None), pack(x.codes, f.storage)
+    _check_blocks(spec, ggml_type, blocks)
+    x, zb, codes = _zero_rows(spec, f, blocks, first_block)
+    exc = zb[_exceptions(spec, codes, blocks[zb])]
+    packed = spec.direct(blocks)
     if zb.size:
-        sub = scales[zb]
-        patch_index, patch = _fix_zeros(spec.codec.decode(blocks[zb]), sub, f.zero_point or 0, f.sub_block)
-        subs = scales.shape[1]
-        patch_index = zb[patch_index // subs] * subs + patch_index % subs
-        scales[zb] = sub
-    correction, correction_codes = _correction(corr0)
-    empty = Record(ggml_type, np.zeros((0, f.record_bytes), np.uint8), np.zeros(0, np.uint32), np.zeros((0, spec.block_bytes), np.uint8))
-    return Expanded(ggml_type, None, scales, correction, correction_codes, patch_index, patch, empty)  # type: ignore[arg-type]
+        packed[zb] = pack(codes, f.storage).reshape(zb.size, -1)
+    rec = Record(ggml_type, _header(spec, blocks), (exc + first_block).astype(np.uint32), np.ascontiguousarray(blocks[exc]))
+    return dataclasses.replace(x, record=rec), packed.reshape(-1)
 
 
 def values(x: Expanded) -> np.ndarray:
