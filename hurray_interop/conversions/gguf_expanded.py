@@ -943,9 +943,10 @@ def _zero_rows(spec: _Spec, f: Form, blocks: np.ndarray, first_block: int) -> tu
     scales, corr0 = _scales(spec, blocks, first_block)
     scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
     zb = np.flatnonzero((scales == 0).any(axis=1))
-    codes = spec.codec.decode(blocks[zb])
+    codes = np.zeros((0, spec.elements), dtype=_STORAGE[f.storage][1])
     patch_index, patch = np.zeros(0, dtype=np.int64), np.zeros((0, f.sub_block), dtype=np.float32)
     if zb.size:
+        codes = spec.codec.decode(blocks[zb])
         sub = scales[zb]
         patch_index, patch = _fix_zeros(codes, sub, f.zero_point or 0, f.sub_block)
         subs = scales.shape[1]
@@ -977,7 +978,7 @@ def expand_packed(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> t
         return dataclasses.replace(x, codes=None), pack(x.codes, f.storage)
     _check_blocks(spec, ggml_type, blocks)
     x, zb, codes = _zero_rows(spec, f, blocks, first_block)
-    exc = zb[_exceptions(spec, codes, blocks[zb])]
+    exc = zb[_exceptions(spec, codes, blocks[zb])] if zb.size else zb
     packed = spec.direct(blocks)
     if zb.size:
         packed[zb] = pack(codes, f.storage).reshape(zb.size, -1)
