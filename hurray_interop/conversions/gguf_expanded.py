@@ -67,6 +67,7 @@ import numpy as np
 
 from .. import kernels as K
 from ..core.elements import pack
+from ..core.elements import unpack as unpack_codes
 from ..errors import ConversionRefused, FormatError
 from ..tables import load_table
 
@@ -449,6 +450,29 @@ def _bit_lut(n: int, parts: Callable, values: tuple[int, ...], dtype: type, zp: 
     return dataclasses.replace(c, coverage=_coverage(b, len(set(values))))
 
 
+def _split_pairs_codec(n: int, offset: int, groups: int, width: int) -> _Codec:
+    """Codes 0..15 that are ``groups`` runs of GGML split-half nibbles (:func:`_split_pairs`):
+    the bit-field codec of those fields, unpacked and packed through Hurray uint4 bytes by
+    the kernels' movers (C when built) instead of field by field."""
+    move = _split_pairs(offset, groups, width)
+
+    def field(e: int) -> list[tuple[int, int, int, int]]:
+        g, r = divmod(e, 2 * width)
+        return [(offset + g * width + r % width, 4 * (r // width), 4, 0)]
+
+    def unpack(blocks: np.ndarray) -> np.ndarray:
+        return unpack_codes(move(blocks), "uint4", blocks.shape[0] * n).reshape(-1, n)
+
+    def pack_into(raw: np.ndarray, out: np.ndarray) -> None:
+        pairs = pack(raw, "uint4").reshape(-1, groups * width)
+        for g in range(groups):
+            a = offset + g * width
+            out[:, a : a + width] |= K.pairs_to_split(pairs[:, g * width : (g + 1) * width])
+
+    c = _lut_codec(_r(0, 16), _U8, 0, unpack, pack_into)
+    return dataclasses.replace(c, coverage=_coverage(_bits(n, field), 16))
+
+
 def _coverage(b: _Bits, n_values: int) -> bytes | None:
     """The bits per block byte of the fields ``b`` when each item is a field of ``w`` bits and
     the code table has ``2**w`` distinct values (a bijection), else None."""
@@ -614,7 +638,7 @@ def _specs() -> dict[str, _Spec]:
                       d=_f16_at(80), dmin=_f16_at(82), sc=_bits(16, _byte(0, 4)), m=_bits(16, lambda i: [(i, 4, 4, 0)])),
         "Q3_K": _Spec(256, 110, _hdr((96, 110)), _bit_lut(256, _q3k, (-4, -3, -2, -1, 0, 1, 2, 3), _I8), "d_sc",
                       d=_f16_at(108), sc=_bits(16, _q3k_scale), add=-32.0, zero_code=-4),
-        "Q4_K": _Spec(256, 144, _hdr((0, 16)), _bit_lut(256, lambda e: [_q45k(16, e)], _r(0, 16), _U8), "d_sc", **q45,
+        "Q4_K": _Spec(256, 144, _hdr((0, 16)), _split_pairs_codec(256, 16, 4, 32), "d_sc", **q45,
                       direct=_split_pairs(16, 4, 32)),
         "Q5_K": _Spec(256, 176, _hdr((0, 16)), _bit_lut(256, _q5k, _r(0, 32), _U8), "d_sc", **q45),
         "Q6_K": _Spec(256, 210, _hdr((192, 210)), _bit_lut(256, _q6k, _r(-32, 32), _I8), "d_sc",
