@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import os
+import resource
 import statistics
 import sys
 from pathlib import Path
@@ -28,9 +29,13 @@ import run  # noqa: E402
 import synth  # noqa: E402
 
 
-def _convert(cmd: list[str]) -> tuple[float, int]:
+def _convert(cmd: list[str]) -> tuple[float, int, float]:
+    """(wall s, peak RSS bytes, CPU s: user + system, which a busy machine disturbs less)."""
     run.settle()
-    return run.run_child([*run.CLI, "convert", *cmd, "-q", "--force"])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t, rss = run.run_child([*run.CLI, "convert", *cmd, "-q", "--force"])
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return t, rss, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,33 +51,34 @@ def main(argv: list[str] | None = None) -> int:
     mixes = (("q4_0", []), ("q4_k_m", ["--fallback", "exact"]))
     paths = {mix: (out / f"{mix}.gguf", out / f"{mix}.hrry", out / f"{mix}.back.gguf") for mix, _ in mixes}
     info = {mix: synth.write(paths[mix][0], size, mix=mix, vocab=32000) for mix, _ in mixes}
-    times: dict[str, list[tuple[float, int, float, int]]] = {mix: [] for mix, _ in mixes}
+    times: dict[str, list[tuple[float, ...]]] = {mix: [] for mix, _ in mixes}
     same = {mix: True for mix, _ in mixes}
     for _ in range(a.repeat):  # A B A B: a busy phase of the shared machine spreads over both rows
         for mix, extra in mixes:
             src, mid, back = paths[mix]
-            t_in, rss_in = _convert([str(src), str(mid), *extra])
-            t_out, rss_out = _convert([str(mid), str(back)])
-            times[mix].append((t_in, rss_in, t_out, rss_out))
+            t_in, rss_in, cpu_in = _convert([str(src), str(mid), *extra])
+            t_out, rss_out, cpu_out = _convert([str(mid), str(back)])
+            times[mix].append((t_in, rss_in, t_out, rss_out, cpu_in, cpu_out))
             same[mix] &= filecmp.cmp(src, back, shallow=False)
     rows = []
     for mix, _ in mixes:
-        ti, to = (statistics.median(t[k] for t in times[mix]) for k in (0, 2))
+        ti, to, ci, co = (statistics.median(t[k] for t in times[mix]) for k in (0, 2, 4, 5))
         ri, ro = (max(t[k] for t in times[mix]) for k in (1, 3))
         spread = [(min(t[k] for t in times[mix]), max(t[k] for t in times[mix])) for k in (0, 2)]
-        rows.append((mix, info[mix]["bytes"], os.path.getsize(paths[mix][1]), ti, ri, to, ro, same[mix], spread))
+        rows.append((mix, info[mix]["bytes"], os.path.getsize(paths[mix][1]), ti, ri, to, ro, same[mix], spread, ci, co))
     if not a.keep:
         for f in (f for ps in paths.values() for f in ps):
             f.unlink()
     base = rows[0]
-    print(f"{a.repeat} round(s); times: median (min–max)")
-    print("| model | GGUF bytes | .hrry bytes | import s (MB/s) | peak RSS | export s (MB/s) | peak RSS | "
-          "byte-identical | import / export vs Q4_0 |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for mix, nb, nh, ti, ri, to, ro, ok, ((i0, i1), (o0, o1)) in rows:
-        print(f"| {mix} | {nb:,} | {nh:,} | {ti:.1f} ({i0:.1f}–{i1:.1f}; {nb / ti / 1e6:.0f}) | {ri / 2**20:.0f} MiB | "
-              f"{to:.1f} ({o0:.1f}–{o1:.1f}; {nb / to / 1e6:.0f}) | {ro / 2**20:.0f} MiB | {'yes' if ok else 'NO'} | "
-              f"{ti / base[3]:.2f}× / {to / base[5]:.2f}× |")
+    print(f"{a.repeat} round(s); times: median (min–max; MB/s of GGUF), CPU: user + system, median")
+    print("| model | GGUF bytes | .hrry bytes | import s | CPU s | peak RSS | export s | CPU s | peak RSS | "
+          "byte-identical | import / export vs Q4_0 (CPU) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for mix, nb, nh, ti, ri, to, ro, ok, ((i0, i1), (o0, o1)), ci, co in rows:
+        print(f"| {mix} | {nb:,} | {nh:,} | {ti:.1f} ({i0:.1f}–{i1:.1f}; {nb / ti / 1e6:.0f}) | {ci:.1f} | "
+              f"{ri / 2**20:.0f} MiB | {to:.1f} ({o0:.1f}–{o1:.1f}; {nb / to / 1e6:.0f}) | {co:.1f} | "
+              f"{ro / 2**20:.0f} MiB | {'yes' if ok else 'NO'} | {ti / base[3]:.2f}× / {to / base[5]:.2f}× "
+              f"({ci / base[9]:.2f}× / {co / base[10]:.2f}×) |")
     return 0
 
 
