@@ -296,3 +296,32 @@ def test_zero_patches_in_1d_and_3d_tensors(tmp_path: Path) -> None:
             assert t.descriptor.is_composite and len(t.members) > 1  # random d = ±0 rows mix ±0
             for m in t.members[1:]:
                 assert m.descriptor.shape[:-1] == (1,) * (len(t.descriptor.shape) - 1)
+
+
+def test_record_spooled_chunk_by_chunk_equals_the_whole_tensor_record(tmp_path: Path) -> None:
+    """The import spools the record per chunk (headers, then exception entries copied after
+    them) and streams it into the KV section: it must equal the record of one expansion of
+    the whole tensor, over several chunks with exception blocks in each."""
+    from hurray_interop.conversions import gguf_expanded as X
+
+    n = 2 * gguf_exact.CHUNK_BLOCKS + 124
+    blocks = {t: random_blocks(t, n, seed=9) for t in ("Q4_K", "Q3_K")}
+    src = write_gguf_raw(tmp_path / "chunks.gguf", [(f"w.{t}", t, (n // 2, 512), b) for t, b in blocks.items()])
+    hrry = assert_round_trip(src, tmp_path)
+    with HrryFile(hrry) as hf:
+        for t, b in blocks.items():
+            want = X.expand(t, b).record
+            assert np.unique(want.exception_index // gguf_exact.CHUNK_BLOCKS).size == 3  # every chunk has some
+            assert hf.kv[gguf_exact.record_key(f"w.{t}")].value == want.to_bytes()
+
+
+@pytest.mark.parametrize("width", [4, 8, 3])
+def test_correction_codes_read_per_sub_block(width: int) -> None:
+    """Whole sub-blocks of uint2 correction codes read as 1 (all 0b01), 0 (all zero) or 2
+    (anything else), as one integer per sub-block where the width allows."""
+    rng = np.random.default_rng(width)
+    rows = np.where(rng.random((500, 1)) < 0.5, 0x55, 0).astype(np.uint8).repeat(width, axis=1)
+    rows[rng.integers(0, 500, 40), rng.integers(0, width, 40)] ^= rng.integers(1, 256, 40).astype(np.uint8)
+    want = np.where((rows == 0x55).all(axis=1), 1, np.where((rows == 0).all(axis=1), 0, 2))
+    got = gguf_exact._sub_block_codes(rows.reshape(-1), width)
+    assert got.dtype == np.uint8 and np.array_equal(got, want) and set(np.unique(got)) == {0, 1, 2}

@@ -323,3 +323,40 @@ def test_fixture_regenerates_identically(tmp_path: Path) -> None:
     script = FIXTURE.parent / "make_kquant_fixtures.py"
     subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, capture_output=True)
     assert (tmp_path / FIXTURE.name).read_bytes() == FIXTURE.read_bytes()
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_expand_packed_is_expand_with_the_codes_packed(t: str, monkeypatch) -> None:
+    """The import's ``expand_packed`` (codes straight from the blocks where a type allows it,
+    decoded only in zero-scale blocks) equals ``expand`` + the generic ``elements.pack``,
+    with the C movers and with their numpy twins."""
+    from hurray_interop import kernels
+    from hurray_interop.core.elements import pack
+
+    blocks = random_blocks(t, 300, seed=21)
+    x = ge.expand(t, blocks, 1000)
+    for twin in (False, True):
+        if twin:
+            monkeypatch.setattr(kernels, "_lib", None)
+        y, packed = ge.expand_packed(t, blocks, 1000)
+        assert y.codes is None and np.array_equal(packed, pack(x.codes, ge.form(t).storage))
+        for field in ("scales", "correction", "correction_codes", "zero_patch_index", "zero_patch"):
+            a, b = getattr(x, field), getattr(y, field)
+            assert (a is None and b is None) or np.array_equal(ge._bits_of(a), ge._bits_of(b)), field
+        assert x.record.to_bytes() == y.record.to_bytes() and x.record.exception_index.size > 0
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_chunks_without_zero_scales_plan_and_pack(t: str) -> None:
+    """A chunk with no zero-scale sub-block (nothing to decode for the plan) gives the same
+    scales, no patches and the same packed codes as the full expansion."""
+    from hurray_interop.core.elements import pack
+
+    blocks = random_blocks(t, 300, seed=22)
+    x = ge.expand(t, blocks)
+    rows = np.flatnonzero(~(np.abs(x.scales.astype(np.float32)) == 1).any(axis=1))[:40]  # no substituted scale
+    b = np.ascontiguousarray(blocks[rows])
+    x, s = ge.expand(t, b), ge.expand_scales(t, b)
+    y, packed = ge.expand_packed(t, b)
+    assert s.zero_patch_index.size == 0 and np.array_equal(ge._bits_of(s.scales), ge._bits_of(x.scales))
+    assert np.array_equal(packed, pack(x.codes, ge.form(t).storage)) and y.record.to_bytes() == x.record.to_bytes()

@@ -20,6 +20,7 @@ from hurray_interop.core.model import (
     Descriptor,
     PerBlockAffine,
     Shard,
+    RowMajor,
     Tensor,
     RULE_PARTITION,
 )
@@ -652,3 +653,28 @@ def test_memory_stays_bounded_when_streaming_and_reading(tmp_path):
         tracemalloc.stop()
     assert peak_write < 8 * mib, peak_write
     assert peak_read < 2 * mib, peak_read
+
+
+def test_kv_value_streamed_from_a_scratch_file_is_written_byte_identically(tmp_path):
+    """A record spooled to the writer's scratch file and streamed into the KV section gives the
+    file the in-memory value gives; the scratch file is gone after finish and after abort."""
+    from hurray_interop.core.kv import StreamedBytes
+
+    data = np.random.default_rng(1).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    desc = Descriptor(element_type=element_type("uint8"), shape=(4,), buffers=(BufferHandle.cpu(4),), layout=RowMajor())
+    save(tmp_path / "memory.hrry", {"t": Tensor("t", desc, (b"abcd",))}, kv={"p": 1, "rec": KVValue.bytes(data)})
+    with HrryWriter(tmp_path / "streamed.hrry") as w:
+        f = w.scratch("records")
+        assert w.scratch("records") is f
+        f.write(b"x" + data)
+        w.write("t", desc, [b"abcd"])
+        w.finish(kv={"p": 1, "rec": StreamedBytes(f, 1, len(data))})
+    assert f.closed
+    assert (tmp_path / "streamed.hrry").read_bytes() == (tmp_path / "memory.hrry").read_bytes()
+    with HrryFile(tmp_path / "streamed.hrry") as hf:
+        assert hf.kv["rec"].value == data
+    w = HrryWriter(tmp_path / "aborted.hrry")
+    g = w.scratch("x")
+    w.abort()
+    assert g.closed and not (tmp_path / "aborted.hrry").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.hrry", "streamed.hrry"]

@@ -235,3 +235,53 @@ def test_large_vocabulary_arrays_match_pyhurray(tmp_path):
     assert encode_kv(kv) == ref
     back = decode_kv(ref)
     assert kv_to_python(back) == kv and encode_kv(back) == ref
+
+
+# --- big values: streamed on write, views on read ---------------------------------------
+
+
+def test_streamed_bytes_encode_like_the_in_memory_value(tmp_path) -> None:
+    """A StreamedBytes value encodes to the same bytes as KVValue("bytes", data), from any offset
+    of its file and across read chunks; the hand-built entry is the oracle."""
+    from hurray_interop.core import kv as K
+
+    data = bytes(range(256)) * (K.STREAM_CHUNK // 256 + 3)  # more than one read chunk
+    with open(tmp_path / "spool", "w+b") as f:
+        f.write(b"junk" + data + b"more junk")
+        items = {"a": KVValue.string("x"), "big": K.StreamedBytes(f, 4, len(data)), "z": 7}
+        memory = {"a": KVValue.string("x"), "big": KVValue.bytes(data), "z": 7}
+        total, parts = K.encode_kv_parts(items)
+        assert any(isinstance(p, K.StreamedBytes) for p in parts)
+        enc = encode_kv(items)
+    assert enc == encode_kv(memory) and total == len(enc)
+    assert enc == section(entry(b"a", 0x01, struct.pack("<I", 1) + b"x"),
+                          entry(b"big", 0x06, struct.pack("<I", len(data)) + data),
+                          entry(b"z", 0x02, struct.pack("<q", 7)))
+
+
+def test_streamed_bytes_short_file_is_an_error(tmp_path) -> None:
+    from hurray_interop.core.kv import StreamedBytes
+
+    with open(tmp_path / "spool", "w+b") as f:
+        f.write(b"12345")
+        with pytest.raises(UsageError, match="short"):
+            encode_kv({"k": StreamedBytes(f, 2, 10)})
+
+
+def test_big_bytes_decoded_from_a_read_only_buffer_are_views() -> None:
+    from hurray_interop.core.kv import VIEW_BYTES
+
+    big, small = bytes(range(256)) * (VIEW_BYTES // 256 + 1), b"abc"
+    raw = encode_kv({"big": big, "small": small})
+    kv = decode_kv(raw)
+    v = kv["big"].view()
+    assert v.obj is raw  # no copy of the section
+    assert bytes(v) == big and kv["big"].value == big and isinstance(kv["big"].value, bytes)
+    assert kv["big"] == KVValue.bytes(big) and hash(kv["big"]) == hash(KVValue.bytes(big))
+    assert kv["big"].encode() == KVValue.bytes(big).encode() and encode_kv(kv) == raw
+    assert kv["big"].to_python() == big
+    assert isinstance(kv["small"].value, bytes) and bytes(kv["small"].view()) == small
+    copied = decode_kv(bytearray(raw))["big"]  # a writable buffer may change: copied
+    assert isinstance(copied.view().obj, bytes)
+    with pytest.raises(UsageError):
+        KVValue.string("s").view()

@@ -16,7 +16,11 @@ records, for the generic converter :mod:`.gguf` (which calls :func:`plan` on imp
   shard of shape ``(1, …, 1, K)`` over its sub-block holding the ±0 pattern (role correction).
 * The restore record, KV ``hurray_interop.gguf.expanded.<name>`` (bytes): the
   :class:`~.gguf_expanded.Record` of the whole tensor -- every block's header bytes, then the
-  exception blocks with their absolute block indices (``Record.to_bytes``).
+  exception blocks with their absolute block indices (``Record.to_bytes``). The records
+  take ~10 % of a K-quant model, so they are never held whole: the import spools them,
+  chunk by chunk, to a scratch file of the writer and streams them into the KV section
+  (:class:`~hurray_interop.core.kv.StreamedBytes`); the export reads them from the mapped
+  file in windows (:meth:`~hurray_interop.core.kv.KVValue.view`).
 
 The export rebuilds the GGML blocks chunk by chunk with :func:`~.gguf_expanded.rebuild`,
 which proves the stored codes, scales, corrections and patches are those of the rebuilt
@@ -28,13 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import shutil
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator
 
 import numpy as np
 
-from ..core.elements import buffer_size, element_type, pack, sign_extend, unpack
-from ..core.kv import KVValue
+from ..core.elements import buffer_size, element_type, sign_extend, unpack
+from ..core.kv import KVValue, StreamedBytes
 from ..core import model as M
 from ..core.model import Descriptor, Tensor
 from ..errors import FormatError
@@ -127,7 +132,7 @@ class ExactPlan:
     bytes_out: int
     record_bytes: int  # the record's header part (exception blocks come on top)
     zero_patches: int
-    write: Callable[["HrryWriter", list[tuple[str, KVValue]]], None]
+    write: Callable[["HrryWriter", list[tuple[str, "KVValue | StreamedBytes"]]], None]
 
     def describe(self) -> str:
         n = self.zero_patches
@@ -140,8 +145,7 @@ def _scan(ggml_type: str, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     idx, pat = [], []
     k = X.form(ggml_type).sub_block
     per = X._specs()[ggml_type].elements // k
-    for sl in _chunks(blocks.shape[0]):
-        e = X.expand_scales(ggml_type, blocks[sl], sl.start)
+    for sl, e in pmap(lambda sl: (sl, X.expand_scales(ggml_type, blocks[sl], sl.start)), blocks.shape[0], CHUNK_BLOCKS):
         if e.zero_patch_index.size:
             idx.append(e.zero_patch_index + sl.start * per)
             pat.append(e.zero_patch)
@@ -165,10 +169,10 @@ def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray) 
     head = Descriptor(element_type=element_type("float32"), shape=shape, buffers=(),
                       layout=M.CompositeHead(composition_rule=M.RULE_OVERLAY, combine_op=M.OP_ADD, member_count=len(members)))
     nb = blocks.shape[0]
-    sources = _Sources(ggml_type, blocks)
 
-    def write(w: "HrryWriter", records: list[tuple[str, KVValue]]) -> None:
-        rec = _RecordSink(ggml_type)
+    def write(w: "HrryWriter", records: list[tuple[str, KVValue | StreamedBytes]]) -> None:
+        sources = _Sources(ggml_type, blocks)  # (its stash lives while this tensor is written)
+        rec = _RecordSink(ggml_type, w.scratch(RECORD_PREFIX + "records"), w.scratch(RECORD_PREFIX + "exceptions"))
         bufs = [[sources.codes(rec), sources.scales()] + ([sources.zero_points()] if f.zero_point is not None else [])]
         if f.overlay:
             bufs.append([sources.correction_codes(), sources.correction_scales()])
@@ -177,7 +181,7 @@ def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray) 
             w.write_composite(name, head, [(mn, md, b) for (mn, md), b in zip(members, bufs)])
         else:
             w.write(name, base, bufs[0])
-        records.append((record_key(name), KVValue("bytes", rec.to_bytes())))
+        records.append((record_key(name), rec.value()))
 
     out = sum(h.byte_size for _, d in members for h in d.buffers)
     names = ((name,) if composite else ()) + tuple(mn for mn, _ in members)
@@ -185,26 +189,27 @@ def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray) 
 
 
 class _RecordSink:
-    """The tensor's record, gathered chunk by chunk while its codes are written."""
+    """The tensor's record (``Record.to_bytes``), spooled chunk by chunk while its codes are
+    written: the headers to the end of ``spool``, the exception entries to ``exceptions``
+    (emptied first), copied after the headers by :meth:`value`."""
 
-    def __init__(self, ggml_type: str) -> None:
-        self.type = ggml_type
-        self.header = bytearray()
-        self.index: list[np.ndarray] = []
-        self.blocks: list[np.ndarray] = []
+    def __init__(self, ggml_type: str, spool: BinaryIO, exceptions: BinaryIO) -> None:
+        self.type, self.spool, self.exceptions = ggml_type, spool, exceptions
+        self.start = spool.seek(0, 2)
+        exceptions.seek(0)
+        exceptions.truncate()
 
     def add(self, r: X.Record) -> None:
-        self.header += r.header.tobytes()
+        self.spool.write(np.ascontiguousarray(r.header).data)
         if r.exception_index.size:
-            self.index.append(r.exception_index)
-            self.blocks.append(r.exception_blocks)
+            self.exceptions.write(dataclasses.replace(r, header=r.header[:0]).to_bytes())
 
-    def to_bytes(self) -> bytes:
-        spec, h = X._specs()[self.type], X.form(self.type).record_bytes
-        idx = np.concatenate(self.index) if self.index else np.zeros(0, np.uint32)
-        blk = np.concatenate(self.blocks) if self.blocks else np.zeros((0, spec.block_bytes), np.uint8)
-        exceptions = X.Record(self.type, np.zeros((0, h), np.uint8), idx, blk).to_bytes()
-        return bytes(self.header) + exceptions
+    def value(self) -> StreamedBytes:
+        """The whole record, streamed from the spool when the KV section is written."""
+        self.exceptions.seek(0)
+        self.spool.seek(0, 2)
+        shutil.copyfileobj(self.exceptions, self.spool, 1 << 20)
+        return StreamedBytes(self.spool, self.start, self.spool.tell() - self.start)
 
 
 @dataclass
@@ -226,11 +231,12 @@ class _Sources:
         f = X.form(self.type)
         subs = self.blocks.shape[0] * (X._specs()[self.type].elements // f.sub_block)
         keep: list[X.Expanded] | None = [] if subs * (4 + 4 * f.overlay + 1) <= STASH_BYTES else None
-        for x in pmap(lambda sl: X.expand(self.type, self.blocks[sl], sl.start), self.blocks.shape[0], CHUNK_BLOCKS):
+        for x, packed in pmap(lambda sl: X.expand_packed(self.type, self.blocks[sl], sl.start), self.blocks.shape[0],
+                              CHUNK_BLOCKS):
             rec.add(x.record)
             if keep is not None:
-                keep.append(dataclasses.replace(x, codes=None, record=None))
-            yield pack(x.codes, f.storage)
+                keep.append(dataclasses.replace(x, record=None))
+            yield packed
         self.stash = keep
 
     def scales(self) -> Iterator[np.ndarray]:
@@ -328,7 +334,7 @@ def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> Callable[[], Iterat
     if raw.type != "bytes":
         raise _bad("the record is not bytes", t.name, record_key(t.name))
     try:
-        record = X.Record.from_bytes(ggml_type, raw.value, nb)
+        record = X.Record.from_bytes(ggml_type, raw.view(), nb)  # mapped, read in windows
     except FormatError as e:
         raise _bad(f"record: {e.message}", t.name, record_key(t.name)) from None
     data = _Stored(f, spec.elements, per, base, corr, patch_index, patch, record)
@@ -345,6 +351,19 @@ def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> Callable[[], Iterat
             raise FormatError(f"--fallback exact record mismatch: {e.message}", tensor=t.name, field=e.field) from None
 
     return lambda: pmap(chunk, nb, CHUNK_BLOCKS)
+
+
+def _sub_block_codes(raw: np.ndarray, width: int) -> np.ndarray:
+    """Per sub-block of ``width`` bytes of uint2 correction codes: 1 (all ones), 0 (all
+    zeros) or 2 (mixed: not a correction this form writes). Whole sub-blocks compared as
+    one unsigned integer where ``width`` is one."""
+    if width in (1, 2, 4, 8):
+        w = np.ascontiguousarray(raw).view(f"<u{width}").reshape(-1)
+        is_ones, is_zero = w == int.from_bytes(bytes([_ONES]) * width, "little"), w == 0
+    else:
+        cc = raw.reshape(-1, width)
+        is_ones, is_zero = (cc == _ONES).all(axis=1), (cc == 0).all(axis=1)
+    return np.where(is_ones, 1, np.where(is_zero, 0, 2)).astype(np.uint8)
 
 
 @dataclass
@@ -374,8 +393,7 @@ class _Stored:
         corr = ccodes = None
         if self.corr is not None:
             width = buffer_size(_CORRECTION, f.sub_block)
-            cc = self.corr.data[0][s0 * width : s1 * width].reshape(-1, width)
-            ccodes = np.where((cc == _ONES).all(axis=1), 1, np.where((cc == 0).all(axis=1), 0, 2)).astype(np.uint8)
+            ccodes = _sub_block_codes(self.corr.data[0][s0 * width : s1 * width], width)
             corr = self.corr.data[1].view("<f4")[s0:s1].reshape(nb, self.per).astype(np.float32)
             ccodes = ccodes.reshape(nb, self.per)
         lo, hi = np.searchsorted(self.patch_index, [s0, s1])

@@ -65,6 +65,9 @@ from typing import Callable
 
 import numpy as np
 
+from .. import kernels as K
+from ..core.elements import pack
+from ..core.elements import unpack as unpack_codes
 from ..errors import ConversionRefused, FormatError
 from ..tables import load_table
 
@@ -77,6 +80,7 @@ __all__ = [
     "NonFiniteScale",
     "expand",
     "expand_scales",
+    "expand_packed",
     "rebuild",
     "values",
 ]
@@ -240,18 +244,32 @@ def _bits(n_items: int, parts: Callable[[int], list[tuple[int, int, int, int]]])
     return _Bits(n_items, dtype, tuple(unpack), tuple(pack), _runs(rows))
 
 
+#: fields of at most this many items in more than 2 runs (the packed scales) are unpacked
+#: from the transposed bytes: a long row per byte instead of many runs of a few bytes
+_NARROW = 32
+
+
 def _unpack(blocks: np.ndarray, b: _Bits) -> np.ndarray:
     """``(n, items)`` values (uint8 or uint16) of the fields ``b`` in every block."""
     if b.runs is not None:
-        res = np.zeros((blocks.shape[0], b.n_items), dtype=b.dtype)
+        n = blocks.shape[0]
+        narrow = b.n_items <= _NARROW and len(b.runs) > 2
+        lo = min(r[1] for r in b.runs) if narrow else 0
+        src = np.ascontiguousarray(blocks[:, lo : max(r[1] + r[2] for r in b.runs)].T) if narrow else blocks
+        res = np.zeros((b.n_items, n) if narrow else (n, b.n_items), dtype=b.dtype)
         for item, byte, length, shift, mask, dst in b.runs:
-            v = blocks[:, byte : byte + length] >> shift if shift else blocks[:, byte : byte + length].copy()
+            v = src[byte - lo : byte - lo + length] if narrow else src[:, byte : byte + length]  # (views)
+            if shift:
+                v = v >> shift
             if shift + mask.bit_length() < 8:
-                v &= mask
+                v = np.bitwise_and(v, mask, out=v if shift else None)
             if dst:
                 v = v.astype(b.dtype) << dst
-            res[:, item : item + length] |= v
-        return res
+            if narrow:
+                res[item : item + length] |= v
+            else:
+                res[:, item : item + length] |= v
+        return np.ascontiguousarray(res.T) if narrow else res
     out = None
     for p in b.unpack:
         v = np.take(blocks, p.byte, axis=1).astype(b.dtype, copy=False)
@@ -397,7 +415,7 @@ def _span(byte: int, bit: int, width: int, dst: int = 0) -> list[tuple[int, int,
 @dataclass(frozen=True)
 class _Codec:
     decode: Callable[[np.ndarray], np.ndarray]  # blocks -> (n, elements) Hurray codes
-    encode: Callable[[np.ndarray, np.ndarray], np.ndarray]  # (codes, zeroed blocks to OR into) -> valid
+    encode: Callable[[np.ndarray, np.ndarray], np.ndarray | None]  # (codes, zeroed blocks to OR into) -> valid (None: all)
     #: bijective codecs (every raw field value is one code, and back): the bits of each
     #: block byte the codes occupy (a bytes object), else None
     coverage: bytes | None = None
@@ -424,7 +442,7 @@ def _lut_codec(values: tuple[int, ...], dtype: type, zp: int, unpack: Callable, 
         pack((u - np.uint8(shift & 0xFF) if shift else u) if offset else np.take(packable, u), out)
         c = codes.view(dtype)
         if lo is not None and (c.size == 0 or (int(c.min()) >= lo and int(c.max()) <= hi)):
-            return np.broadcast_to(True, u.shape)  # every code valid: two reductions are cheaper
+            return None  # every code valid: two reductions are cheaper
         return np.take(valid, u)
 
     if offset:  # no lookup
@@ -442,6 +460,29 @@ def _bit_lut(n: int, parts: Callable, values: tuple[int, ...], dtype: type, zp: 
     b = _bits(n, parts)
     c = _lut_codec(values, dtype, zp, lambda blocks: _unpack(blocks, b), lambda raw, out: _pack(raw, b, out))
     return dataclasses.replace(c, coverage=_coverage(b, len(set(values))))
+
+
+def _split_pairs_codec(n: int, offset: int, groups: int, width: int) -> _Codec:
+    """Codes 0..15 that are ``groups`` runs of GGML split-half nibbles (:func:`_split_pairs`):
+    the bit-field codec of those fields, unpacked and packed through Hurray uint4 bytes by
+    the kernels' movers (C when built) instead of field by field."""
+    move = _split_pairs(offset, groups, width)
+
+    def field(e: int) -> list[tuple[int, int, int, int]]:
+        g, r = divmod(e, 2 * width)
+        return [(offset + g * width + r % width, 4 * (r // width), 4, 0)]
+
+    def unpack(blocks: np.ndarray) -> np.ndarray:
+        return unpack_codes(move(blocks), "uint4", blocks.shape[0] * n).reshape(-1, n)
+
+    def pack_into(raw: np.ndarray, out: np.ndarray) -> None:
+        pairs = pack(raw, "uint4").reshape(-1, groups * width)
+        for g in range(groups):
+            a = offset + g * width
+            out[:, a : a + width] |= K.pairs_to_split(pairs[:, g * width : (g + 1) * width])
+
+    c = _lut_codec(_r(0, 16), _U8, 0, unpack, pack_into)
+    return dataclasses.replace(c, coverage=_coverage(_bits(n, field), 16))
 
 
 def _coverage(b: _Bits, n_values: int) -> bytes | None:
@@ -562,6 +603,22 @@ class _Spec:
     m: _Bits | None = None  # overlay types: the minimum's multiplier (correction −dmin·m)
     zero_code: int | None = None  # the code ggml's quantizer leaves in all-zero blocks, packed
     # in zero-scale sub-blocks instead of the zero point (fewer exception blocks)
+    #: blocks -> their codes' storage bytes, where the code fields are those bytes moved
+    direct: Callable[[np.ndarray], np.ndarray] | None = None
+
+
+def _split_pairs(offset: int, groups: int, width: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Codes in ``groups`` runs of ``width`` bytes from ``offset``, each GGML split-half
+    nibbles (element j: low nibble of byte j, element j + width: its high nibble), as
+    Hurray uint4 bytes (:func:`~hurray_interop.kernels.split_to_pairs`)."""
+    def direct(blocks: np.ndarray) -> np.ndarray:
+        out = np.empty((blocks.shape[0], groups * width), dtype=np.uint8)
+        for g in range(groups):
+            a = offset + g * width
+            K.split_to_pairs(blocks[:, a : a + width], out=out[:, g * width : (g + 1) * width])
+        return out
+
+    return direct
 
 
 def _hdr(*ranges: tuple[int, int], masked: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
@@ -593,7 +650,8 @@ def _specs() -> dict[str, _Spec]:
                       d=_f16_at(80), dmin=_f16_at(82), sc=_bits(16, _byte(0, 4)), m=_bits(16, lambda i: [(i, 4, 4, 0)])),
         "Q3_K": _Spec(256, 110, _hdr((96, 110)), _bit_lut(256, _q3k, (-4, -3, -2, -1, 0, 1, 2, 3), _I8), "d_sc",
                       d=_f16_at(108), sc=_bits(16, _q3k_scale), add=-32.0, zero_code=-4),
-        "Q4_K": _Spec(256, 144, _hdr((0, 16)), _bit_lut(256, lambda e: [_q45k(16, e)], _r(0, 16), _U8), "d_sc", **q45),
+        "Q4_K": _Spec(256, 144, _hdr((0, 16)), _split_pairs_codec(256, 16, 4, 32), "d_sc", **q45,
+                      direct=_split_pairs(16, 4, 32)),
         "Q5_K": _Spec(256, 176, _hdr((0, 16)), _bit_lut(256, _q5k, _r(0, 32), _U8), "d_sc", **q45),
         "Q6_K": _Spec(256, 210, _hdr((192, 210)), _bit_lut(256, _q6k, _r(-32, 32), _I8), "d_sc",
                       d=_f16_at(208), sc=_bits(16, _byte(192)), sc_int8=True, zero_code=-32),
@@ -826,8 +884,9 @@ def _header(spec: _Spec, blocks: np.ndarray) -> np.ndarray:
     return blocks[:, cols] & np.array([m for _, m in spec.header], dtype=np.uint8)
 
 
-def _pack_blocks(spec: _Spec, codes: np.ndarray, header: np.ndarray, first_block: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(blocks, valid)``: the codes packed with the header bits, and which codes were valid."""
+def _pack_blocks(spec: _Spec, codes: np.ndarray, header: np.ndarray, first_block: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(blocks, valid)``: the codes packed with the header bits, and which codes were valid
+    (``None``: all)."""
     out = np.zeros((codes.shape[0], spec.block_bytes), dtype=np.uint8)
     out[:, [b for b, _ in spec.header]] = header
     if spec.zero_code is not None:  # (a code that is not the zero point there fails _compare)
@@ -854,6 +913,26 @@ def _dense(ggml_type: str) -> bool:
     return bool(np.all(bits == 0xFF))
 
 
+@functools.cache
+def _reversible(ggml_type: str) -> bool:
+    """Do valid codes packed with a block's header decode back to themselves, outside the
+    zero-scale sub-blocks (where the zero code is packed) and the exception blocks? Yes
+    for a dense type whose code bits and header bits are disjoint and whose zero point
+    packs back to itself (so every valid code is a value of the bijection)."""
+    if not _dense(ggml_type):
+        return False
+    spec, f = _specs()[ggml_type], form(ggml_type)
+    cov, hdr = np.zeros(spec.block_bytes, dtype=np.uint8), np.zeros(spec.block_bytes, dtype=np.uint8)
+    c = np.frombuffer(spec.codec.coverage or b"", dtype=np.uint8)
+    cov[: len(c)] = c
+    for byte, mask in spec.header:
+        hdr[byte] |= mask
+    zp = np.full((1, spec.elements), f.zero_point or 0, dtype=_STORAGE[f.storage][1])
+    out = np.zeros((1, spec.block_bytes), dtype=np.uint8)
+    spec.codec.encode(zp, out)
+    return not np.any(cov & hdr) and bool(np.array_equal(spec.codec.decode(out), zp))
+
+
 def _exceptions(spec: _Spec, codes: np.ndarray, blocks: np.ndarray, candidates: np.ndarray | None = None) -> np.ndarray:
     """The blocks that packing their (substituted) codes with their header would not restore
     (among ``candidates`` when given: the others are known to be restored)."""
@@ -863,13 +942,14 @@ def _exceptions(spec: _Spec, codes: np.ndarray, blocks: np.ndarray, candidates: 
     return np.flatnonzero((packed != blocks).any(axis=1))
 
 
-def expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded:
+def expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0, codes: np.ndarray | None = None) -> Expanded:
     """The expanded form of a chunk of whole ``ggml_type`` blocks (``(n, block_bytes)`` uint8).
+    ``codes``: their decoded codes when already known (:func:`rebuild`; changed in place).
 
     Raises :class:`NonFiniteScale` for a NaN/inf ``d`` or ``dmin``."""
     spec, f = _specs()[ggml_type], form(ggml_type)
     _check_blocks(spec, ggml_type, blocks)
-    codes = spec.codec.decode(blocks)
+    codes = spec.codec.decode(blocks) if codes is None else codes
     scales, corr0 = _scales(spec, blocks, first_block)
     scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
     zero_blocks = np.flatnonzero((scales == 0).any(axis=1)) if _dense(ggml_type) else None
@@ -893,25 +973,53 @@ def _correction(corr0: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray
     return np.where(corr0 == 0, _one_like(corr0), corr0).astype(np.float32), (corr0 != 0).astype(np.uint8)
 
 
+def _zero_rows(spec: _Spec, f: Form, blocks: np.ndarray, first_block: int) -> tuple[Expanded, np.ndarray, np.ndarray]:
+    """:func:`expand_scales`, and the blocks that have a zero-scale sub-block with their
+    codes (the only ones decoded; the zero point substituted in those sub-blocks)."""
+    scales, corr0 = _scales(spec, blocks, first_block)
+    scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
+    zb = np.flatnonzero((scales == 0).any(axis=1))
+    codes = np.zeros((0, spec.elements), dtype=_STORAGE[f.storage][1])
+    patch_index, patch = np.zeros(0, dtype=np.int64), np.zeros((0, f.sub_block), dtype=np.float32)
+    if zb.size:
+        codes = spec.codec.decode(blocks[zb])
+        sub = scales[zb]
+        patch_index, patch = _fix_zeros(codes, sub, f.zero_point or 0, f.sub_block)
+        subs = scales.shape[1]
+        patch_index = zb[patch_index // subs] * subs + patch_index % subs
+        scales[zb] = sub
+    correction, correction_codes = _correction(corr0)
+    empty = Record(f.type, np.zeros((0, f.record_bytes), np.uint8), np.zeros(0, np.uint32), np.zeros((0, spec.block_bytes), np.uint8))
+    x = Expanded(f.type, None, scales, correction, correction_codes, patch_index, patch, empty)  # type: ignore[arg-type]
+    return x, zb, codes
+
+
 def expand_scales(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded:
     """What :func:`expand` gives for the scales, corrections and zero patches, without the
     codes (``codes`` is ``None``) and the record: cheap, for planning and for writing the
     scale buffers. Codes are decoded only in blocks that have a zero-scale sub-block."""
     spec, f = _specs()[ggml_type], form(ggml_type)
     _check_blocks(spec, ggml_type, blocks)
-    scales, corr0 = _scales(spec, blocks, first_block)
-    scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
-    zb = np.flatnonzero((scales == 0).any(axis=1))
-    patch_index, patch = np.zeros(0, dtype=np.int64), np.zeros((0, f.sub_block), dtype=np.float32)
+    return _zero_rows(spec, f, blocks, first_block)[0]
+
+
+def expand_packed(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> tuple[Expanded, np.ndarray]:
+    """:func:`expand` without the codes (``codes`` is ``None``), and the codes packed in the
+    form's storage (uint8, block after block). A dense type whose code bits are the storage
+    bytes moved (``_Spec.direct``) is packed straight from the blocks: codes are decoded
+    only in the blocks with a zero-scale sub-block, the only possible exception blocks."""
+    spec, f = _specs()[ggml_type], form(ggml_type)
+    if spec.direct is None or not _dense(ggml_type):
+        x = expand(ggml_type, blocks, first_block)
+        return dataclasses.replace(x, codes=None), pack(x.codes, f.storage)
+    _check_blocks(spec, ggml_type, blocks)
+    x, zb, codes = _zero_rows(spec, f, blocks, first_block)
+    exc = zb[_exceptions(spec, codes, blocks[zb])] if zb.size else zb
+    packed = spec.direct(blocks)
     if zb.size:
-        sub = scales[zb]
-        patch_index, patch = _fix_zeros(spec.codec.decode(blocks[zb]), sub, f.zero_point or 0, f.sub_block)
-        subs = scales.shape[1]
-        patch_index = zb[patch_index // subs] * subs + patch_index % subs
-        scales[zb] = sub
-    correction, correction_codes = _correction(corr0)
-    empty = Record(ggml_type, np.zeros((0, f.record_bytes), np.uint8), np.zeros(0, np.uint32), np.zeros((0, spec.block_bytes), np.uint8))
-    return Expanded(ggml_type, None, scales, correction, correction_codes, patch_index, patch, empty)  # type: ignore[arg-type]
+        packed[zb] = pack(codes, f.storage).reshape(zb.size, -1)
+    rec = Record(ggml_type, _header(spec, blocks), (exc + first_block).astype(np.uint32), np.ascontiguousarray(blocks[exc]))
+    return dataclasses.replace(x, record=rec), packed.reshape(-1)
 
 
 def values(x: Expanded) -> np.ndarray:
@@ -990,6 +1098,23 @@ def _compare(x: Expanded, y: Expanded, first_block: int) -> None:
     _first_bad(exc[0] != exc[1], first_block, "record", "exception block listed wrongly")
 
 
+def _rebuilt_codes(x: Expanded, blocks: np.ndarray, exc: np.ndarray) -> np.ndarray | None:
+    """The codes of the rebuilt ``blocks`` without decoding them all where :func:`_reversible`
+    says they are ``x.codes``: decoded only in the exception blocks and in the blocks that
+    may hold a zero-scale sub-block (a scale of ±1 in ``x``; elsewhere a zero scale makes
+    the scales differ, which :func:`_compare` reports); None: decode them all."""
+    if not _reversible(x.type):
+        return None
+    rows = np.zeros(blocks.shape[0], dtype=bool)
+    rows[(np.abs(x.scales) == 1).any(axis=1)] = True
+    rows[exc] = True
+    codes = x.codes.copy()
+    r = np.flatnonzero(rows)
+    if r.size:
+        codes[r] = _specs()[x.type].codec.decode(blocks[r])
+    return codes
+
+
 def rebuild(x: Expanded, first_block: int = 0) -> np.ndarray:
     """The original ``(n, block_bytes)`` GGML blocks of ``x``, byte for byte.
 
@@ -1001,9 +1126,11 @@ def rebuild(x: Expanded, first_block: int = 0) -> np.ndarray:
     x.record.check(n, first_block)
     try:
         blocks, valid = _pack_blocks(spec, x.codes, x.record.header, first_block)
-        _first_bad(~valid, first_block, "codes", f"code of element {{j}} is out of range for {x.type}")
-        blocks[x.record.exception_index.astype(np.int64) - first_block] = x.record.exception_blocks
-        y = expand(x.type, blocks, first_block)
+        if valid is not None:
+            _first_bad(~valid, first_block, "codes", f"code of element {{j}} is out of range for {x.type}")
+        exc = x.record.exception_index.astype(np.int64) - first_block
+        blocks[exc] = x.record.exception_blocks
+        y = expand(x.type, blocks, first_block, _rebuilt_codes(x, blocks, exc))
     except NonFiniteScale as e:
         raise FormatError(e.message, field="record") from None
     _compare(x, y, first_block)

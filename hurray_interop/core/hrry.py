@@ -53,7 +53,7 @@ from ..parallel import prefetch_chunks
 from ..files.atomic import AtomicOutput
 from .composite import check_nesting, validate_composite
 from .descriptor import decode_descriptor, encode_descriptor, validate_parameter_values
-from .kv import KVValue, decode_kv, encode_kv
+from .kv import KVValue, StreamedBytes, decode_kv, encode_kv_parts
 from .model import Descriptor, Tensor
 
 __all__ = [
@@ -737,6 +737,7 @@ class HrryWriter:
         self._pending: list[int] = []  # composite members still owed, innermost last
         self._pos = 0
         self._state = "new"  # new | open | failed | done
+        self._scratch: dict[str, Any] = {}
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -772,6 +773,15 @@ class HrryWriter:
             self.open()
         elif self._state != "open":
             raise UsageError(f"writer is {self._state}", path=self.path)
+
+    def scratch(self, key: str) -> Any:
+        """The temporary file ``key`` (``w+b``, created on first use) beside the output,
+        removed when the writer finishes or aborts: for data written before the KV section
+        and streamed into it (:class:`~.kv.StreamedBytes`), so it is never held whole."""
+        self._require_open()
+        if key not in self._scratch:
+            self._scratch[key] = self._out.scratch()
+        return self._scratch[key]
 
     # -- low level ---------------------------------------------------------------
 
@@ -943,11 +953,13 @@ class HrryWriter:
             kvoff = kvlen = 0
             if kv:
                 try:
-                    kvb = encode_kv(kv)
+                    kvlen, parts = encode_kv_parts(kv)
+                    kvoff = self._pos
+                    for p in parts:  # a StreamedBytes value is read from its file only now
+                        for b in p.chunks() if isinstance(p, StreamedBytes) else (p,):
+                            self._emit(b)
                 except UsageError as e:
                     raise e.located(path=self.path) from None
-                kvoff, kvlen = self._pos, len(kvb)
-                self._emit(kvb)
                 self._pad_to(8)
             entries = self._entries
             if self.sorted_index:

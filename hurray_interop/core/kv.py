@@ -35,6 +35,11 @@ Decisions (strict reader, byte-exact writer):
   rejected like reserved tags (0x08-0xEF) and 0x00 / 0xFF.
 * Every length and count is checked against the bytes that remain *before*
   anything is allocated, so a lying count of 2**32 costs nothing.
+* Big values are never copied whole (so a section of records does not cost its size in
+  memory twice): a ``bytes`` value of at least :data:`VIEW_BYTES` decoded from a read-only
+  buffer (a memory-mapped file) refers to that buffer (:meth:`KVValue.view`; ``value``
+  copies it on each access), and a writer can stream a ``bytes`` value of known length
+  from a file (:class:`StreamedBytes`, :func:`encode_kv_parts`).
 * Plain Python values map as ``pyhurray.save`` maps them: ``bool`` -> bool,
   ``int`` -> int64, ``float`` -> float64, ``str`` -> string, ``bytes`` ->
   bytes, homogeneous ``list``/``tuple`` -> array.  An ``int`` outside int64
@@ -45,7 +50,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Iterable, Mapping
+from typing import Any, BinaryIO, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -55,7 +60,10 @@ from ..files.binary import Reader
 __all__ = [
     "KVValue",
     "KV_TAGS",
+    "VIEW_BYTES",
+    "StreamedBytes",
     "encode_kv",
+    "encode_kv_parts",
     "decode_kv",
     "as_kv_value",
 ]
@@ -83,6 +91,10 @@ _U64 = struct.Struct("<Q")
 _F64 = struct.Struct("<d")
 
 _MAX_U32 = 0xFFFFFFFF
+#: ``bytes`` values at least this long, decoded from a read-only buffer, are views of it
+VIEW_BYTES = 1 << 16
+#: bytes read at a time from the file of a :class:`StreamedBytes`
+STREAM_CHUNK = 1 << 20
 
 
 def _check_scalar(kind: str, v: Any, where: str) -> Any:
@@ -149,10 +161,12 @@ class KVValue:
 
     Two values are equal when their wire encodings are equal, so
     ``KVValue.float64(nan) == KVValue.float64(nan)`` and ``0.0 != -0.0``.
-    Instances are immutable and hashable.
+    Instances are immutable and hashable.  A big ``bytes`` value decoded from a
+    mapped file refers to the file (see the module docstring): :meth:`view` reads
+    it without a copy.
     """
 
-    __slots__ = ("type", "value", "element_type", "_payload")
+    __slots__ = ("type", "_value", "element_type", "_payload")
 
     type: str
     value: Any
@@ -180,7 +194,7 @@ class KVValue:
         else:
             raise UsageError(f"unknown KV value type {type!r}; expected one of {', '.join(KV_TAGS)}")
         object.__setattr__(self, "type", type)
-        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "_value", value)
         object.__setattr__(self, "element_type", element_type)
         object.__setattr__(self, "_payload", payload)
 
@@ -215,6 +229,20 @@ class KVValue:
         return cls("array", values, element_type)
 
     # -- behaviour ---------------------------------------------------------
+
+    @property
+    def value(self) -> Any:
+        """The value (``bytes`` for a bytes value, a tuple for an array)."""
+        v = self._value
+        return bytes(v) if isinstance(v, memoryview) else v
+
+    def view(self) -> memoryview:
+        """A ``bytes`` value as a read-only memoryview: no copy where the value refers to
+        the buffer it was decoded from (a memory-mapped file)."""
+        if self.type != "bytes":
+            raise UsageError(f"only a bytes value has a byte view, this is {self.type}")
+        v = self._value
+        return v if isinstance(v, memoryview) else memoryview(v)
 
     @property
     def tag(self) -> int:
@@ -364,16 +392,37 @@ def _check_key(key: Any) -> bytes:
     return kb
 
 
-def encode_kv(items: Mapping[str, Any]) -> bytes:
-    """Encode a KV section (no trailing padding), keys in the mapping's order.
+class StreamedBytes:
+    """A ``bytes`` KV value of known ``length`` that is never held whole: the writer reads it
+    from ``file`` (a binary file object: ``seek``/``read``) at ``offset`` while it writes
+    the section (:func:`encode_kv_parts`).  The file must hold those bytes until then."""
 
-    Values are :class:`KVValue` or plain Python values (see :func:`as_kv_value`).
-    Raises :class:`UsageError` for anything the format cannot hold, including a
-    section larger than the trailer's u32 ``kv_length``.
-    """
+    __slots__ = ("file", "offset", "length")
+
+    def __init__(self, file: BinaryIO, offset: int, length: int) -> None:
+        if length > _MAX_U32:
+            raise UsageError(f"byte sequence of {length} bytes exceeds the u32 length field")
+        self.file, self.offset, self.length = file, offset, length
+
+    def chunks(self) -> Iterator[bytes]:
+        """The value in pieces of at most :data:`STREAM_CHUNK` bytes."""
+        self.file.seek(self.offset)
+        left = self.length
+        while left:
+            b = self.file.read(min(left, STREAM_CHUNK))
+            if not b:
+                raise UsageError(f"streamed KV value: its file ended {left} bytes short of {self.length}")
+            left -= len(b)
+            yield b
+
+
+def encode_kv_parts(items: Mapping[str, Any]) -> tuple[int, list["bytes | StreamedBytes"]]:
+    """``(length, parts)``: the KV section as :func:`encode_kv` encodes it, in parts whose
+    concatenation is the section; a :class:`StreamedBytes` value stays a part of its own
+    (read when written).  Raises what :func:`encode_kv` raises."""
     if len(items) > _MAX_U32:
         raise UsageError(f"{len(items)} KV entries exceed the u32 kv_count field")
-    parts = [_U32.pack(len(items))]
+    parts: list[bytes | StreamedBytes] = [_U32.pack(len(items))]
     seen: set[bytes] = set()
     total = 4
     for key, v in items.items():
@@ -381,12 +430,28 @@ def encode_kv(items: Mapping[str, Any]) -> bytes:
         if kb in seen:  # only reachable with exotic mappings; a dict cannot hold duplicates
             raise UsageError(f"duplicate KV key {key!r}")
         seen.add(kb)
+        if isinstance(v, StreamedBytes):
+            head = _U16.pack(len(kb)) + kb + bytes([KV_TAGS["bytes"]]) + _U32.pack(v.length)
+            parts += [head, v]
+            total += len(head) + v.length
+            continue
         enc = as_kv_value(v, key=key).encode()
         parts += [_U16.pack(len(kb)), kb, enc]
         total += 2 + len(kb) + len(enc)
     if total > _MAX_U32:
         raise UsageError(f"KV section of {total} bytes exceeds the trailer's u32 kv_length")
-    return b"".join(parts)
+    return total, parts
+
+
+def encode_kv(items: Mapping[str, Any]) -> bytes:
+    """Encode a KV section (no trailing padding), keys in the mapping's order.
+
+    Values are :class:`KVValue`, :class:`StreamedBytes` or plain Python values (see
+    :func:`as_kv_value`).  Raises :class:`UsageError` for anything the format cannot
+    hold, including a section larger than the trailer's u32 ``kv_length``.
+    """
+    _, parts = encode_kv_parts(items)
+    return b"".join(b"".join(p.chunks()) if isinstance(p, StreamedBytes) else p for p in parts)
 
 
 def _read_len_bytes(r: Reader, what: str) -> memoryview:
@@ -469,7 +534,7 @@ def _make(kind: str, value: Any, element_type: str | None, payload: bytes) -> KV
     """
     v = KVValue.__new__(KVValue)
     object.__setattr__(v, "type", kind)
-    object.__setattr__(v, "value", value)
+    object.__setattr__(v, "_value", value)
     object.__setattr__(v, "element_type", element_type)
     object.__setattr__(v, "_payload", payload)
     return v
@@ -515,6 +580,12 @@ def decode_kv(
         tat = r.pos
         kind = _tag_kind(r, r.u8(f"{what} value_tag"), f"{what} value_tag", tat, element=False)
         pstart = r.pos
+        if kind == "bytes" and r.buf.readonly and r.remaining >= 4 + VIEW_BYTES:
+            raw = _read_len_bytes(r, what)
+            if len(raw) >= VIEW_BYTES:  # not copied (the module docstring)
+                out[key] = _make(kind, raw, None, r.buf[pstart : r.pos])
+                continue
+            r.pos = pstart
         if kind != "array":
             value = _read_scalar(r, kind, what)
             out[key] = _make(kind, value, None, bytes(r.buf[pstart : r.pos]))

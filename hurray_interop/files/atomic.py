@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterable
 
@@ -121,6 +122,7 @@ class AtomicOutput:
         self._file: IO[bytes] | None = None
         self.committed = False
         self._writeback = writeback_function() if writeback else None
+        self._scratch: list[IO[bytes]] = []
         self._written_from = 0  # start of the bytes whose writeback has not been started
         self._unstarted = 0
 
@@ -187,6 +189,26 @@ class AtomicOutput:
     def tell(self) -> int:
         return self.file.tell()
 
+    def scratch(self) -> IO[bytes]:
+        """A new temporary file (``w+b``) in the destination's directory, for data that is
+        needed while the output is written: unnamed where the OS allows, and closed, so
+        removed, when the output is committed or discarded."""
+        parent = self.path.parent if str(self.path.parent) else Path(".")
+        try:
+            f = tempfile.TemporaryFile(dir=parent, prefix=f".{self.path.name}.", suffix=".scratch")
+        except OSError as e:
+            raise _os_error(e, self.path, f"create a file in {os.fspath(parent)!r}") from None
+        self._scratch.append(f)
+        return f
+
+    def _close_scratch(self) -> None:
+        files, self._scratch = self._scratch, []
+        for f in files:
+            try:
+                f.close()
+            except OSError:
+                pass
+
     def __getattr__(self, name: str) -> Any:  # flush, fileno, writelines …
         if name.startswith("_"):
             raise AttributeError(name)
@@ -238,6 +260,7 @@ class AtomicOutput:
             raise _os_error(e, self.path, "write the output") from None
         self.committed = True
         self.temp_path = None
+        self._close_scratch()
         _fsync_dir(self.path.parent if str(self.path.parent) else Path("."))
         return self.path
 
@@ -258,6 +281,7 @@ class AtomicOutput:
 
     def abort(self) -> None:
         """Discard the temporary file (idempotent)."""
+        self._close_scratch()
         f, self._file = self._file, None
         if f is not None:
             try:
