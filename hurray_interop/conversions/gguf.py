@@ -619,7 +619,7 @@ def _plan_plain(job: _Job, c: BlockCodec, q4_1: str, out: P.Output | None) -> No
     job.plan.bytes_out = info.nbytes
     job.names = (info.name,)
     if out is not None:
-        P.copy_bytes(out, info, out.w.reserve(info.name, desc)[0])
+        P.copy_bytes(out, info.data, out.w.reserve(info.name, desc)[0], info.data_offset)
 
 
 #: how each mapping kind of the table is planned (and, given an output, written)
@@ -940,17 +940,13 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
     from ..core.hrry import HrryWriter
 
     fd = None if isinstance(gf, _SetSource) else P.open_source(getattr(gf, "path", None))
-    try:
-        with HrryWriter(dst, count_at_finish=True, force=force, inputs=_input_paths(gf, src)) as w:
-            out = P.Output(w, w.positional(), fd)
-            planned = _import_pass(gf, out, fallback=fallback, q4_1=q4_1, progress=progress)
-            _import_report(report, gf, planned, src, dst, dry_run)
-            if gf.nonzero_padding:
-                report.notes.append("the source has non-zero padding bytes; an export will write zeros there")
-            w.finish(_import_kv(gf, planned))
-    finally:
-        if fd is not None:
-            os.close(fd)
+    with _closing_fd(fd), HrryWriter(dst, count_at_finish=True, force=force, inputs=_input_paths(gf, src)) as w:
+        out = P.Output(w, w.positional(), fd)
+        planned = _import_pass(gf, out, fallback=fallback, q4_1=q4_1, progress=progress)
+        _import_report(report, gf, planned, src, dst, dry_run)
+        if gf.nonzero_padding:
+            report.notes.append("the source has non-zero padding bytes; an export will write zeros there")
+        w.finish(_import_kv(gf, planned))
     return report
 
 
@@ -1041,15 +1037,44 @@ def _out_of_range(c: BlockCodec, data: np.ndarray, count: int) -> str | None:
 Chunks = Callable[[], Iterable[Any]]
 
 
-def _block_chunks(c: BlockCodec, codes: np.ndarray, scales: Callable[[], np.ndarray], nb: int,
-                  mins: np.ndarray | None = None) -> Chunks:
-    """GGML blocks of ``c`` from Hurray codes ``(nb, code_bytes)``, scales and minimums."""
+class _BlockSource:
+    """GGML blocks of ``c`` from Hurray codes ``(nb, code_bytes)``, scales and minimums: as
+    a stream of chunks (call it), or written in place by the workers (:meth:`fill`)."""
 
-    def gen() -> Iterator[np.ndarray]:
-        s = scales()
-        yield from pmap(lambda sl: c.join(Parts(codes[sl], s[sl], None if mins is None else mins[sl])), nb, PAR_BLOCKS)
+    def __init__(self, c: BlockCodec, codes: np.ndarray, scales: Callable[[], np.ndarray], nb: int,
+                 mins: np.ndarray | None = None) -> None:
+        self.c, self.codes, self.scales, self.nb, self.mins = c, codes, scales, nb, mins
 
-    return gen
+    def _join(self, sl: slice, s: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return self.c.join(Parts(self.codes[sl], s[sl], None if self.mins is None else self.mins[sl]), out=out)
+
+    def __call__(self) -> Iterator[np.ndarray]:
+        s = self.scales()
+        yield from pmap(lambda sl: self._join(sl, s), self.nb, PAR_BLOCKS)
+
+    def fill(self, out: P.Output, offset: int) -> None:
+        s = self.scales()
+        size = self.c.block_bytes
+
+        def work(sl: slice) -> None:
+            blocks = self._join(sl, s, P.buffer("blocks", (sl.stop - sl.start, size), np.uint8))
+            out.pw.pwrite(blocks, offset + sl.start * size)
+
+        P.run(work, self.nb, PAR_BLOCKS)
+
+
+class _PlainSource:
+    """A plain tensor's bytes (buffer 0 of tensor ``name``): chunks, or a kernel copy."""
+
+    def __init__(self, t: Tensor) -> None:
+        self.name, self.data = t.name, t.data[0]
+
+    def __call__(self) -> Iterator[np.ndarray]:
+        return (self.data[i : i + CHUNK_BYTES] for i in range(0, self.data.size, CHUNK_BYTES))
+
+    def fill(self, out: P.Output, offset: int) -> None:
+        at = out.source_offsets(self.name)[0] if out.source_offsets is not None else None
+        P.copy_bytes(out, self.data, offset, at)
 
 
 def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tuple[str, Chunks] | str:
@@ -1071,8 +1096,7 @@ def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tu
         c = next((c for c in codecs() if c.mapping == "plain" and c.storage.name == d.element_type.name), None)
         if c is None:
             return f"element type {d.element_type.name} has no GGML equivalent"
-        data = t.data[0]
-        return c.name, lambda: (data[i : i + CHUNK_BYTES] for i in range(0, data.size, CHUNK_BYTES))
+        return c.name, _PlainSource(t)
     if isinstance(q, MXFP):
         c = _choose(d, "mxfp", recorded)
         if c is None:
@@ -1091,7 +1115,7 @@ def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tu
     codes = t.data[0].reshape(nb, c.code_bytes)
     if isinstance(q, PerBlockAffine) and not q.symmetric:
         return _asym_chunks(t, kv, c, codes)
-    return c.name, _block_chunks(c, codes, lambda: _scales_of(t, kv, c), nb)
+    return c.name, _BlockSource(c, codes, lambda: _scales_of(t, kv, c), nb)
 
 
 def _layout_name(d: Descriptor) -> str:
@@ -1116,7 +1140,7 @@ def _asym_chunks(t: Tensor, kv: dict[str, KVValue], c: BlockCodec, codes: np.nda
             b = sl.start + int(np.argmax(np.any(lhs.view(np.uint32) != rhs.view(np.uint32), axis=1)))
             return f"block {b}: zero point × scale is not an f16-exact minimum"
         mins[sl] = m
-    return c.name, _block_chunks(c, codes, lambda: scales, nb, mins)
+    return c.name, _BlockSource(c, codes, lambda: scales, nb, mins)
 
 
 def _overlay_members(t: Tensor) -> tuple[Tensor, Tensor] | str:
@@ -1165,7 +1189,7 @@ def _export_overlay(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> 
     cs = corr.data[1].view(c.scale.view)
     mins = np.where(ones, cs, np.copysign(np.zeros(1, cs.dtype), cs)).astype(cs.dtype)
     codes = base.data[0].reshape(nb, c.code_bytes)
-    return c.name, _block_chunks(c, codes, lambda: _scales_of(base, kv, c), nb, mins)
+    return c.name, _BlockSource(c, codes, lambda: _scales_of(base, kv, c), nb, mins)
 
 
 @dataclass
@@ -1420,7 +1444,10 @@ def _write_single(hf: Any, src: str, dst: Any, exports: list[_Export], records: 
     by_name = {e.name: e for e in exports}
     total = sum(e.plan.bytes_out for e in exports)
     done = 0
-    with AtomicOutput(dst, force=force, inputs=(src,)) as fh:
+    from ..files.positional import PositionalWriter
+
+    fd = P.open_source(src)
+    with AtomicOutput(dst, force=force, inputs=(src,)) as fh, _closing_fd(fd):
         try:
             w = G.GGUFWriterStream(
                 fh,
@@ -1433,16 +1460,30 @@ def _write_single(hf: Any, src: str, dst: Any, exports: list[_Export], records: 
         except UsageError as e:  # the layout the file's records or metadata describe is impossible
             where = KEY_PREFIX + "gguf" if records else "metadata"
             raise FormatError(f"cannot lay out the GGUF this file describes: {e.message}", path=src, field=where) from None
+        out = P.Output(None, PositionalWriter(fh, None), fd, hf.buffer_offsets)
         with w:
             for spec in w.tensors_in_file_order:
                 e = by_name[spec.name]
                 assert e.chunks is not None
-                w.write_tensor_data(e.chunks(), name=e.name)
+                fill = getattr(e.chunks, "fill", None)  # the workers write the blocks in place
+                if fill is not None:
+                    fill(out, w.skip_tensor_data(name=e.name))
+                else:
+                    w.write_tensor_data(e.chunks(), name=e.name)
                 hf.release_pages()  # bounded resident memory: see HrryFile.release_pages
                 done += e.plan.bytes_out
                 if progress:
                     progress(done, total)
         fh.commit()
+
+
+@contextlib.contextmanager
+def _closing_fd(fd: int | None) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _set_layout(kv: dict[str, KVValue], records: _Records | None, src: str, exports: list[_Export], alignment: int,

@@ -163,7 +163,7 @@ def _nibbles_into(c: "BlockCodec", blocks: np.ndarray, out: np.ndarray) -> np.nd
 
 
 def _nibbles_pack(c: "BlockCodec", codes: np.ndarray, out: np.ndarray) -> None:
-    _field(out, c.fields["qs"], c.block_size // 2)[...] = K.pairs_to_split(_nibble_offset(codes.copy(), -c.code_offset))
+    K.pairs_to_split(_nibble_offset(codes.copy(), -c.code_offset), out=_field(out, c.fields["qs"], c.block_size // 2))
 
 
 def _qh_unpack(c: "BlockCodec", blocks: np.ndarray) -> np.ndarray:
@@ -323,16 +323,23 @@ class BlockCodec:
             return self.kind.split(self, blocks)
         return Parts(self.codes(blocks), self.scales(blocks), self.minimums(blocks) if "m" in self.fields else None)
 
-    def join(self, parts: Parts) -> np.ndarray:
-        """``(n, block_bytes)`` GGML blocks from their parts."""
+    def join(self, parts: Parts, out: np.ndarray | None = None) -> np.ndarray:
+        """``(n, block_bytes)`` GGML blocks from their parts (into ``out``, a reused
+        ``(n, block_bytes)`` byte array, when given)."""
         assert self.kind is not None and self.scale is not None
         if self.kind.join is not None:
-            return self.kind.join(self, parts)
-        out = np.zeros((parts.codes.shape[0], self.block_bytes), dtype=np.uint8)  # bytes no part covers: 0
-        size = np.dtype(self.scale.view).itemsize
-        _field(out, self.fields[self.scale.field], size)[...] = parts.scales.reshape(-1, 1).view(np.uint8)
+            blocks = self.kind.join(self, parts)
+            if out is None:
+                return blocks
+            out[...] = blocks
+            return out
+        if out is None:
+            out = np.zeros((parts.codes.shape[0], self.block_bytes), dtype=np.uint8)  # bytes no part covers: 0
+        else:
+            out[...] = 0
+        K.scatter_field(out, self.fields[self.scale.field], parts.scales)
         if parts.minimum is not None:
-            _field(out, self.fields["m"], size)[...] = parts.minimum.reshape(-1, 1).view(np.uint8)
+            K.scatter_field(out, self.fields["m"], parts.minimum)
         self.kind.pack(self, parts.codes, out)
         return out
 

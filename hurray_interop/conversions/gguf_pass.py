@@ -26,7 +26,6 @@ from .gguf_codec import BlockCodec
 if TYPE_CHECKING:
     from ..core.hrry import HrryWriter
     from ..files.positional import PositionalWriter
-    from ..formats.gguf import GGUFTensorInfo
 
 __all__ = ["Refuse", "Output", "buffer", "checked", "zero_blocks", "refuse_bad", "run", "copy_bytes"]
 
@@ -45,12 +44,15 @@ class Refuse(Exception):
 
 @dataclass
 class Output:
-    """Where a writing pass puts its bytes: the .hrry writer, its positional writer, and
-    the source file's descriptor for kernel copies (None: copy through ``pwrite``)."""
+    """Where a writing pass puts its bytes: the .hrry writer (None when writing GGUF), the
+    positional writer, and the source file's descriptor for kernel copies (None: copy
+    through ``pwrite``)."""
 
-    w: "HrryWriter"
+    w: "HrryWriter | None"
     pw: "PositionalWriter"
     fd: int | None = None
+    #: a .hrry source: the file offsets of a tensor's buffers
+    source_offsets: Callable[[str], list[int]] | None = None
 
 
 _LOCAL = threading.local()
@@ -113,18 +115,18 @@ def run(work: Callable[[slice], T], n: int, step: int) -> list[T]:
     return list(pmap(work, n, step))
 
 
-def copy_bytes(out: Output, info: "GGUFTensorInfo", offset: int) -> None:
+def copy_bytes(out: Output, data: np.ndarray, offset: int, source_offset: int | None) -> None:
     """A plain tensor's bytes to ``offset`` of the output, by the kernel where it can
-    (``copy_file_range`` from the source file), else ``pwrite`` from the memory map."""
-    data = info.data
+    (``copy_file_range`` from ``source_offset`` of the source file), else ``pwrite``
+    from the memory map ``data``."""
 
     def work(sl: slice) -> None:
-        if out.fd is not None:
-            out.pw.copy(out.fd, info.data_offset + sl.start, sl.stop - sl.start, offset + sl.start)
+        if out.fd is not None and source_offset is not None:
+            out.pw.copy(out.fd, source_offset + sl.start, sl.stop - sl.start, offset + sl.start)
         else:
             out.pw.pwrite(data[sl], offset + sl.start)
 
-    run(work, info.nbytes, COPY_BYTES)
+    run(work, data.size, COPY_BYTES)
 
 
 def open_source(path: str | None) -> int | None:

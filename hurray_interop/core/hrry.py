@@ -555,6 +555,10 @@ class HrryFile:
                 p = _align(p, self.header.alignment)
         return offs + [p]
 
+    def buffer_offsets(self, name: str) -> list[int]:
+        """The file offset of each buffer of tensor ``name`` (for copies by the kernel)."""
+        return self._buffer_offsets(self.entry(name), self.descriptor(name))[:-1]
+
     def _check_data_length(self, e: IndexEntry, d: Descriptor) -> None:
         offs = self._buffer_offsets(e, d)
         expected = offs[-1] - e.data_offset
