@@ -1527,15 +1527,32 @@ def _set_note(layout: "S.SplitLayout", dst: Any, merge: bool, dry_run: bool) -> 
 def _write_set(hf: Any, src: str, dst: Any, exports: list[_Export], layout: "S.SplitLayout",
                gkv: list[tuple[str, "G.GGUFValue"]], merge: bool, force: bool, progress: Progress) -> None:
     """Write every shard of ``layout`` (or their merge), all or nothing."""
-    by_name = {e.name: e for e in exports}
+    from ..files.positional import PositionalWriter
 
-    def data_for(name: str) -> Iterable[Any]:
+    by_name = {e.name: e for e in exports}
+    outputs: dict[int, tuple[Any, P.Output]] = {}  # per shard file (kept: its id stays its own)
+
+    class Data:
+        def __init__(self, chunks: Chunks) -> None:
+            self.chunks = chunks
+
+        def __iter__(self) -> Iterator[Any]:
+            return iter(self.chunks())
+
+        def write_at(self, fh: Any, offset: int) -> None:  # the workers write in place (see write_shard)
+            if id(fh) not in outputs:
+                outputs[id(fh)] = (fh, P.Output(None, PositionalWriter(fh, None), fd, hf.buffer_offsets))
+            self.chunks.fill(outputs[id(fh)][1], offset)  # type: ignore[attr-defined]
+
+    def data_for(name: str) -> Any:
         hf.release_pages()  # bounded resident memory: see HrryFile.release_pages
         chunks = by_name[name].chunks
         assert chunks is not None
-        return chunks()
+        return Data(chunks) if hasattr(chunks, "fill") else chunks()
 
-    S.write_set(dst, layout, dict(gkv), data_for, merge=merge, force=force, inputs=(src,), progress=progress)
+    fd = P.open_source(src)
+    with _closing_fd(fd):
+        S.write_set(dst, layout, dict(gkv), data_for, merge=merge, force=force, inputs=(src,), progress=progress)
 
 
 def _export_fallback(ex: _Export, t: Tensor, fallback: str, reason: str) -> None:
