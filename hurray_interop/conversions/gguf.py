@@ -1038,15 +1038,16 @@ Chunks = Callable[[], Iterable[Any]]
 
 
 class _BlockSource:
-    """GGML blocks of ``c`` from Hurray codes ``(nb, code_bytes)``, scales and minimums: as
-    a stream of chunks (call it), or written in place by the workers (:meth:`fill`)."""
+    """GGML blocks of ``c`` from Hurray codes ``(nb, code_bytes)``, scales and minimums (computed
+    per chunk by ``mins``, so nothing of the size of a tensor is held): as a stream of chunks
+    (call it), or written in place by the workers (:meth:`fill`)."""
 
     def __init__(self, c: BlockCodec, codes: np.ndarray, scales: Callable[[], np.ndarray], nb: int,
-                 mins: np.ndarray | None = None) -> None:
+                 mins: Callable[[slice], np.ndarray] | None = None) -> None:
         self.c, self.codes, self.scales, self.nb, self.mins = c, codes, scales, nb, mins
 
     def _join(self, sl: slice, s: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        return self.c.join(Parts(self.codes[sl], s[sl], None if self.mins is None else self.mins[sl]), out=out)
+        return self.c.join(Parts(self.codes[sl], s[sl], None if self.mins is None else self.mins(sl)), out=out)
 
     def __call__(self) -> Iterator[np.ndarray]:
         s = self.scales()
@@ -1129,7 +1130,6 @@ def _asym_chunks(t: Tensor, kv: dict[str, KVValue], c: BlockCodec, codes: np.nda
     qmax = c.code_range()[1]
     scales = _scales_of(t, kv, c)
     zp = t.data[d.quantization.zero_point_buffer_index].view(_ZP)  # type: ignore[union-attr]
-    mins = np.empty(nb, dtype=np.float16)
     for sl in _chunks(nb):
         d32 = scales[sl].astype(np.float32)
         m = _minimum_of(zp[sl], d32)
@@ -1139,8 +1139,7 @@ def _asym_chunks(t: Tensor, kv: dict[str, KVValue], c: BlockCodec, codes: np.nda
         if not np.array_equal(lhs.view(np.uint32), rhs.view(np.uint32)):
             b = sl.start + int(np.argmax(np.any(lhs.view(np.uint32) != rhs.view(np.uint32), axis=1)))
             return f"block {b}: zero point × scale is not an f16-exact minimum"
-        mins[sl] = m
-    return c.name, _BlockSource(c, codes, lambda: scales, nb, mins)
+    return c.name, _BlockSource(c, codes, lambda: scales, nb, lambda sl: _minimum_of(zp[sl], scales[sl].astype(np.float32)))
 
 
 def _overlay_members(t: Tensor) -> tuple[Tensor, Tensor] | str:
@@ -1181,13 +1180,16 @@ def _export_overlay(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> 
     if problem:
         return problem
     ccodes = corr.data[0].reshape(nb, buffer_size(CORRECTION_STORAGE, c.block_size))
-    ones = np.all(ccodes == _CORRECTION_ONES, axis=1)
-    zeros = np.all(ccodes == 0x00, axis=1)
-    if not np.all(ones | zeros):
-        b = int(np.argmin(ones | zeros))
-        return f"block {b}: overlay correction is not a constant minimum"
+    for sl in _chunks(nb):  # the one pre-scan of an export: what decides the GGML type (the header comes first)
+        const = np.all(ccodes[sl] == _CORRECTION_ONES, axis=1) | np.all(ccodes[sl] == 0x00, axis=1)
+        if not const.all():
+            return f"block {sl.start + int(np.argmin(const))}: overlay correction is not a constant minimum"
     cs = corr.data[1].view(c.scale.view)
-    mins = np.where(ones, cs, np.copysign(np.zeros(1, cs.dtype), cs)).astype(cs.dtype)
+
+    def mins(sl: slice) -> np.ndarray:
+        ones = np.all(ccodes[sl] == _CORRECTION_ONES, axis=1)
+        return np.where(ones, cs[sl], np.copysign(np.zeros(1, cs.dtype), cs[sl])).astype(cs.dtype)
+
     codes = base.data[0].reshape(nb, c.code_bytes)
     return c.name, _BlockSource(c, codes, lambda: _scales_of(base, kv, c), nb, mins)
 

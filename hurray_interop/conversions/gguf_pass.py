@@ -1,13 +1,16 @@
-"""The one pass of a GGUF → Hurray import: per chunk, check, convert and write in place.
+"""The one pass of GGUF ⇄ Hurray: per chunk, check, convert and write in place.
 
-The import reads each tensor once (docs/benchmarks.md, "One pass"): worker threads
+An import reads each tensor once (docs/benchmarks.md, "One pass"): worker threads
 (:func:`hurray_interop.parallel.pmap`, one ordered map) take a chunk of blocks each,
 classify its scales (:func:`hurray_interop.kernels.scale_class`), refuse forbidden ones,
 substitute the scales of all-zero blocks (returning what a record needs), repack the
 codes into a buffer the thread reuses, and ``pwrite`` every part at its final offset in
 the temporary output (:class:`Output`: the ranges :meth:`HrryWriter.reserve` handed out,
 written back as they land).  Without an output (a dry run, or after a refusal) the
-same workers only check, so a refusal still names every refused tensor.
+same workers only check, so a refusal still names every refused tensor.  An export
+uses the same pieces: the workers join GGML blocks into reused buffers and ``pwrite``
+them where ``GGUFWriterStream.skip_tensor_data`` left room; plain tensors of either
+direction are copied by the kernel (:func:`copy_bytes`).
 """
 
 from __future__ import annotations
