@@ -131,6 +131,22 @@ def test_kernel_and_numpy_paths_write_the_same_bytes(fixtures_dir: Path, tmp_pat
     assert outputs["c"] == outputs["numpy"]
 
 
+def test_without_positional_calls_the_bytes_are_the_same(fixtures_dir: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """No pwrite, preadv, copy_file_range (Windows): seek-and-write under a lock, a buffer
+    copy, and the sequential writes around them still land where they belong."""
+    src = fixtures_dir / "tiny-llama.gguf"
+    monkeypatch.setattr(cg, "PAR_BLOCKS", 4)  # many positional writes from both threads
+    gguf_to_hurray(src, tmp_path / "a.hrry", jobs=2)
+    hurray_to_gguf(tmp_path / "a.hrry", tmp_path / "a.gguf", jobs=2)
+    for name in ("pwrite", "preadv", "copy_file_range"):
+        monkeypatch.delattr(os, name, raising=False)
+    gguf_to_hurray(src, tmp_path / "b.hrry", jobs=2)
+    hurray_to_gguf(tmp_path / "b.hrry", tmp_path / "b.gguf", jobs=2)
+    assert (tmp_path / "a.hrry").read_bytes() == (tmp_path / "b.hrry").read_bytes()
+    assert (tmp_path / "b.gguf").read_bytes() == (tmp_path / "a.gguf").read_bytes() == src.read_bytes()
+
+
 def _peak(fn: object) -> int:
     tracemalloc.start()
     try:

@@ -1014,8 +1014,7 @@ class HrryWriter:
             self._emit(index)
             self._emit(Trailer(ioff, len(index), kvoff, kvlen, crc32c(index)).encode())
             if self.count_at_finish:
-                self._out.flush()
-                os.pwrite(self._out.fileno(), self._header(len(self._entries)), 0)
+                self.positional().pwrite(self._header(len(self._entries)), 0)
             self._out.commit()
         except BaseException:
             self.abort()

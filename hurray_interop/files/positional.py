@@ -78,9 +78,13 @@ def _pwrite_function() -> Callable[[int, memoryview, int], int]:
         return pwrite
 
     def seek_write(fd: int, data: memoryview, offset: int) -> int:
-        with _SEEK_LOCK:
+        with _SEEK_LOCK:  # the file position is put back, as pwrite leaves it (a sequential writer shares it)
+            here = os.lseek(fd, 0, os.SEEK_CUR)
             os.lseek(fd, offset, os.SEEK_SET)
-            return os.write(fd, data)
+            try:
+                return os.write(fd, data)
+            finally:
+                os.lseek(fd, here, os.SEEK_SET)
 
     return seek_write
 
@@ -93,8 +97,12 @@ def _pread_function() -> Callable[[int, memoryview, int], int]:
 
     def seek_read(fd: int, into: memoryview, offset: int) -> int:
         with _SEEK_LOCK:
+            here = os.lseek(fd, 0, os.SEEK_CUR)
             os.lseek(fd, offset, os.SEEK_SET)
-            got = os.read(fd, len(into))
+            try:
+                got = os.read(fd, len(into))
+            finally:
+                os.lseek(fd, here, os.SEEK_SET)
         into[: len(got)] = got
         return len(got)
 
