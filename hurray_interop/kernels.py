@@ -322,13 +322,15 @@ def field_f16(blocks: np.ndarray, offset: int) -> np.ndarray:
     return out
 
 
-def field_u8(blocks: np.ndarray, offset: int, size: int) -> np.ndarray:
-    """The ``size`` bytes at ``offset`` of every block, as a contiguous ``(n, size)`` array."""
-    if _lib is None or not _field(blocks, offset, size):
-        return _np.field_u8(blocks, offset, size)
-    out = np.empty((blocks.shape[0], size), dtype=blocks.dtype)
-    _lib.hk_move(_at(blocks, offset), blocks.strides[0], blocks.shape[0], size, _at(out), size)
-    return out
+def field_u8(blocks: np.ndarray, offset: int, size: int, *, out: np.ndarray | None = None) -> np.ndarray:
+    """The ``size`` bytes at ``offset`` of every block, as a contiguous ``(n, size)`` array
+    (``out``: a reused ``(n, size)`` byte array to fill)."""
+    n = blocks.shape[0] if isinstance(blocks, np.ndarray) and blocks.ndim == 2 else -1
+    if _lib is None or not _field(blocks, offset, size) or not (out is None or _target(out, n, size, blocks)):
+        return _into(out, _np.field_u8(blocks, offset, size))
+    dst = np.empty((n, size), dtype=blocks.dtype) if out is None else out
+    _lib.hk_move(_at(blocks, offset), blocks.strides[0], n, size, _at(dst), dst.strides[0])
+    return dst
 
 
 # ---------------------------------------------------------------------------

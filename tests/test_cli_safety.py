@@ -426,19 +426,53 @@ def test_ctrl_c_through_the_cli_exits_130_with_one_line(files, outdir, monkeypat
 class _FullDisk(io.RawIOBase):
     """A write-only file that accepts ``budget`` bytes, then fails like a full file system."""
 
+    #: the open ones by descriptor: positional writes (os.pwrite, os.copy_file_range) spend the budget too
+    open_disks: dict[int, "_FullDisk"] = {}
+
     def __init__(self, fd: int, budget: int) -> None:
         self._f = io.FileIO(fd, "wb")
         self._left = budget
+        _FullDisk.open_disks[fd] = self
 
     def writable(self) -> bool:
         return True
 
-    def write(self, b) -> int:  # type: ignore[override]
-        n = memoryview(b).nbytes
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return self._f.seek(pos, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def spend(self, n: int) -> None:
         if n > self._left:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         self._left -= n
+
+    def write(self, b) -> int:  # type: ignore[override]
+        self.spend(memoryview(b).nbytes)
         return self._f.write(b)
+
+    @classmethod
+    def patch_positional(cls, monkeypatch: pytest.MonkeyPatch) -> None:
+        """os.pwrite and os.copy_file_range into an open _FullDisk spend its budget."""
+        real_pwrite, real_copy = os.pwrite, getattr(os, "copy_file_range", None)
+
+        def pwrite(fd: int, data, offset: int) -> int:  # noqa: ANN001
+            if fd in cls.open_disks:
+                cls.open_disks[fd].spend(memoryview(data).nbytes)
+            return real_pwrite(fd, data, offset)
+
+        def copy_file_range(src: int, dst: int, count: int, *a) -> int:  # noqa: ANN002
+            if dst in cls.open_disks:
+                cls.open_disks[dst].spend(count)
+            return real_copy(src, dst, count, *a)  # type: ignore[misc]
+
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        if real_copy is not None:
+            monkeypatch.setattr(os, "copy_file_range", copy_file_range)
 
     def fileno(self) -> int:
         return self._f.fileno()
@@ -448,6 +482,7 @@ class _FullDisk(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
+            _FullDisk.open_disks.pop(self._f.fileno(), None)
             super().close()  # flushes first
             self._f.close()
 
@@ -468,6 +503,7 @@ def test_disk_full_half_way_exits_2_and_leaves_nothing(files, outdir, monkeypatc
         return real_fdopen(fd, mode, *a, **kw)
 
     monkeypatch.setattr(os, "fdopen", fdopen)
+    _FullDisk.patch_positional(monkeypatch)
     if src_key == "gguf" and dst_name.endswith(".safetensors"):
         # the intermediate .hrry lives in a temporary directory inside outdir: fail there too
         def fdopen(fd, mode="r", *a, **kw):  # noqa: F811

@@ -82,6 +82,7 @@ from ..report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, Tenso
 from ..tables import load_table
 from . import fallback as fallbacks
 from . import gguf_exact
+from . import gguf_pass as P
 from .gguf_codec import BlockCodec, Parts, codec, codecs
 from .gguf_expanded import NonFiniteScale
 
@@ -323,7 +324,6 @@ class _Job:
 
     info: "G.GGUFTensorInfo"
     plan: TensorPlan
-    write: Callable[[HrryWriter], None] | None = None
     records: list[tuple[str, KVValue]] = field(default_factory=list)
     names: tuple[str, ...] = ()
     expanded: bool = False  # --fallback exact
@@ -376,75 +376,6 @@ def _block_desc(shape: tuple[int, ...], c: BlockCodec, nblocks: int, *, storage:
     )
 
 
-class _Refuse(Exception):
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-
-def _zero_codes(codes: np.ndarray, c: BlockCodec) -> np.ndarray:
-    """Per block: do all codes decode to zero (q − z = 0; float codes: ±0)?"""
-    return ~np.any(codes & c.zero_mask, axis=1)
-
-
-def _check_zero_blocks(chunk: np.ndarray, start: int, zero: np.ndarray, c: BlockCodec) -> np.ndarray:
-    """Indices (in the chunk) of the blocks with a zero-like scale; refuses unless each
-    of those blocks' codes decode to zero (docs/conversion-rules.md § 4)."""
-    where = np.flatnonzero(zero)
-    ok = _zero_codes(c.codes(chunk[where]), c)
-    if not ok.all():
-        b = int(where[np.argmin(ok)]) + start
-        what = c.scale.zero_text.format(what=f"scale {c.scale.field}")
-        raise _Refuse(f"block {b}: {what} on a block with non-zero codes is not representable")
-    return where
-
-
-def _refuse_bad(values: np.ndarray, start: int, c: BlockCodec, what: str) -> None:
-    """Refuse the first block whose scale-typed field ``what`` holds a forbidden value."""
-    bad = c.scale.bad(values)
-    if bad.any():
-        b = int(np.argmax(bad))
-        raise _Refuse(f"block {b + start}: " + c.scale.bad_text.format(what=what, value=values[b]))
-
-
-def _scan_scales(blocks: np.ndarray, c: BlockCodec) -> tuple[np.ndarray, np.ndarray]:
-    """Find blocks with forbidden scales.  Returns (block indices, original scale values)
-    of the all-zero blocks to substitute; raises _Refuse for the others."""
-    idx_parts: list[np.ndarray] = []
-    orig_parts: list[np.ndarray] = []
-    for sl in _chunks(blocks.shape[0]):
-        chunk = blocks[sl]
-        scales = c.scales(chunk)
-        _refuse_bad(scales, sl.start, c, f"scale {c.scale.field}")
-        zero = c.scale.zero(scales)
-        if not zero.any():
-            continue
-        where = _check_zero_blocks(chunk, sl.start, zero, c)
-        idx_parts.append(where + sl.start)
-        orig_parts.append(scales[where])
-    if not idx_parts:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=c.scale.view)
-    return np.concatenate(idx_parts), np.concatenate(orig_parts)
-
-
-def _scale_chunks(blocks: np.ndarray, c: BlockCodec, subst: np.ndarray,
-                  read: Callable[[np.ndarray], np.ndarray] | None = None) -> Iterator[np.ndarray]:
-    """The scales (``read``: another scale-typed field) chunk by chunk, the blocks ``subst``
-    given their legal stand-in."""
-    read = read or c.scales
-    for sl in _chunks(blocks.shape[0]):
-        s = read(blocks[sl]).copy()  # a copy: the memory map is read-only
-        if subst.size:
-            lo, hi = np.searchsorted(subst, [sl.start, sl.stop])
-            if hi > lo:
-                at = subst[lo:hi] - sl.start
-                s[at] = c.scale.one(s[at])
-        yield s
-
-
-def _code_chunks(blocks: np.ndarray, c: BlockCodec) -> Iterator[np.ndarray]:
-    return pmap(lambda sl: c.codes(blocks[sl]), blocks.shape[0], PAR_BLOCKS)
-
-
 def _mapping_text(c: BlockCodec, kind: str) -> str:
     st, k, sc = c.storage.name, c.block_size, c.scale.abbrev
     bits = element_type(CORRECTION_STORAGE).bits
@@ -457,24 +388,64 @@ def _mapping_text(c: BlockCodec, kind: str) -> str:
     }[kind]
 
 
-def _plan_block(job: _Job, c: BlockCodec, q4_1: str) -> None:
+_Refuse = P.Refuse
+_NO_BLOCKS = np.zeros(0, dtype=np.int64)
+
+
+def _records_of(parts: Sequence[tuple[np.ndarray, np.ndarray | None]], c: BlockCodec) -> tuple[np.ndarray, np.ndarray]:
+    """The substituted blocks of a pass (per chunk: block indices, original scales), joined."""
+    assert c.scale is not None
+    idx = [i for i, _ in parts if i.size]
+    if not idx:
+        return _NO_BLOCKS, np.zeros(0, dtype=c.scale.view)
+    return np.concatenate(idx), np.concatenate([o for i, o in parts if i.size])  # type: ignore[misc]
+
+
+def _substitute(s: np.ndarray, zero: np.ndarray | None, chunk: np.ndarray, start: int,
+                c: BlockCodec) -> tuple[np.ndarray, np.ndarray | None]:
+    """Blocks with a zero-like scale in ``s`` (refused unless their codes are zero) get the
+    legal stand-in, in place; returns (their block indices, original scales)."""
+    assert c.scale is not None
+    if zero is None:
+        return _NO_BLOCKS, None
+    where = P.zero_blocks(chunk, start, zero, c)
+    orig = s[where].copy()
+    s[where] = c.scale.one(orig)
+    return where + start, orig
+
+
+def _put(out: P.Output, data: np.ndarray, offset: int, start: int) -> None:
+    """Rows ``start``… of a buffer at file offset ``offset``: this chunk's part at its place."""
+    row = data.nbytes // max(data.shape[0], 1)
+    out.pw.pwrite(data, offset + start * row)
+
+
+def _plan_block(job: _Job, c: BlockCodec, q4_1: str, out: P.Output | None) -> None:
     """One scale per block (mappings ``block`` and ``mxfp``): codes and scales move."""
+    assert c.scale is not None
     name = job.info.name
-    shape = _shape(job.info)
     blocks = _blocks(job.info)
-    idx, orig = _scan_scales(blocks, c)
-    desc = _block_desc(shape, c, blocks.shape[0])
+    desc = _block_desc(_shape(job.info), c, blocks.shape[0])
     job.plan.mapping = _mapping_text(c, c.mapping)
     job.plan.bytes_out = sum(h.byte_size for h in desc.buffers)
-    job.plan.substituted_blocks = int(idx.size)
-    if idx.size:
-        job.records.append((scale_record_key(name), KVValue("bytes", encode_scale_record(idx, orig))))
-
-    def write(w: HrryWriter) -> None:
-        w.write(name, desc, [_code_chunks(blocks, c), _scale_chunks(blocks, c, idx)])
-
-    job.write = write
     job.names = (name,)
+    offs = out.w.reserve(name, desc) if out else []
+
+    def work(sl: slice) -> tuple[np.ndarray, np.ndarray | None]:
+        chunk = blocks[sl]
+        s, zero = P.checked(chunk, sl.start, c, c.scale.field, f"scale {c.scale.field}", out is not None)
+        if out is None:
+            return (_NO_BLOCKS, None) if zero is None else (P.zero_blocks(chunk, sl.start, zero, c), None)
+        assert s is not None
+        rec = _substitute(s, zero, chunk, sl.start, c)
+        _put(out, c.codes_into(chunk, P.buffer("codes", (chunk.shape[0], c.code_bytes), np.uint8)), offs[0], sl.start)
+        _put(out, s, offs[1], sl.start)
+        return rec
+
+    parts = P.run(work, blocks.shape[0], PAR_BLOCKS)
+    job.plan.substituted_blocks = sum(int(i.size) for i, _ in parts)
+    if out is not None and job.plan.substituted_blocks:
+        job.records.append((scale_record_key(name), KVValue("bytes", encode_scale_record(*_records_of(parts, c)))))
 
 
 def _minimum_of(z: np.ndarray, d32: np.ndarray) -> np.ndarray:
@@ -505,64 +476,107 @@ def _minimum_check(d: np.ndarray, m: np.ndarray, qmax: int) -> np.ndarray | None
     return z32
 
 
-def _scan_block_min(blocks: np.ndarray, c: BlockCodec, asym_possible: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """d and m must be finite; d = 0 only on blocks whose codes are all zero (a constant
-    block m).  Returns (substituted block indices, their scales, the zero points of the
-    plain asymmetric form or None when it is not exact or not wanted)."""
-    idx_parts, orig_parts, zps = [], [], []
-    qmax = c.code_range()[1]
-    for sl in _chunks(blocks.shape[0]):
-        chunk = blocks[sl]
-        d, m = c.scales(chunk), c.minimums(chunk)
-        _refuse_bad(d, sl.start, c, f"scale {c.scale.field}")
-        _refuse_bad(m, sl.start, c, "minimum m")
-        zero = c.scale.zero(d)
-        if zero.any():
-            where = _check_zero_blocks(chunk, sl.start, zero, c)
-            idx_parts.append(where + sl.start)
-            orig_parts.append(d[where])
-        if asym_possible:
-            z = _minimum_check(d, m, qmax)
-            asym_possible = z is not None
-            zps.append(z)
-    idx = np.concatenate(idx_parts) if idx_parts else np.zeros(0, dtype=np.int64)
-    orig = np.concatenate(orig_parts) if orig_parts else np.zeros(0, dtype=c.scale.view)
-    return idx, orig, (np.concatenate(zps) if asym_possible and zps else None)
+def _asym_exact(blocks: np.ndarray, c: BlockCodec) -> bool:
+    """Is the plain asymmetric form exact for every block (integer zero points, § 2 (a))?
+    The one pre-read of the import: only ``d`` and ``m``, stopping at the first chunk that
+    is not (a small first chunk, so the usual answer, no, costs a few pages)."""
+    nb, qmax = blocks.shape[0], c.code_range()[1]
+    start = 0
+    while start < nb:
+        sl = slice(start, min(nb, start + (1024 if start == 0 else CHUNK_BLOCKS)))
+        if _minimum_check(c.scales(blocks[sl]), c.minimums(blocks[sl]), qmax) is None:
+            return False
+        start = sl.stop
+    return nb > 0
 
 
-def _plan_block_min(job: _Job, c: BlockCodec, q4_1: str) -> None:
+def _requantized(chunk: np.ndarray, c: BlockCodec, d16: np.ndarray, zero: np.ndarray | None,
+                 m16: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """--q4-1 requantize of a chunk: (scales, nearest integer zero points, max abs error)."""
+    assert c.scale is not None
+    zero = np.zeros(d16.shape, bool) if zero is None else zero
+    d, m = d16.astype(np.float32), m16.astype(np.float32)
+    safe_d = np.where(zero, np.float32(1.0), d)
+    z = np.clip(np.rint(-m.astype(np.float64) / safe_d), -(2**31), 2**31 - 1).astype(np.int32)
+    q = unpack(c.codes(chunk), c.storage, chunk.shape[0] * c.block_size).reshape(-1, c.block_size).astype(np.float32)
+    exact = d[:, None] * q + m[:, None]
+    approx = safe_d[:, None] * (q - z[:, None].astype(np.float32))
+    err = float(np.max(np.abs(approx - exact))) if approx.size else 0.0
+    d16[zero] = c.scale.one(np.abs(d16[zero]))  # +1: the zero point carries the minimum
+    return d16, z, err
+
+
+def _block_min_chunk(chunk: np.ndarray, start: int, c: BlockCodec, mode: str, out: P.Output | None,
+                     offs: list[int]) -> tuple[np.ndarray, np.ndarray | None, float]:
+    """One chunk of ``d·q + m`` blocks in ``mode`` (overlay, asym, requant): checked, and
+    written when there is an output.  Returns the substitution records and the error."""
+    assert c.scale is not None
+    n = chunk.shape[0]
+    d, dzero = P.checked(chunk, start, c, c.scale.field, f"scale {c.scale.field}", True)
+    m, mzero = P.checked(chunk, start, c, "m", "minimum m", True)
+    assert d is not None and m is not None
+    err = 0.0
+    if mode == "requant":
+        if dzero is not None:
+            P.zero_blocks(chunk, start, dzero, c)
+        d, z, err = _requantized(chunk, c, d, dzero, m)
+        rec: tuple[np.ndarray, np.ndarray | None] = (_NO_BLOCKS, None)
+    else:
+        rec = _substitute(d, dzero, chunk, start, c)
+    if out is None:
+        return rec[0], rec[1], err
+    _put(out, c.codes_into(chunk, P.buffer("codes", (n, c.code_bytes), np.uint8)), offs[0], start)
+    _put(out, d, offs[1], start)
+    if mode == "overlay":
+        corr = P.buffer("corr", (n, buffer_size(CORRECTION_STORAGE, c.block_size)), np.uint8)
+        corr[...] = _CORRECTION_ONES
+        if mzero is not None:
+            corr[mzero] = 0
+            m[mzero] = c.scale.one(m[mzero])
+        _put(out, corr, offs[2], start)
+        _put(out, m, offs[3], start)
+    else:
+        if mode == "asym":
+            z = _minimum_check(d, m, c.code_range()[1])  # exact: _asym_exact said so
+            assert z is not None
+        _put(out, z.astype(_ZP), offs[2], start)
+    return rec[0], rec[1], err
+
+
+def _plan_block_min(job: _Job, c: BlockCodec, q4_1: str, out: P.Output | None) -> None:
     """``d·q + m`` blocks: plain asymmetric per-block affine when exact, else the exact
     minimum overlay; ``--q4-1 requantize``: nearest zero points (lossy)."""
     name = job.info.name
-    shape = _shape(job.info)
     blocks = _blocks(job.info)
-    nb = blocks.shape[0]
-    idx, orig, zp = _scan_block_min(blocks, c, q4_1 == "overlay")
-    if q4_1 == "requantize":
-        _plan_requantize(job, c, blocks, shape)
-        return
-    job.plan.substituted_blocks = int(idx.size)
-    if zp is not None:
-        desc = _block_desc(shape, c, nb, zero_points=True)
-        job.plan.mapping = _mapping_text(c, "asym")
+    mode = "requant" if q4_1 == "requantize" else "asym" if _asym_exact(blocks, c) else "overlay"
+    if mode == "overlay":
+        offs = _overlay_layout(job, c, blocks.shape[0], out)
+    else:
+        desc = _block_desc(_shape(job.info), c, blocks.shape[0], zero_points=True)
+        job.plan.mapping = _mapping_text(c, mode)
         job.plan.bytes_out = sum(h.byte_size for h in desc.buffers)
-
-        def write_asym(w: HrryWriter) -> None:
-            w.write(name, desc, [_code_chunks(blocks, c), _scale_chunks(blocks, c, idx), [zp.astype(_ZP)]])
-
-        job.write = write_asym  # (no substitutions here: _minimum_check refuses d = 0)
         job.names = (name,)
+        offs = out.w.reserve(name, desc) if out else []
+    parts = P.run(lambda sl: _block_min_chunk(blocks[sl], sl.start, c, mode, out, offs), blocks.shape[0], PAR_BLOCKS)
+    if mode == "requant":
+        err = max((e for _, _, e in parts), default=0.0)
+        job.plan.status = VALUE_EXACT if err == 0 else LOSSY
+        job.plan.max_abs_error = err
+        job.plan.reason = "--q4-1 requantize: nearest integer zero points"
         return
-    _plan_overlay(job, c, blocks, shape, idx, orig)
+    idx, orig = _records_of([(i, o) for i, o, _ in parts], c)
+    job.plan.substituted_blocks = int(idx.size)
+    if idx.size and out is not None:
+        job.records.append((scale_record_key(job.names[1]), KVValue("bytes", encode_scale_record(idx, orig))))
 
 
-def _plan_overlay(job: _Job, c: BlockCodec, blocks: np.ndarray, shape: tuple[int, ...], idx: np.ndarray,
-                  orig: np.ndarray) -> None:
+def _overlay_layout(job: _Job, c: BlockCodec, nb: int, out: P.Output | None) -> list[int]:
     """The exact minimum overlay (docs/conversion-rules.md § 3a): head ``name`` (float32,
     overlay, add), members ``name.base`` (the codes, scale d) and ``name.min`` (codes 1,
-    scale m)."""
+    scale m).  Reserves its place in ``out``: the offsets of base codes, base scales,
+    correction codes and correction scales."""
     name = job.info.name
-    nb = blocks.shape[0]
+    shape = _shape(job.info)
     table = _table()["overlay"]
     base_name = name + table["base_suffix"]
     min_name = name + table["correction_suffix"]
@@ -576,29 +590,11 @@ def _plan_overlay(job: _Job, c: BlockCodec, blocks: np.ndarray, shape: tuple[int
     corr = _block_desc(shape, c, nb, storage=CORRECTION_STORAGE, shard=True, role=ROLE_CORRECTION)
     job.plan.mapping = _mapping_text(c, "overlay")
     job.plan.bytes_out = sum(h.byte_size for h in base.buffers) + sum(h.byte_size for h in corr.buffers)
-    if idx.size:
-        job.records.append((scale_record_key(base_name), KVValue("bytes", encode_scale_record(idx, orig))))
-    corr_bytes = buffer_size(CORRECTION_STORAGE, c.block_size)
-
-    def corr_codes() -> Iterator[np.ndarray]:
-        for sl in _chunks(nb):
-            m = c.minimums(blocks[sl])
-            out = np.full((m.size, corr_bytes), _CORRECTION_ONES, dtype=np.uint8)
-            out[c.scale.zero(m)] = 0
-            yield out
-
-    def write_overlay(w: HrryWriter) -> None:
-        w.write_composite(
-            name,
-            head,
-            [
-                (base_name, base, [_code_chunks(blocks, c), _scale_chunks(blocks, c, idx)]),
-                (min_name, corr, [corr_codes(), _scale_chunks(blocks, c, _zero_minimums(blocks, c), c.minimums)]),
-            ],
-        )
-
-    job.write = write_overlay
     job.names = (name, base_name, min_name)
+    if out is None:
+        return []
+    out.w.write(name, head, ())
+    return out.w.reserve(base_name, base) + out.w.reserve(min_name, corr)
 
 
 def _overlay_note() -> str:
@@ -616,67 +612,18 @@ def _overlay_note() -> str:
             + "".join(f" ({t})" for _, _, t in rest))
 
 
-def _zero_minimums(blocks: np.ndarray, c: BlockCodec) -> np.ndarray:
-    """Blocks whose minimum is ±0: their correction codes are 0 and the scale a stand-in."""
-    parts = [np.flatnonzero(c.scale.zero(c.minimums(blocks[sl]))) + sl.start for sl in _chunks(blocks.shape[0])]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-
-def _plan_requantize(job: _Job, c: BlockCodec, blocks: np.ndarray, shape: tuple[int, ...]) -> None:
-    """--q4-1 requantize: plain asymmetric per-block affine, z = nearest integer to −m/d (lossy)."""
+def _plan_plain(job: _Job, c: BlockCodec, q4_1: str, out: P.Output | None) -> None:
     info = job.info
-    nb = blocks.shape[0]
-    zmin, zmax = -(2**31), 2**31 - 1
-    zs, scales, err = [], [], 0.0
-    for sl in _chunks(nb):
-        chunk = blocks[sl]
-        d16 = c.scales(chunk)
-        zero = c.scale.zero(d16)
-        d = d16.astype(np.float32)
-        m = c.minimums(chunk).astype(np.float32)
-        safe_d = np.where(zero, np.float32(1.0), d)
-        z = np.clip(np.rint(-m.astype(np.float64) / safe_d), zmin, zmax).astype(np.int32)
-        q = unpack(c.codes(chunk), c.storage, chunk.shape[0] * c.block_size).reshape(-1, c.block_size).astype(np.float32)
-        exact = d[:, None] * q + m[:, None]
-        approx = safe_d[:, None] * (q - z[:, None].astype(np.float32))
-        err = max(err, float(np.max(np.abs(approx - exact))) if approx.size else 0.0)
-        zs.append(z)
-        s = d16.copy()
-        s[zero] = c.scale.one(np.abs(s[zero]))  # +1: the zero point carries the minimum
-        scales.append(s)
-    zp = np.concatenate(zs) if zs else np.zeros(0, np.int32)
-    sc = np.concatenate(scales) if scales else np.zeros(0, c.scale.view)
-    desc = _block_desc(shape, c, nb, zero_points=True)
-    job.plan.mapping = _mapping_text(c, "requant")
-    job.plan.status = VALUE_EXACT if err == 0 else LOSSY
-    job.plan.max_abs_error = err
-    job.plan.reason = "--q4-1 requantize: nearest integer zero points"
-    job.plan.bytes_out = sum(h.byte_size for h in desc.buffers)
-
-    def write(w: HrryWriter) -> None:
-        w.write(info.name, desc, [_code_chunks(blocks, c), [sc], [zp.astype(_ZP)]])
-
-    job.write = write
-    job.names = (info.name,)
-
-
-def _plan_plain(job: _Job, c: BlockCodec, q4_1: str) -> None:
-    info = job.info
-    shape = _shape(info)
-    desc = Descriptor(element_type=c.storage, shape=shape, buffers=(BufferHandle.cpu(info.nbytes),))
+    desc = Descriptor(element_type=c.storage, shape=_shape(info), buffers=(BufferHandle.cpu(info.nbytes),))
     job.plan.mapping = c.storage.name
     job.plan.bytes_out = info.nbytes
-
-    def write(w: HrryWriter) -> None:
-        data = info.data
-        w.write(info.name, desc, [(data[i : i + CHUNK_BYTES] for i in range(0, data.size, CHUNK_BYTES))])
-
-    job.write = write
     job.names = (info.name,)
+    if out is not None:
+        P.copy_bytes(out, info.data, out.w.reserve(info.name, desc)[0], info.data_offset)
 
 
-#: how each mapping kind of the table is planned
-_PLANNERS: dict[str, Callable[[_Job, BlockCodec, str], None]] = {
+#: how each mapping kind of the table is planned (and, given an output, written)
+_PLANNERS: dict[str, Callable[[_Job, BlockCodec, str, P.Output | None], None]] = {
     "plain": _plan_plain,
     "block": _plan_block,
     "mxfp": _plan_block,
@@ -711,7 +658,7 @@ def reference_dequantizer(t: "G.GGMLType") -> Callable[[np.ndarray], np.ndarray]
     return lambda raw: gq.dequantize(raw, qt)
 
 
-def _plan_fallback(job: _Job, fallback: str, reason: str) -> None:
+def _plan_fallback(job: _Job, fallback: str, reason: str, out: P.Output | None) -> None:
     info = job.info
     deq = reference_dequantizer(info.ggml_type)
     if deq is None:
@@ -737,9 +684,11 @@ def _plan_fallback(job: _Job, fallback: str, reason: str) -> None:
                 meter.add(vals, stored)
             yield stored.reshape(-1)
 
-    # measure the error up front for the plan (fallbacks are the rare, small path)
+    # the error is measured as the values are written (a dry run only measures)
     lossless = fallbacks.lossless(np.float32, fallback)  # gguf-py decodes to float32
-    if not lossless:
+    if out is not None:
+        out.w.write(info.name, desc, [chunks()])
+    elif not lossless:
         for _ in chunks():
             pass
     job.plan.status = fallbacks.status(meter.error)
@@ -747,15 +696,10 @@ def _plan_fallback(job: _Job, fallback: str, reason: str) -> None:
     job.plan.mapping = f"{fallback} (fallback)"
     job.plan.reason = f"{reason}; stored dequantized by gguf-py's reference dequantizer"
     job.plan.bytes_out = desc.buffers[0].byte_size
-
-    def write(w: HrryWriter) -> None:
-        w.write(info.name, desc, [chunks()])
-
-    job.write = write
     job.names = (info.name,)
 
 
-def _plan_exact(job: _Job, reason: str) -> None:
+def _plan_exact(job: _Job, reason: str, out: P.Output | None) -> None:
     """``--fallback exact``: the tensor's exact expanded form (docs/conversion-rules.md § 9), or
     refused when its type has none or a super-block scale is not finite."""
     info, plan = job.info, job.plan
@@ -773,9 +717,10 @@ def _plan_exact(job: _Job, reason: str) -> None:
     plan.bytes_out = p.bytes_out + p.record_bytes
     plan.reason = (f"--fallback exact: {8 * plan.bytes_in / n:.4g} → {8 * plan.bytes_out / n:.4g} bits per weight "
                    f"(record {8 * p.record_bytes / n:.2g}); no native mapping: {reason}")
-    job.write = lambda w: p.write(w, job.records)
     job.names = p.names
     job.expanded = True
+    if out is not None:
+        p.write(out.w, job.records)
 
 
 def _exact_note(jobs: Sequence[_Job]) -> str:
@@ -805,24 +750,32 @@ def _plan_only(report: ConversionReport, src: str, refusal: str, dst: Any, dry_r
     return dry_run or dst is None
 
 
-def _plan(info: "G.GGUFTensorInfo", *, fallback: str | None, q4_1: str) -> _Job:
+def _plan(info: "G.GGUFTensorInfo", *, fallback: str | None, q4_1: str, out: P.Output | None = None) -> _Job:
+    """Plan one tensor and, given ``out``, write it there in the same pass.  A refusal
+    found on the way takes back what was written of the tensor (the fallback, if any,
+    then writes its own form in its place)."""
     t = info.ggml_type
-    plan = TensorPlan(name=info.name, source_type=t.name, mapping="", status=EXACT, bytes_in=info.nbytes)
-    job = _Job(info=info, plan=plan)
+
+    def fresh() -> _Job:
+        return _Job(info, TensorPlan(name=info.name, source_type=t.name, mapping="", status=EXACT, bytes_in=info.nbytes))
+
+    job = fresh()
     c = codec(t.name)
+    mark = out.w.mark() if out is not None else None
     try:
         if c is None:
             raise _Refuse(_refusal_reason(t.name, t.family))
-        _PLANNERS[c.mapping](job, c, q4_1)
+        _PLANNERS[c.mapping](job, c, q4_1, out)
     except _Refuse as r:
+        if out is not None:
+            out.w.rewind(mark)  # type: ignore[arg-type]
+        job = fresh()
         if fallback == fallbacks.EXACT:
-            _plan_exact(job, r.reason)
+            _plan_exact(job, r.reason, out)
         elif fallback:
-            _plan_fallback(job, fallback, r.reason)
+            _plan_fallback(job, fallback, r.reason, out)
         else:
-            plan.status = REFUSED
-            plan.reason = r.reason
-            plan.mapping = "-"
+            job.plan.status, job.plan.reason, job.plan.mapping = REFUSED, r.reason, "-"
     return job
 
 
@@ -830,8 +783,8 @@ def _plan(info: "G.GGUFTensorInfo", *, fallback: str | None, q4_1: str) -> _Job:
 # import: driver
 
 
-def _progress_total(jobs: Sequence[_Job]) -> int:
-    return sum(j.info.nbytes for j in jobs)
+def _progress_total(tensors: Sequence["G.GGUFTensorInfo"]) -> int:
+    return sum(t.nbytes for t in tensors)
 
 
 class _SetSource:
@@ -907,20 +860,32 @@ def gguf_to_hurray(
                                     progress=progress)
 
 
-def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str] | None, *, fallback: str | None,
-                         q4_1: str, dry_run: bool, force: bool, progress: Progress) -> ConversionReport:
-    report = ConversionReport(
-        source=src,
-        destination=None if dst is None else os.fspath(dst),
-        source_format="gguf",
-        destination_format="hurray",
-        dry_run=dry_run,
-    )
-    _check_reserved_keys(gf)  # the metadata itself is converted only when writing (vocabularies are big)
+def _import_pass(gf: Any, out: P.Output | None, *, fallback: str | None, q4_1: str, progress: Progress) -> list[_Job]:
+    """Every tensor planned, and written to ``out`` in the same pass.  The first refusal
+    (or overlay name collision) deletes the temporary output; the remaining tensors are
+    then only checked, so the report names every refused tensor."""
+    sources = {info.name for info in gf.tensors}
+    seen: set[str] = set()
+    total, done = _progress_total(gf.tensors), 0
     planned: list[_Job] = []
     for info in gf.tensors:
-        planned.append(_plan(info, fallback=fallback, q4_1=q4_1))
+        job = _plan(info, fallback=fallback, q4_1=q4_1, out=out)
+        planned.append(job)
         gf.release_pages()  # bounded resident memory: see GGUFFile.release_pages
+        clash = any(n in seen or (n != info.name and n in sources) for n in job.names)
+        seen.update(job.names)
+        if out is not None and (clash or job.plan.status == REFUSED):
+            out.w.abort()
+            out = None
+        if out is not None and progress:
+            done += info.nbytes
+            progress(done, total)
+    return planned
+
+
+def _import_report(report: ConversionReport, gf: Any, planned: list[_Job], src: str, dst: Any, dry_run: bool) -> bool:
+    """The report of an import pass; raises on name collisions and (unless a dry run)
+    refusals.  True when nothing is to be written."""
     report.tensors = [j.plan for j in planned]
     names = [n for j in planned for n in j.names]
     if len(set(names)) != len(names):
@@ -936,42 +901,52 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
         report.notes.append(_exact_note(planned))
     if isinstance(gf, _SetSource):
         report.notes.append(gf.note())
-    if _plan_only(report, src, "cannot be converted exactly", dst, dry_run):
-        return report
+    return _plan_only(report, src, "cannot be converted exactly", dst, dry_run)
 
+
+def _import_kv(gf: Any, planned: list[_Job]) -> dict[str, KVValue]:
+    """The .hrry KV section of an import: GGUF's metadata, then the records."""
     kv_items, kv_types = _kv_to_hurray(gf)
+    tensors = json.dumps([[t.name, t.type_name, list(t.ne), t.offset] for t in gf.tensors], separators=(",", ":"))
     records: list[tuple[str, KVValue]] = [
         (K_SOURCE, KVValue("string", "gguf")),
         (K_VERSION, KVValue("uint64", gf.version)),
         (K_ALIGN, KVValue("uint64", gf.alignment)),
         (K_TAIL, KVValue("uint64", gf.tail_bytes)),
         (K_TYPES, KVValue("array", kv_types, "string")),
-        (
-            K_TENSORS,
-            KVValue(
-                "string",
-                json.dumps([[t.name, t.type_name, list(t.ne), t.offset] for t in gf.tensors], separators=(",", ":")),
-            ),
-        ),
+        (K_TENSORS, KVValue("string", tensors)),
     ]
     if isinstance(gf, _SetSource):
         records.append((K_SPLIT, KVValue("string", gf.set.split_layout().dumps())))
-    if gf.nonzero_padding:
-        report.notes.append("the source has non-zero padding bytes; an export will write zeros there")
-    total = _progress_total(planned)
-    done = 0
+    for j in planned:
+        records.extend(j.records)
+    return dict(kv_items + records)
+
+
+def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str] | None, *, fallback: str | None,
+                         q4_1: str, dry_run: bool, force: bool, progress: Progress) -> ConversionReport:
+    report = ConversionReport(
+        source=src,
+        destination=None if dst is None else os.fspath(dst),
+        source_format="gguf",
+        destination_format="hurray",
+        dry_run=dry_run,
+    )
+    _check_reserved_keys(gf)  # the metadata itself is converted only when writing (vocabularies are big)
+    if dry_run or dst is None:
+        planned = _import_pass(gf, None, fallback=fallback, q4_1=q4_1, progress=None)
+        _import_report(report, gf, planned, src, dst, dry_run)
+        return report
     from ..core.hrry import HrryWriter
 
-    with HrryWriter(dst, tensor_count_hint=len(names), force=force, inputs=_input_paths(gf, src)) as w:
-        for j in planned:
-            assert j.write is not None
-            j.write(w)
-            gf.release_pages()
-            records.extend(j.records)
-            done += j.info.nbytes
-            if progress:
-                progress(done, total)
-        w.finish(dict(kv_items + records))
+    fd = None if isinstance(gf, _SetSource) else P.open_source(getattr(gf, "path", None))
+    with _closing_fd(fd), HrryWriter(dst, count_at_finish=True, force=force, inputs=_input_paths(gf, src)) as w:
+        out = P.Output(w, w.positional(), fd)
+        planned = _import_pass(gf, out, fallback=fallback, q4_1=q4_1, progress=progress)
+        _import_report(report, gf, planned, src, dst, dry_run)
+        if gf.nonzero_padding:
+            report.notes.append("the source has non-zero padding bytes; an export will write zeros there")
+        w.finish(_import_kv(gf, planned))
     return report
 
 
@@ -1062,15 +1037,45 @@ def _out_of_range(c: BlockCodec, data: np.ndarray, count: int) -> str | None:
 Chunks = Callable[[], Iterable[Any]]
 
 
-def _block_chunks(c: BlockCodec, codes: np.ndarray, scales: Callable[[], np.ndarray], nb: int,
-                  mins: np.ndarray | None = None) -> Chunks:
-    """GGML blocks of ``c`` from Hurray codes ``(nb, code_bytes)``, scales and minimums."""
+class _BlockSource:
+    """GGML blocks of ``c`` from Hurray codes ``(nb, code_bytes)``, scales and minimums (computed
+    per chunk by ``mins``, so nothing of the size of a tensor is held): as a stream of chunks
+    (call it), or written in place by the workers (:meth:`fill`)."""
 
-    def gen() -> Iterator[np.ndarray]:
-        s = scales()
-        yield from pmap(lambda sl: c.join(Parts(codes[sl], s[sl], None if mins is None else mins[sl])), nb, PAR_BLOCKS)
+    def __init__(self, c: BlockCodec, codes: np.ndarray, scales: Callable[[], np.ndarray], nb: int,
+                 mins: Callable[[slice], np.ndarray] | None = None) -> None:
+        self.c, self.codes, self.scales, self.nb, self.mins = c, codes, scales, nb, mins
 
-    return gen
+    def _join(self, sl: slice, s: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return self.c.join(Parts(self.codes[sl], s[sl], None if self.mins is None else self.mins(sl)), out=out)
+
+    def __call__(self) -> Iterator[np.ndarray]:
+        s = self.scales()
+        yield from pmap(lambda sl: self._join(sl, s), self.nb, PAR_BLOCKS)
+
+    def fill(self, out: P.Output, offset: int) -> None:
+        s = self.scales()
+        size = self.c.block_bytes
+
+        def work(sl: slice) -> None:
+            blocks = self._join(sl, s, P.buffer("blocks", (sl.stop - sl.start, size), np.uint8))
+            out.pw.pwrite(blocks, offset + sl.start * size)
+
+        P.run(work, self.nb, PAR_BLOCKS)
+
+
+class _PlainSource:
+    """A plain tensor's bytes (buffer 0 of tensor ``name``): chunks, or a kernel copy."""
+
+    def __init__(self, t: Tensor) -> None:
+        self.name, self.data = t.name, t.data[0]
+
+    def __call__(self) -> Iterator[np.ndarray]:
+        return (self.data[i : i + CHUNK_BYTES] for i in range(0, self.data.size, CHUNK_BYTES))
+
+    def fill(self, out: P.Output, offset: int) -> None:
+        at = out.source_offsets(self.name)[0] if out.source_offsets is not None else None
+        P.copy_bytes(out, self.data, offset, at)
 
 
 def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tuple[str, Chunks] | str:
@@ -1092,8 +1097,7 @@ def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tu
         c = next((c for c in codecs() if c.mapping == "plain" and c.storage.name == d.element_type.name), None)
         if c is None:
             return f"element type {d.element_type.name} has no GGML equivalent"
-        data = t.data[0]
-        return c.name, lambda: (data[i : i + CHUNK_BYTES] for i in range(0, data.size, CHUNK_BYTES))
+        return c.name, _PlainSource(t)
     if isinstance(q, MXFP):
         c = _choose(d, "mxfp", recorded)
         if c is None:
@@ -1112,7 +1116,7 @@ def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tu
     codes = t.data[0].reshape(nb, c.code_bytes)
     if isinstance(q, PerBlockAffine) and not q.symmetric:
         return _asym_chunks(t, kv, c, codes)
-    return c.name, _block_chunks(c, codes, lambda: _scales_of(t, kv, c), nb)
+    return c.name, _BlockSource(c, codes, lambda: _scales_of(t, kv, c), nb)
 
 
 def _layout_name(d: Descriptor) -> str:
@@ -1126,7 +1130,6 @@ def _asym_chunks(t: Tensor, kv: dict[str, KVValue], c: BlockCodec, codes: np.nda
     qmax = c.code_range()[1]
     scales = _scales_of(t, kv, c)
     zp = t.data[d.quantization.zero_point_buffer_index].view(_ZP)  # type: ignore[union-attr]
-    mins = np.empty(nb, dtype=np.float16)
     for sl in _chunks(nb):
         d32 = scales[sl].astype(np.float32)
         m = _minimum_of(zp[sl], d32)
@@ -1136,8 +1139,7 @@ def _asym_chunks(t: Tensor, kv: dict[str, KVValue], c: BlockCodec, codes: np.nda
         if not np.array_equal(lhs.view(np.uint32), rhs.view(np.uint32)):
             b = sl.start + int(np.argmax(np.any(lhs.view(np.uint32) != rhs.view(np.uint32), axis=1)))
             return f"block {b}: zero point × scale is not an f16-exact minimum"
-        mins[sl] = m
-    return c.name, _block_chunks(c, codes, lambda: scales, nb, mins)
+    return c.name, _BlockSource(c, codes, lambda: scales, nb, lambda sl: _minimum_of(zp[sl], scales[sl].astype(np.float32)))
 
 
 def _overlay_members(t: Tensor) -> tuple[Tensor, Tensor] | str:
@@ -1178,15 +1180,18 @@ def _export_overlay(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> 
     if problem:
         return problem
     ccodes = corr.data[0].reshape(nb, buffer_size(CORRECTION_STORAGE, c.block_size))
-    ones = np.all(ccodes == _CORRECTION_ONES, axis=1)
-    zeros = np.all(ccodes == 0x00, axis=1)
-    if not np.all(ones | zeros):
-        b = int(np.argmin(ones | zeros))
-        return f"block {b}: overlay correction is not a constant minimum"
+    for sl in _chunks(nb):  # the one pre-scan of an export: what decides the GGML type (the header comes first)
+        const = np.all(ccodes[sl] == _CORRECTION_ONES, axis=1) | np.all(ccodes[sl] == 0x00, axis=1)
+        if not const.all():
+            return f"block {sl.start + int(np.argmin(const))}: overlay correction is not a constant minimum"
     cs = corr.data[1].view(c.scale.view)
-    mins = np.where(ones, cs, np.copysign(np.zeros(1, cs.dtype), cs)).astype(cs.dtype)
+
+    def mins(sl: slice) -> np.ndarray:
+        ones = np.all(ccodes[sl] == _CORRECTION_ONES, axis=1)
+        return np.where(ones, cs[sl], np.copysign(np.zeros(1, cs.dtype), cs[sl])).astype(cs.dtype)
+
     codes = base.data[0].reshape(nb, c.code_bytes)
-    return c.name, _block_chunks(c, codes, lambda: _scales_of(base, kv, c), nb, mins)
+    return c.name, _BlockSource(c, codes, lambda: _scales_of(base, kv, c), nb, mins)
 
 
 @dataclass
@@ -1443,7 +1448,10 @@ def _write_single(hf: Any, src: str, dst: Any, exports: list[_Export], records: 
     by_name = {e.name: e for e in exports}
     total = sum(e.plan.bytes_out for e in exports)
     done = 0
-    with AtomicOutput(dst, force=force, inputs=(src,)) as fh:
+    from ..files.positional import PositionalWriter
+
+    fd = P.open_source(src)
+    with AtomicOutput(dst, force=force, inputs=(src,)) as fh, _closing_fd(fd):
         try:
             w = G.GGUFWriterStream(
                 fh,
@@ -1456,16 +1464,30 @@ def _write_single(hf: Any, src: str, dst: Any, exports: list[_Export], records: 
         except UsageError as e:  # the layout the file's records or metadata describe is impossible
             where = KEY_PREFIX + "gguf" if records else "metadata"
             raise FormatError(f"cannot lay out the GGUF this file describes: {e.message}", path=src, field=where) from None
+        out = P.Output(None, PositionalWriter(fh, None), fd, hf.buffer_offsets)
         with w:
             for spec in w.tensors_in_file_order:
                 e = by_name[spec.name]
                 assert e.chunks is not None
-                w.write_tensor_data(e.chunks(), name=e.name)
+                fill = getattr(e.chunks, "fill", None)  # the workers write the blocks in place
+                if fill is not None:
+                    fill(out, w.skip_tensor_data(name=e.name))
+                else:
+                    w.write_tensor_data(e.chunks(), name=e.name)
                 hf.release_pages()  # bounded resident memory: see HrryFile.release_pages
                 done += e.plan.bytes_out
                 if progress:
                     progress(done, total)
         fh.commit()
+
+
+@contextlib.contextmanager
+def _closing_fd(fd: int | None) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _set_layout(kv: dict[str, KVValue], records: _Records | None, src: str, exports: list[_Export], alignment: int,
@@ -1509,15 +1531,32 @@ def _set_note(layout: "S.SplitLayout", dst: Any, merge: bool, dry_run: bool) -> 
 def _write_set(hf: Any, src: str, dst: Any, exports: list[_Export], layout: "S.SplitLayout",
                gkv: list[tuple[str, "G.GGUFValue"]], merge: bool, force: bool, progress: Progress) -> None:
     """Write every shard of ``layout`` (or their merge), all or nothing."""
-    by_name = {e.name: e for e in exports}
+    from ..files.positional import PositionalWriter
 
-    def data_for(name: str) -> Iterable[Any]:
+    by_name = {e.name: e for e in exports}
+    outputs: dict[int, tuple[Any, P.Output]] = {}  # per shard file (kept: its id stays its own)
+
+    class Data:
+        def __init__(self, chunks: Chunks) -> None:
+            self.chunks = chunks
+
+        def __iter__(self) -> Iterator[Any]:
+            return iter(self.chunks())
+
+        def write_at(self, fh: Any, offset: int) -> None:  # the workers write in place (see write_shard)
+            if id(fh) not in outputs:
+                outputs[id(fh)] = (fh, P.Output(None, PositionalWriter(fh, None), fd, hf.buffer_offsets))
+            self.chunks.fill(outputs[id(fh)][1], offset)  # type: ignore[attr-defined]
+
+    def data_for(name: str) -> Any:
         hf.release_pages()  # bounded resident memory: see HrryFile.release_pages
         chunks = by_name[name].chunks
         assert chunks is not None
-        return chunks()
+        return Data(chunks) if hasattr(chunks, "fill") else chunks()
 
-    S.write_set(dst, layout, dict(gkv), data_for, merge=merge, force=force, inputs=(src,), progress=progress)
+    fd = P.open_source(src)
+    with _closing_fd(fd):
+        S.write_set(dst, layout, dict(gkv), data_for, merge=merge, force=force, inputs=(src,), progress=progress)
 
 
 def _export_fallback(ex: _Export, t: Tensor, fallback: str, reason: str) -> None:

@@ -113,6 +113,8 @@ class CodeKind:
     #: ``pack`` may be None; the codec's codes/scales/minimums come from ``split``)
     split: Callable[["BlockCodec", np.ndarray], "Parts"] | None = None
     join: Callable[["BlockCodec", "Parts"], np.ndarray] | None = None
+    #: ``unpack`` into a reused ``(n, code_bytes)`` array, or None when the kind cannot
+    unpack_into: Callable[["BlockCodec", np.ndarray, np.ndarray], np.ndarray | None] | None = None
 
 
 CODE_KINDS: dict[str, CodeKind] = {}
@@ -128,6 +130,10 @@ def register_code_kind(kind: CodeKind) -> CodeKind:
 
 def _i8_unpack(c: "BlockCodec", blocks: np.ndarray) -> np.ndarray:
     return _offset_bytes(_field(blocks, c.fields["qs"], c.block_size), c.code_offset, c.storage.signed)
+
+
+def _i8_into(c: "BlockCodec", blocks: np.ndarray, out: np.ndarray) -> np.ndarray | None:
+    return None if c.code_offset else K.field_u8(blocks, c.fields["qs"], c.block_size, out=out)
 
 
 def _i8_pack(c: "BlockCodec", codes: np.ndarray, out: np.ndarray) -> None:
@@ -149,8 +155,15 @@ def _nibbles_unpack(c: "BlockCodec", blocks: np.ndarray) -> np.ndarray:
     return _nibble_offset(K.split_to_pairs(_field(blocks, c.fields["qs"], c.block_size // 2)), c.code_offset)
 
 
+def _nibbles_into(c: "BlockCodec", blocks: np.ndarray, out: np.ndarray) -> np.ndarray | None:
+    offset = c.code_offset % 16  # 8: the XOR of _nibble_offset, done by the mover
+    if offset not in (0, 8):
+        return None
+    return K.split_to_pairs(_field(blocks, c.fields["qs"], c.block_size // 2), 0x88 if offset else 0, out=out)
+
+
 def _nibbles_pack(c: "BlockCodec", codes: np.ndarray, out: np.ndarray) -> None:
-    _field(out, c.fields["qs"], c.block_size // 2)[...] = K.pairs_to_split(_nibble_offset(codes.copy(), -c.code_offset))
+    K.pairs_to_split(_nibble_offset(codes.copy(), -c.code_offset), out=_field(out, c.fields["qs"], c.block_size // 2))
 
 
 def _qh_unpack(c: "BlockCodec", blocks: np.ndarray) -> np.ndarray:
@@ -165,8 +178,8 @@ def _qh_pack(c: "BlockCodec", codes: np.ndarray, out: np.ndarray) -> None:
     K.q5_pack(q, qs_out=_field(out, c.fields["qs"], k // 2), qh_out=_field(out, c.fields["qh"], k // 8))
 
 
-register_code_kind(CodeKind("i8", 8, True, _i8_unpack, _i8_pack))
-register_code_kind(CodeKind("nibbles", 4, False, _nibbles_unpack, _nibbles_pack))
+register_code_kind(CodeKind("i8", 8, True, _i8_unpack, _i8_pack, unpack_into=_i8_into))
+register_code_kind(CodeKind("nibbles", 4, False, _nibbles_unpack, _nibbles_pack, unpack_into=_nibbles_into))
 register_code_kind(CodeKind("nibbles_qh", 5, False, _qh_unpack, _qh_pack))
 
 
@@ -191,6 +204,7 @@ class ScaleType:
     one: Callable[[np.ndarray], np.ndarray]
     bad_text: str  # "{what}" (e.g. "scale d") and "{value}" are filled in
     zero_text: str
+    kernel: str  # the scan of kernels.scale_class that finds ``bad`` and ``zero`` values
 
 
 SCALE_TYPES: Mapping[str, ScaleType] = MappingProxyType({
@@ -198,13 +212,13 @@ SCALE_TYPES: Mapping[str, ScaleType] = MappingProxyType({
         "float16", "d", "<f2", "f16",
         bad=lambda s: ~np.isfinite(s), zero=lambda s: s == 0,
         one=lambda s: np.copysign(np.float16(1.0), s).astype(np.float16),
-        bad_text="{what} = {value} is not finite", zero_text="{what} = 0",
+        bad_text="{what} = {value} is not finite", zero_text="{what} = 0", kernel="f16",
     ),
     "float8_e8m0": ScaleType(
         "float8_e8m0", "e", "u1", "e8m0",
         bad=lambda s: s == 0xFF, zero=lambda s: s == 0,
         one=lambda s: np.full(s.shape, 0x7F, dtype=np.uint8),
-        bad_text="E8M0 scale 0xFF (NaN) is not representable", zero_text="E8M0 scale 0x00",
+        bad_text="E8M0 scale 0xFF (NaN) is not representable", zero_text="E8M0 scale 0x00", kernel="e8m0",
     ),
 })
 
@@ -274,6 +288,21 @@ class BlockCodec:
         view = np.dtype(self.scale.view)
         return np.ascontiguousarray(_field(blocks, self.fields[name], view.itemsize)).view(view).reshape(-1)
 
+    def codes_into(self, blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """:meth:`codes`, written into the reused ``(n, code_bytes)`` array ``out`` where the
+        code kind can (returns the codes, ``out`` or a new array)."""
+        assert self.kind is not None
+        into = self.kind.unpack_into
+        got = into(self, blocks, out) if into is not None else None
+        return got if got is not None else self.codes(blocks)
+
+    def field_into(self, blocks: np.ndarray, name: str, out: np.ndarray) -> np.ndarray:
+        """:meth:`field_values` (a copy), written into the reused ``(n,)`` array ``out``."""
+        assert self.scale is not None
+        size = out.dtype.itemsize
+        K.field_u8(blocks, self.fields[name], size, out=out.view(np.uint8).reshape(-1, size))
+        return out
+
     def scales(self, blocks: np.ndarray) -> np.ndarray:
         assert self.scale is not None and self.kind is not None
         if self.kind.split is not None:
@@ -294,16 +323,23 @@ class BlockCodec:
             return self.kind.split(self, blocks)
         return Parts(self.codes(blocks), self.scales(blocks), self.minimums(blocks) if "m" in self.fields else None)
 
-    def join(self, parts: Parts) -> np.ndarray:
-        """``(n, block_bytes)`` GGML blocks from their parts."""
+    def join(self, parts: Parts, out: np.ndarray | None = None) -> np.ndarray:
+        """``(n, block_bytes)`` GGML blocks from their parts (into ``out``, a reused
+        ``(n, block_bytes)`` byte array, when given)."""
         assert self.kind is not None and self.scale is not None
         if self.kind.join is not None:
-            return self.kind.join(self, parts)
-        out = np.zeros((parts.codes.shape[0], self.block_bytes), dtype=np.uint8)  # bytes no part covers: 0
-        size = np.dtype(self.scale.view).itemsize
-        _field(out, self.fields[self.scale.field], size)[...] = parts.scales.reshape(-1, 1).view(np.uint8)
+            blocks = self.kind.join(self, parts)
+            if out is None:
+                return blocks
+            out[...] = blocks
+            return out
+        if out is None:
+            out = np.zeros((parts.codes.shape[0], self.block_bytes), dtype=np.uint8)  # bytes no part covers: 0
+        else:
+            out[...] = 0
+        K.scatter_field(out, self.fields[self.scale.field], parts.scales)
         if parts.minimum is not None:
-            _field(out, self.fields["m"], size)[...] = parts.minimum.reshape(-1, 1).view(np.uint8)
+            K.scatter_field(out, self.fields["m"], parts.minimum)
         self.kind.pack(self, parts.codes, out)
         return out
 

@@ -51,6 +51,7 @@ from ..errors import (
 from ..files.binary import Reader
 from ..parallel import prefetch_chunks
 from ..files.atomic import AtomicOutput
+from ..files.positional import PositionalWriter
 from .composite import check_nesting, validate_composite
 from .descriptor import decode_descriptor, encode_descriptor, validate_parameter_values
 from .kv import KVValue, StreamedBytes, decode_kv, encode_kv_parts
@@ -554,6 +555,10 @@ class HrryFile:
                 p = _align(p, self.header.alignment)
         return offs + [p]
 
+    def buffer_offsets(self, name: str) -> list[int]:
+        """The file offset of each buffer of tensor ``name`` (for copies by the kernel)."""
+        return self._buffer_offsets(self.entry(name), self.descriptor(name))[:-1]
+
     def _check_data_length(self, e: IndexEntry, d: Descriptor) -> None:
         offs = self._buffer_offsets(e, d)
         expected = offs[-1] - e.data_offset
@@ -697,6 +702,9 @@ def _as_view(b: Any, where: str) -> memoryview:
     raise UsageError(f"buffer chunks must be bytes-like or numpy arrays, got {type(b).__name__}", field=where)
 
 
+_HOLE = object()  # a buffer left to positional writes (HrryWriter.reserve)
+
+
 class HrryWriter:
     """One-pass streaming writer of a ``.hrry`` file, byte-identical to the reference.
 
@@ -710,7 +718,11 @@ class HrryWriter:
     ``with`` block without ``finish`` (an exception, or simply forgetting)
     discards the temporary file, and an existing file at ``path`` stays as it
     was.  ``tensor_count_hint`` (if given) is written to the header and must
-    match the number of tensors written.
+    match the number of tensors written; ``count_at_finish`` writes the count of tensors
+    actually written there instead, when :meth:`finish` knows it.  Besides streamed
+    buffers, :meth:`reserve` leaves a tensor's buffers to positional writes from worker
+    threads (:meth:`positional`), and :meth:`mark`/:meth:`rewind` take back the tensors
+    written since a point (a conversion that changes its mind about a tensor).
     """
 
     def __init__(
@@ -722,6 +734,7 @@ class HrryWriter:
         force: bool = False,
         sorted_index: bool = False,
         inputs: Iterable["str | os.PathLike[str]"] = (),
+        count_at_finish: bool = False,
     ) -> None:
         if not isinstance(alignment, int) or alignment & (alignment - 1) or not MIN_ALIGNMENT <= alignment <= MAX_ALIGNMENT:
             raise UsageError(f"alignment must be a power of two between {MIN_ALIGNMENT} and {MAX_ALIGNMENT}, got {alignment!r}")
@@ -731,6 +744,7 @@ class HrryWriter:
         self.alignment = alignment
         self.tensor_count_hint = tensor_count_hint
         self.sorted_index = sorted_index
+        self.count_at_finish = count_at_finish  # the header's tensor count, written by finish()
         self._out = AtomicOutput(path, force=force, inputs=inputs)
         self._entries: list[IndexEntry] = []
         self._names: set[str] = set()
@@ -738,6 +752,8 @@ class HrryWriter:
         self._pos = 0
         self._state = "new"  # new | open | failed | done
         self._scratch: dict[str, Any] = {}
+        self._holes: list[int] = []
+        self._positional: PositionalWriter | None = None
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -746,10 +762,12 @@ class HrryWriter:
             raise UsageError(f"writer is already {self._state}", path=self.path)
         self._out.open()
         self._state = "open"
-        flags = FLAG_HAS_INDEX_CRC32C | (FLAG_SORTED_INDEX if self.sorted_index else 0)
-        hint = COUNT_UNKNOWN if self.tensor_count_hint is None else self.tensor_count_hint
-        self._emit(FileHeader(1, 0, flags, self.alignment, HEADER_SIZE, hint).encode())
+        self._emit(self._header(self.tensor_count_hint))
         return self
+
+    def _header(self, count: int | None) -> bytes:
+        flags = FLAG_HAS_INDEX_CRC32C | (FLAG_SORTED_INDEX if self.sorted_index else 0)
+        return FileHeader(1, 0, flags, self.alignment, HEADER_SIZE, COUNT_UNKNOWN if count is None else count).encode()
 
     def __enter__(self) -> "HrryWriter":
         return self.open()
@@ -797,6 +815,12 @@ class HrryWriter:
     def _write_buffer(self, name: str, i: int, src: Any, size: int) -> None:
         where = f"buffer {i}"
         written = 0
+        if src is _HOLE:  # reserve(): the bytes come later, by positional writes
+            self._out.flush()
+            self._out.seek(size, os.SEEK_CUR)
+            self._holes.append(self._pos)
+            self._pos += size
+            return
 
         def put(mv: memoryview) -> None:
             nonlocal written
@@ -903,6 +927,39 @@ class HrryWriter:
             self._pending.pop()
         return entry
 
+    def reserve(self, name: str, descriptor: Descriptor) -> list[int]:
+        """Write ``descriptor`` like :meth:`write`, leaving its buffers' bytes to positional
+        writes (:meth:`positional`, from any thread; they must fill every byte before
+        :meth:`finish`).  Returns the file offset of each buffer."""
+        self._holes = []
+        self.write(name, descriptor, [_HOLE] * len(descriptor.buffers))
+        return self._holes
+
+    def positional(self) -> PositionalWriter:
+        """A writer for the ranges :meth:`reserve` hands out (incremental writeback as each is written)."""
+        self._require_open()
+        if self._positional is None:
+            self._positional = PositionalWriter(self._out, None)
+        return self._positional
+
+    def mark(self) -> tuple[int, int, list[int]]:
+        """Where the file stands now, for :meth:`rewind`."""
+        return self._pos, len(self._entries), list(self._pending)
+
+    def rewind(self, mark: tuple[int, int, list[int]]) -> None:
+        """Forget every tensor written since :meth:`mark` (their bytes are cut off the file;
+        any positional writes into them must have ended)."""
+        pos, count, pending = mark
+        self._require_open()
+        self._out.flush()
+        os.ftruncate(self._out.fileno(), pos)
+        self._out.seek(pos)
+        self._pos = pos
+        for e in self._entries[count:]:
+            self._names.discard(e.name)
+        del self._entries[count:]
+        self._pending = pending
+
     def write_composite(
         self,
         name: str,
@@ -968,6 +1025,8 @@ class HrryWriter:
             ioff = self._pos
             self._emit(index)
             self._emit(Trailer(ioff, len(index), kvoff, kvlen, crc32c(index)).encode())
+            if self.count_at_finish:
+                self.positional().pwrite(self._header(len(self._entries)), 0)
             self._out.commit()
         except BaseException:
             self.abort()

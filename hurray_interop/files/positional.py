@@ -78,9 +78,13 @@ def _pwrite_function() -> Callable[[int, memoryview, int], int]:
         return pwrite
 
     def seek_write(fd: int, data: memoryview, offset: int) -> int:
-        with _SEEK_LOCK:
+        with _SEEK_LOCK:  # the file position is put back, as pwrite leaves it (a sequential writer shares it)
+            here = os.lseek(fd, 0, os.SEEK_CUR)
             os.lseek(fd, offset, os.SEEK_SET)
-            return os.write(fd, data)
+            try:
+                return os.write(fd, data)
+            finally:
+                os.lseek(fd, here, os.SEEK_SET)
 
     return seek_write
 
@@ -93,8 +97,12 @@ def _pread_function() -> Callable[[int, memoryview, int], int]:
 
     def seek_read(fd: int, into: memoryview, offset: int) -> int:
         with _SEEK_LOCK:
+            here = os.lseek(fd, 0, os.SEEK_CUR)
             os.lseek(fd, offset, os.SEEK_SET)
-            got = os.read(fd, len(into))
+            try:
+                got = os.read(fd, len(into))
+            finally:
+                os.lseek(fd, here, os.SEEK_SET)
         into[: len(got)] = got
         return len(got)
 
@@ -119,19 +127,21 @@ class PositionalWriter:
     """Thread-safe positional writes into an open :class:`AtomicOutput` of ``size`` bytes.
 
     ``out`` is flushed first (bytes it holds in its buffer land at their offsets) and
-    truncated/extended to ``size``.  ``writeback``: see :func:`writeback_function`.
+    truncated/extended to ``size`` (``None``: left as it is, for an owner that writes the
+    rest sequentially around the ranges it hands out, e.g. :meth:`HrryWriter.reserve`).  ``writeback``: see :func:`writeback_function`.
     The final ``fsync`` is ``out.commit()``'s."""
 
-    def __init__(self, out: Any, size: int, *, writeback: str = "auto") -> None:
+    def __init__(self, out: Any, size: int | None, *, writeback: str = "auto") -> None:
         out.flush()
         self.fd: int = out.fileno()
         self.path = getattr(out, "path", None)
-        self.size = size
+        self.size = size  # None: the owner lays the file out itself (no truncation, no bound)
         self._writeback = writeback_function(writeback)
         self._copy_range = getattr(os, "copy_file_range", None)
         self._pwrite, self._pread = _pwrite_function(), _pread_function()
         self._local = threading.local()
-        self._fail(os.ftruncate, self.fd, size)
+        if size is not None:
+            self._fail(os.ftruncate, self.fd, size)
 
     def _fail(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -140,7 +150,7 @@ class PositionalWriter:
             raise UsageError(f"cannot write the output: {e.strerror or e}", path=self.path) from None
 
     def _check(self, offset: int, length: int) -> None:
-        if offset < 0 or length < 0 or offset + length > self.size:
+        if offset < 0 or length < 0 or (self.size is not None and offset + length > self.size):
             raise UsageError(f"write of {length} bytes at offset {offset} is outside the {self.size}-byte output",
                              path=self.path)
 

@@ -1317,8 +1317,8 @@ class GGUFWriterStream:
                 self._write(bytes(k))
                 n -= k
 
-    def write_tensor_data(self, data: Any, *, name: str | None = None) -> None:
-        """Write the next tensor's bytes: a bytes-like/numpy array or an iterable of them."""
+    def _start_tensor(self, name: str | None) -> tuple[bytes, int]:
+        """Pad up to the next tensor's data; returns its (raw) name and size."""
         if self._closed:
             raise UsageError("writer is closed")
         if self._next >= len(self._order):
@@ -1327,6 +1327,22 @@ class GGUFWriterStream:
         if name is not None and _encode_name(name) != tname:
             raise UsageError(f"expected data for tensor {_decode_name(tname)!r}, got {name!r}")
         self._pad_to(self.data_offset + off)
+        return tname, nbytes
+
+    def skip_tensor_data(self, *, name: str | None = None) -> int:
+        """Leave the next tensor's bytes to positional writes (the caller must write every
+        one of them before the file is used); returns their absolute offset."""
+        _, nbytes = self._start_tensor(name)
+        at = self._pos
+        self._fh.flush()
+        self._fh.seek(nbytes, os.SEEK_CUR)
+        self._pos += nbytes
+        self._next += 1
+        return at
+
+    def write_tensor_data(self, data: Any, *, name: str | None = None) -> None:
+        """Write the next tensor's bytes: a bytes-like/numpy array or an iterable of them."""
+        tname, nbytes = self._start_tensor(name)
         # chunks of an iterable are produced one ahead in a worker thread (see prefetch_chunks)
         chunks = [data] if isinstance(data, (bytes, bytearray, memoryview, np.ndarray)) else prefetch_chunks(data)
         written = 0

@@ -818,7 +818,9 @@ def _check_tensors(shards: list[G.GGUFFile], total: int, paths: list[Path]) -> N
 # writing
 # --------------------------------------------------------------------------
 
-#: ``data_for(name)`` gives a tensor's bytes: a bytes-like object or numpy array, or an iterable of them
+#: ``data_for(name)`` gives a tensor's bytes: a bytes-like object or numpy array, or an iterable of them,
+#: or an object with ``write_at(out, offset)`` that writes them itself at ``offset`` of the open
+#: output file ``out`` (positional writes from worker threads)
 DataFor = Callable[[str], Any]
 Progress = Callable[[int, int], None] | None
 
@@ -870,7 +872,12 @@ def write_shard(
     with w:
         for spec in w.tensors_in_file_order:
             name = str(spec.name)
-            w.write_tensor_data(data_for(name), name=name)
+            data = data_for(name)
+            write_at = getattr(data, "write_at", None)
+            if write_at is not None and not isinstance(dst, (str, os.PathLike)):
+                write_at(dst, w.skip_tensor_data(name=name))
+            else:
+                w.write_tensor_data(data, name=name)
             if on_tensor is not None:
                 on_tensor(G.tensor_nbytes(spec.type_id, spec.ne))
     return w.bytes_written
