@@ -787,44 +787,20 @@ def _progress_total(tensors: Sequence["G.GGUFTensorInfo"]) -> int:
     return sum(t.nbytes for t in tensors)
 
 
-class _SetSource:
-    """A split GGUF set seen as the one model it holds (what the import reads of a
-    ``GGUFFile``): the first shard's metadata without the ``split.*`` keys, every
-    tensor in set order (docs/conversion-rules.md § 10)."""
-
-    def __init__(self, s: "S.SplitSet") -> None:
-        first = s.shards[0]
-        self.set = s
-        self.path = os.fspath(s.paths[0])
-        self.kv = s.model_kv()
-        self.kv_offsets = first.kv_offsets
-        self.tensors = [t for _, t in s.tensors]
-        self.version, self.alignment, self.tail_bytes = first.version, first.alignment, first.tail_bytes
-        self.nonzero_padding = bool(s.nonzero_padding)
-
-    def release_pages(self) -> None:
-        self.set.release_pages()
-
-    def note(self) -> str:
-        """The set in one line: its shards and the tensors in each."""
-        per = ", ".join(f"{p.name} {len(gf.tensors)}" for p, gf in zip(self.set.paths, self.set.shards))
-        return f"split GGUF set of {self.set.count} shards, {len(self.tensors)} tensors in all (tensors per shard: {per})"
-
-
 @contextlib.contextmanager
 def _whole_model(src: "G.GGUFFile | S.SplitSet") -> Iterator[Any]:
     """The model ``src`` belongs to: the file itself, or its whole split set (checked; bad
     sets raise a located SplitSetError).  Shards opened here are closed on leaving;
     ``src`` stays the caller's."""
     if isinstance(src, S.SplitSet):
-        yield _SetSource(src)
+        yield S.SplitModel(src)
         return
     s = S.split_set_of(src)
     if s is None:
         yield src
         return
     try:
-        yield _SetSource(s)
+        yield S.SplitModel(s)
     finally:
         for gf in s.shards:
             if gf is not src:
@@ -832,7 +808,7 @@ def _whole_model(src: "G.GGUFFile | S.SplitSet") -> Iterator[Any]:
 
 
 def _input_paths(gf: Any, src: str) -> tuple[str, ...]:
-    return tuple(os.fspath(p) for p in gf.set.paths) if isinstance(gf, _SetSource) else (src,)
+    return tuple(os.fspath(p) for p in gf.set.paths) if isinstance(gf, S.SplitModel) else (src,)
 
 
 def gguf_to_hurray(
@@ -899,8 +875,8 @@ def _import_report(report: ConversionReport, gf: Any, planned: list[_Job], src: 
         report.notes.append(_overlay_note())
     if any(j.expanded for j in planned):
         report.notes.append(_exact_note(planned))
-    if isinstance(gf, _SetSource):
-        report.notes.append(gf.note())
+    if isinstance(gf, S.SplitModel):
+        report.notes.append(gf.describe())
     return _plan_only(report, src, "cannot be converted exactly", dst, dry_run)
 
 
@@ -916,7 +892,7 @@ def _import_kv(gf: Any, planned: list[_Job]) -> dict[str, KVValue]:
         (K_TYPES, KVValue("array", kv_types, "string")),
         (K_TENSORS, KVValue("string", tensors)),
     ]
-    if isinstance(gf, _SetSource):
+    if isinstance(gf, S.SplitModel):
         records.append((K_SPLIT, KVValue("string", gf.set.split_layout().dumps())))
     for j in planned:
         records.extend(j.records)
@@ -939,7 +915,7 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
         return report
     from ..core.hrry import HrryWriter
 
-    fd = None if isinstance(gf, _SetSource) else P.open_source(getattr(gf, "path", None))
+    fd = None if isinstance(gf, S.SplitModel) else P.open_source(getattr(gf, "path", None))
     with _closing_fd(fd), HrryWriter(dst, count_at_finish=True, force=force, inputs=_input_paths(gf, src)) as w:
         out = P.Output(w, w.positional(), fd)
         planned = _import_pass(gf, out, fallback=fallback, q4_1=q4_1, progress=progress)

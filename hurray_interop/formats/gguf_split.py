@@ -615,6 +615,8 @@ class SplitModel(G.ModelMetadata):
         self.path = os.fspath(s.paths[0])
         self.paths, self.shards = s.paths, s.shards
         self.version, self.alignment = first.version, first.alignment
+        self.kv_offsets, self.tail_bytes = first.kv_offsets, first.tail_bytes
+        self.nonzero_padding = bool(s.nonzero_padding)
         self.kv = s.model_kv()
         self.tensors = [t for _, t in s.tensors]
 
@@ -631,6 +633,11 @@ class SplitModel(G.ModelMetadata):
 
     def release_pages(self) -> None:
         self.set.release_pages()
+
+    def describe(self) -> str:
+        """The set in one line: its shards and the tensors in each."""
+        per = ", ".join(f"{p.name} {len(gf.tensors)}" for p, gf in zip(self.paths, self.shards))
+        return f"split GGUF set of {self.count} shards, {len(self.tensors)} tensors in all (tensors per shard: {per})"
 
     def close(self) -> None:
         self.set.close()
