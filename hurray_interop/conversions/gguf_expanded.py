@@ -244,32 +244,10 @@ def _bits(n_items: int, parts: Callable[[int], list[tuple[int, int, int, int]]])
     return _Bits(n_items, dtype, tuple(unpack), tuple(pack), _runs(rows))
 
 
-#: fields of at most this many items in more than 2 runs (the packed scales) are unpacked
-#: from the transposed bytes: a long row per byte instead of many runs of a few bytes
-_NARROW = 32
-
-
 def _unpack(blocks: np.ndarray, b: _Bits) -> np.ndarray:
     """``(n, items)`` values (uint8 or uint16) of the fields ``b`` in every block."""
     if b.runs is not None:
-        n = blocks.shape[0]
-        narrow = b.n_items <= _NARROW and len(b.runs) > 2
-        lo = min(r[1] for r in b.runs) if narrow else 0
-        src = np.ascontiguousarray(blocks[:, lo : max(r[1] + r[2] for r in b.runs)].T) if narrow else blocks
-        res = np.zeros((b.n_items, n) if narrow else (n, b.n_items), dtype=b.dtype)
-        for item, byte, length, shift, mask, dst in b.runs:
-            v = src[byte - lo : byte - lo + length] if narrow else src[:, byte : byte + length]  # (views)
-            if shift:
-                v = v >> shift
-            if shift + mask.bit_length() < 8:
-                v = np.bitwise_and(v, mask, out=v if shift else None)
-            if dst:
-                v = v.astype(b.dtype) << dst
-            if narrow:
-                res[item : item + length] |= v
-            else:
-                res[:, item : item + length] |= v
-        return np.ascontiguousarray(res.T) if narrow else res
+        return K.unpack_runs(blocks, b.runs, b.n_items, b.dtype)
     out = None
     for p in b.unpack:
         v = np.take(blocks, p.byte, axis=1).astype(b.dtype, copy=False)
@@ -292,13 +270,7 @@ def _pack(values: np.ndarray, b: _Bits, out: np.ndarray) -> None:
     """OR the items ``values`` (``(n, items)``) into ``out`` (``(n, block_bytes)``, uint8)."""
     v = values.astype(b.dtype, copy=False)
     if b.runs is not None:
-        for item, byte, length, shift, mask, dst in b.runs:
-            x = v[:, item : item + length] >> dst if dst else v[:, item : item + length] & mask
-            if dst:
-                x &= mask
-            if shift:
-                x <<= shift
-            out[:, byte : byte + length] |= x.astype(np.uint8, copy=False)
+        K.pack_runs(v, b.runs, out)
         return
     for p in b.pack:
         x = np.take(v, p.items, axis=1)
