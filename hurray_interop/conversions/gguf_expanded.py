@@ -67,7 +67,6 @@ import numpy as np
 
 from .. import kernels as K
 from ..core.elements import pack
-from ..core.elements import unpack as unpack_codes
 from ..errors import ConversionRefused, FormatError
 from ..tables import load_table
 
@@ -436,25 +435,13 @@ def _bit_lut(n: int, parts: Callable, values: tuple[int, ...], dtype: type, zp: 
 
 def _split_pairs_codec(n: int, offset: int, groups: int, width: int) -> _Codec:
     """Codes 0..15 that are ``groups`` runs of GGML split-half nibbles (:func:`_split_pairs`):
-    the bit-field codec of those fields, unpacked and packed through Hurray uint4 bytes by
-    the kernels' movers (C when built) instead of field by field."""
-    move = _split_pairs(offset, groups, width)
-
+    element j of a group is the low nibble of its byte j, element j + ``width`` the high
+    nibble -- two bit-field runs per group, moved by the kernels' run movers (C when built)."""
     def field(e: int) -> list[tuple[int, int, int, int]]:
         g, r = divmod(e, 2 * width)
         return [(offset + g * width + r % width, 4 * (r // width), 4, 0)]
 
-    def unpack(blocks: np.ndarray) -> np.ndarray:
-        return unpack_codes(move(blocks), "uint4", blocks.shape[0] * n).reshape(-1, n)
-
-    def pack_into(raw: np.ndarray, out: np.ndarray) -> None:
-        pairs = pack(raw, "uint4").reshape(-1, groups * width)
-        for g in range(groups):
-            a = offset + g * width
-            out[:, a : a + width] |= K.pairs_to_split(pairs[:, g * width : (g + 1) * width])
-
-    c = _lut_codec(_r(0, 16), _U8, 0, unpack, pack_into)
-    return dataclasses.replace(c, coverage=_coverage(_bits(n, field), 16))
+    return _bit_lut(n, field, _r(0, 16), _U8)
 
 
 def _coverage(b: _Bits, n_values: int) -> bytes | None:
