@@ -25,7 +25,7 @@
 typedef ptrdiff_t hk_stride;
 
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
-HK_API int hk_abi_version(void) { return 1; }
+HK_API int hk_abi_version(void) { return 2; }
 
 /* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -198,4 +198,61 @@ HK_API size_t hk_all_zero(const uint8_t *src, hk_stride ss, size_t n, size_t siz
         count += dst[r];
     }
     return count;
+}
+
+/* Bit-field runs (the K-quant code and scale fields): run r is six int32
+ * (item, byte, length, shift, mask, dst); item item+j of a block is
+ *   ((block[byte + j] >> shift) & mask) << dst, ORed over the runs.
+ * hk_unpack_runs writes n rows of `items` values of `isize` bytes (1: uint8,
+ * 2: native uint16), each zeroed first; hk_pack_runs is the inverse: it ORs
+ * (uint8)(((value >> dst) & mask) << shift) into block[byte + j]. */
+/* o[j] |= ((s[j] >> sh) & m) << d, truncated to 8 bits: eight bytes at a time (the
+ * per-byte masks keep bits from crossing into a neighbouring byte), then the tail. */
+static inline void or_run8(uint8_t *restrict o, const uint8_t *restrict s, unsigned len,
+                           unsigned sh, unsigned m, unsigned d) {
+    const uint64_t keep = BYTE_LSB * ((0xFFu >> sh) & m), high = BYTE_LSB * ((0xFFu << d) & 0xFFu);
+    unsigned j = 0;
+    for (; j + 8 <= len; j += 8) st64(o + j, ld64(o + j) | ((((ld64(s + j) >> sh) & keep) << d) & high));
+    for (; j < len; j++) o[j] |= (uint8_t)(((unsigned)(s[j] >> sh) & m) << d);
+}
+
+static inline void or_run16(uint16_t *restrict o, const uint8_t *restrict s, unsigned len,
+                            unsigned sh, unsigned m, unsigned d) {
+    for (unsigned j = 0; j < len; j++) o[j] |= (uint16_t)(((unsigned)(s[j] >> sh) & m) << d);
+}
+
+static inline void pack_run16(uint8_t *restrict o, const uint16_t *restrict v, unsigned len,
+                              unsigned sh, unsigned m, unsigned d) {
+    for (unsigned j = 0; j < len; j++) o[j] |= (uint8_t)(((unsigned)(v[j] >> d) & m) << sh);
+}
+
+/* Both directions: unpack (clear = bytes to zero per output row) reads block bytes and ORs
+ * items; pack reads items and ORs block bytes (or_run8 with the shifts swapped). */
+static void move_runs(const uint8_t *src, hk_stride ss, size_t n, const int32_t *runs, size_t nruns,
+                      size_t isize, uint8_t *dst, hk_stride ds, size_t clear, int pack) {
+    for (size_t i = 0; i < n; i++, src += ss, dst += ds) {
+        if (clear) memset(dst, 0, clear);
+        for (size_t r = 0; r < nruns; r++) {
+            const int32_t *R = runs + 6 * r;
+            const unsigned len = (unsigned)R[2], sh = (unsigned)R[3], m = (unsigned)R[4], d = (unsigned)R[5];
+            if (pack && isize == 1)
+                or_run8(dst + R[1], src + R[0], len, d, m, sh);
+            else if (pack)
+                pack_run16(dst + R[1], (const uint16_t *)src + R[0], len, sh, m, d);
+            else if (isize == 1)
+                or_run8(dst + R[0], src + R[1], len, sh, m, d);
+            else
+                or_run16((uint16_t *)dst + R[0], src + R[1], len, sh, m, d);
+        }
+    }
+}
+
+HK_API void hk_unpack_runs(const uint8_t *src, hk_stride ss, size_t n, const int32_t *runs,
+                           size_t nruns, size_t items, size_t isize, uint8_t *dst, hk_stride ds) {
+    move_runs(src, ss, n, runs, nruns, isize, dst, ds, items * isize, 0);
+}
+
+HK_API void hk_pack_runs(const uint8_t *src, hk_stride ss, size_t n, const int32_t *runs,
+                         size_t nruns, size_t isize, uint8_t *dst, hk_stride ds) {
+    move_runs(src, ss, n, runs, nruns, isize, dst, ds, 0, 1);
 }

@@ -21,6 +21,7 @@ numpy path, so the results never differ -- only the speed.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,11 +45,13 @@ __all__ = [
     "scatter_field",
     "scale_class",
     "all_zero",
+    "unpack_runs",
+    "pack_runs",
 ]
 
 ENV_VAR = "HURRAY_INTEROP_KERNEL"
 LIBRARY = Path(__file__).with_name("_kernel.dll" if os.name == "nt" else "_kernel.so")
-_ABI_VERSION = 1  # hk_abi_version() in _kernel.c
+_ABI_VERSION = 2  # hk_abi_version() in _kernel.c
 
 #: scale classes returned by :func:`scale_class`, one byte per block
 SCALE_OK, SCALE_ZERO, SCALE_BAD = 0, 1, 2
@@ -63,6 +66,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "hk_class_f16": (_N, [_P, _S, _N, _P]),
     "hk_class_e8m0": (_N, [_P, _S, _N, _P]),
     "hk_all_zero": (_N, [_P, _S, _N, _N, _B, _P]),
+    "hk_unpack_runs": (None, [_P, _S, _N, _P, _N, _N, _N, _P, _S]),
+    "hk_pack_runs": (None, [_P, _S, _N, _P, _N, _N, _P, _S]),
 }
 
 
@@ -239,6 +244,50 @@ def numpy_field_u8(blocks: np.ndarray, offset: int, size: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[:, offset : offset + size])
 
 
+#: fields of at most this many items in more than 2 runs (the packed scales) are unpacked
+#: from the transposed bytes: a long row per byte instead of many runs of a few bytes
+_NARROW = 32
+
+#: a bit-field run: ``(item, byte, length, shift, mask, dst)`` -- items ``item + j`` are
+#: ``((block[byte + j] >> shift) & mask) << dst``, ORed over the runs
+Run = tuple[int, int, int, int, int, int]
+
+
+def numpy_unpack_runs(blocks: np.ndarray, runs: tuple[Run, ...], n_items: int, dtype: Any) -> np.ndarray:
+    """``(n, n_items)`` values (``dtype``: uint8 or uint16) of the bit-field ``runs`` in every block."""
+    n = blocks.shape[0]
+    narrow = n_items <= _NARROW and len(runs) > 2
+    lo = min(r[1] for r in runs) if narrow else 0
+    src = np.ascontiguousarray(blocks[:, lo : max(r[1] + r[2] for r in runs)].T) if narrow else blocks
+    res = np.zeros((n_items, n) if narrow else (n, n_items), dtype=dtype)
+    for item, byte, length, shift, mask, dst in runs:
+        v = src[byte - lo : byte - lo + length] if narrow else src[:, byte : byte + length]  # (views)
+        if shift:
+            v = v >> shift
+        if shift + mask.bit_length() < 8:
+            v = np.bitwise_and(v, mask, out=v if shift else None)
+        if dst:
+            v = v.astype(dtype) << dst
+        if narrow:
+            res[item : item + length] |= v
+        else:
+            res[:, item : item + length] |= v
+    return np.ascontiguousarray(res.T) if narrow else res
+
+
+def numpy_pack_runs(values: np.ndarray, runs: tuple[Run, ...], out: np.ndarray) -> None:
+    """OR the items ``values`` (``(n, items)``, uint8 or uint16) into the bit-field ``runs`` of
+    ``out`` (``(n, block_bytes)``, uint8)."""
+    for item, byte, length, shift, mask, dst in runs:
+        v = values[:, item : item + length]
+        x = v >> dst if dst else v & mask
+        if dst:
+            x &= mask
+        if shift:
+            x <<= shift
+        out[:, byte : byte + length] |= x.astype(np.uint8, copy=False)
+
+
 #: the numpy path of every mover, by the name of the dispatching function
 _np = SimpleNamespace(
     split_to_pairs=numpy_split_to_pairs,
@@ -247,6 +296,8 @@ _np = SimpleNamespace(
     q5_pack=numpy_q5_pack,
     field_f16=numpy_field_f16,
     field_u8=numpy_field_u8,
+    unpack_runs=numpy_unpack_runs,
+    pack_runs=numpy_pack_runs,
 )
 
 
@@ -384,3 +435,53 @@ def all_zero(rows: np.ndarray, mask: int = 0xFF) -> np.ndarray:
     out = np.empty(rows.shape[0], dtype=np.uint8)
     _lib.hk_all_zero(_at(rows), rows.strides[0], rows.shape[0], rows.shape[1], int(mask), _at(out))
     return out.view(np.bool_)
+
+
+@functools.lru_cache(maxsize=256)
+def _run_table(runs: tuple[Run, ...]) -> tuple[np.ndarray, int, int]:
+    """``runs`` as the int32 table the C code reads, with the item and byte extents it touches."""
+    t = np.ascontiguousarray(np.array(runs, dtype=np.int32).reshape(-1, 6))
+    items = max((r[0] + r[2] for r in runs), default=0)
+    nbytes = max((r[1] + r[2] for r in runs), default=0)
+    short = sum(r[2] for r in runs) < _MIN_RUN * len(runs)
+    return t, items, -1 if short else nbytes
+
+
+#: runs shorter than this on average (scales of single items here and there) are moved
+#: faster by numpy's whole-column slices than by the C loop per block
+_MIN_RUN = 2
+
+
+def _run_dtype(dtype: Any) -> int:
+    d = np.dtype(dtype)
+    return d.itemsize if d.kind == "u" and d.itemsize in (1, 2) and d.isnative else 0
+
+
+def unpack_runs(blocks: np.ndarray, runs: tuple[Run, ...], n_items: int, dtype: Any) -> np.ndarray:
+    """``(n, n_items)`` values (uint8 or uint16) of the bit-field ``runs`` (:data:`Run`) in every block."""
+    table, items, nbytes = _run_table(runs)
+    isize = _run_dtype(dtype)
+    if (_lib is None or nbytes < 0 or not runs or not isize or not _rows(blocks) or blocks.dtype != np.uint8
+            or nbytes > blocks.shape[1] or items > n_items):
+        return _np.unpack_runs(blocks, runs, n_items, dtype)
+    n = blocks.shape[0]
+    out = np.empty((n, n_items), dtype=dtype)
+    if n:
+        _lib.hk_unpack_runs(_at(blocks), blocks.strides[0], n, _at(table), len(table), n_items, isize,
+                            _at(out), out.strides[0])
+    return out
+
+
+def pack_runs(values: np.ndarray, runs: tuple[Run, ...], out: np.ndarray) -> None:
+    """OR the items ``values`` (``(n, items)``, uint8 or uint16) into the bit-field ``runs`` of
+    ``out`` (``(n, block_bytes)``, uint8), in place."""
+    table, items, nbytes = _run_table(runs)
+    n = out.shape[0] if isinstance(out, np.ndarray) and out.ndim == 2 else -1
+    isize = _run_dtype(values.dtype) if isinstance(values, np.ndarray) else 0
+    if (_lib is None or nbytes < 0 or not runs or not isize or values.ndim != 2 or len(values) != n or values.shape[1] < items
+            or not _target(out, n, out.shape[1], values) or out.dtype != np.uint8 or nbytes > out.shape[1]):
+        _np.pack_runs(values, runs, out)
+        return
+    v = np.ascontiguousarray(values)
+    if n:
+        _lib.hk_pack_runs(_at(v), v.strides[0], n, _at(table), len(table), isize, _at(out), out.strides[0])

@@ -304,3 +304,69 @@ def test_q5_movers_of_any_block_width_follow_the_element_order(k: int) -> None:
     assert np.array_equal(K.q5_codes(qs, qh), want)
     got_qs, got_qh = K.q5_pack(want | 0xE0)  # bits 5..7 ignored
     assert np.array_equal(got_qs, qs) and np.array_equal(got_qh, qh)
+
+
+# ---------------------------------------------------------------------------
+# bit-field runs (the K-quant code and scale fields)
+
+
+def _layout_runs() -> dict[str, tuple[tuple[int, ...], ...]]:
+    from hurray_interop.conversions import gguf_expanded as G
+
+    q6 = G._bits(256, G._q6k)
+    q3 = G._bits(256, G._q3k)
+    return {
+        "q6k-codes": (q6.runs, 256, np.uint8, 210),
+        "q3k-codes": (q3.runs, 256, np.uint8, 110),
+        "q4k-scales": (G._specs()["Q4_K"].sc.runs, 8, np.uint8, 144),
+        "f16-d": (G._f16_at(208).runs, 1, np.uint16, 210),
+        # hand-made: unaligned lengths (tails), shifts and dsts into uint16 items
+        "odd": (((0, 3, 13, 1, 0x7F, 0), (13, 1, 11, 5, 0x7, 9), (0, 20, 5, 0, 0xFF, 8)), 24, np.uint16, 25),
+    }
+
+
+RUN_LAYOUTS = _layout_runs()
+
+
+@needs_c
+@pytest.mark.parametrize("layout", sorted(RUN_LAYOUTS))
+@pytest.mark.parametrize(("n", "seed"), [(0, 1), (1, 2), (7, 3), (8193, 4)])
+def test_run_movers(layout: str, n: int, seed: int) -> None:
+    runs, items, dtype, width = RUN_LAYOUTS[layout]
+    for name, blocks in views(n, width, seed):
+        c_runs = n > 0 and sum(r[2] for r in runs) >= K._MIN_RUN * len(runs)  # else numpy, by design
+        c, m = both(lambda: K.unpack_runs(blocks, runs, items, dtype), {"hk_unpack_runs"} if c_runs else False)
+        same(c, m)
+        rng = np.random.default_rng(seed)
+        base = rng.integers(0, 256, size=(2 * n, width), dtype=np.uint8)
+        outs = [base.copy(), base.copy()]
+        # a strided output, ORed into (not overwritten)
+        both(lambda: K.pack_runs(c, runs, outs.pop()[::2]), {"hk_pack_runs"} if c_runs else False)
+        assert not outs
+        c_out, m_out = base.copy(), base.copy()
+        K.pack_runs(c, runs, c_out[::2])
+        with numpy_path():
+            K.pack_runs(c, runs, m_out[::2])
+        same(c_out, m_out)
+
+
+@needs_c
+@pytest.mark.parametrize("layout", ["q6k-codes", "q3k-codes"])
+def test_run_movers_invert_each_other(layout: str) -> None:
+    """Code fields cover their bytes' bits once each: packing the unpacked codes into zeroed
+    blocks gives back the blocks' code bytes."""
+    runs, items, dtype, width = RUN_LAYOUTS[layout]
+    blocks = np.random.default_rng(9).integers(0, 256, size=(301, width), dtype=np.uint8)
+    out = np.zeros_like(blocks)
+    K.pack_runs(K.unpack_runs(blocks, runs, items, dtype), runs, out)
+    covered = sorted({r[1] + j for r in runs for j in range(r[2])})
+    assert out[:, covered].tobytes() == blocks[:, covered].tobytes()
+
+
+@needs_c
+def test_short_runs_take_the_numpy_path() -> None:
+    runs = tuple((i, i, 1, 0, 0xF, 0) for i in range(8))
+    blocks = np.random.default_rng(3).integers(0, 256, size=(5, 8), dtype=np.uint8)
+    c, m = both(lambda: K.unpack_runs(blocks, runs, 8, np.uint8), expect_c=False)
+    same(c, m)
+    assert c.tobytes() == (blocks & 0xF).tobytes()

@@ -67,7 +67,6 @@ import numpy as np
 
 from .. import kernels as K
 from ..core.elements import pack
-from ..core.elements import unpack as unpack_codes
 from ..errors import ConversionRefused, FormatError
 from ..tables import load_table
 
@@ -244,32 +243,10 @@ def _bits(n_items: int, parts: Callable[[int], list[tuple[int, int, int, int]]])
     return _Bits(n_items, dtype, tuple(unpack), tuple(pack), _runs(rows))
 
 
-#: fields of at most this many items in more than 2 runs (the packed scales) are unpacked
-#: from the transposed bytes: a long row per byte instead of many runs of a few bytes
-_NARROW = 32
-
-
 def _unpack(blocks: np.ndarray, b: _Bits) -> np.ndarray:
     """``(n, items)`` values (uint8 or uint16) of the fields ``b`` in every block."""
     if b.runs is not None:
-        n = blocks.shape[0]
-        narrow = b.n_items <= _NARROW and len(b.runs) > 2
-        lo = min(r[1] for r in b.runs) if narrow else 0
-        src = np.ascontiguousarray(blocks[:, lo : max(r[1] + r[2] for r in b.runs)].T) if narrow else blocks
-        res = np.zeros((b.n_items, n) if narrow else (n, b.n_items), dtype=b.dtype)
-        for item, byte, length, shift, mask, dst in b.runs:
-            v = src[byte - lo : byte - lo + length] if narrow else src[:, byte : byte + length]  # (views)
-            if shift:
-                v = v >> shift
-            if shift + mask.bit_length() < 8:
-                v = np.bitwise_and(v, mask, out=v if shift else None)
-            if dst:
-                v = v.astype(b.dtype) << dst
-            if narrow:
-                res[item : item + length] |= v
-            else:
-                res[:, item : item + length] |= v
-        return np.ascontiguousarray(res.T) if narrow else res
+        return K.unpack_runs(blocks, b.runs, b.n_items, b.dtype)
     out = None
     for p in b.unpack:
         v = np.take(blocks, p.byte, axis=1).astype(b.dtype, copy=False)
@@ -292,13 +269,7 @@ def _pack(values: np.ndarray, b: _Bits, out: np.ndarray) -> None:
     """OR the items ``values`` (``(n, items)``) into ``out`` (``(n, block_bytes)``, uint8)."""
     v = values.astype(b.dtype, copy=False)
     if b.runs is not None:
-        for item, byte, length, shift, mask, dst in b.runs:
-            x = v[:, item : item + length] >> dst if dst else v[:, item : item + length] & mask
-            if dst:
-                x &= mask
-            if shift:
-                x <<= shift
-            out[:, byte : byte + length] |= x.astype(np.uint8, copy=False)
+        K.pack_runs(v, b.runs, out)
         return
     for p in b.pack:
         x = np.take(v, p.items, axis=1)
@@ -464,25 +435,13 @@ def _bit_lut(n: int, parts: Callable, values: tuple[int, ...], dtype: type, zp: 
 
 def _split_pairs_codec(n: int, offset: int, groups: int, width: int) -> _Codec:
     """Codes 0..15 that are ``groups`` runs of GGML split-half nibbles (:func:`_split_pairs`):
-    the bit-field codec of those fields, unpacked and packed through Hurray uint4 bytes by
-    the kernels' movers (C when built) instead of field by field."""
-    move = _split_pairs(offset, groups, width)
-
+    element j of a group is the low nibble of its byte j, element j + ``width`` the high
+    nibble -- two bit-field runs per group, moved by the kernels' run movers (C when built)."""
     def field(e: int) -> list[tuple[int, int, int, int]]:
         g, r = divmod(e, 2 * width)
         return [(offset + g * width + r % width, 4 * (r // width), 4, 0)]
 
-    def unpack(blocks: np.ndarray) -> np.ndarray:
-        return unpack_codes(move(blocks), "uint4", blocks.shape[0] * n).reshape(-1, n)
-
-    def pack_into(raw: np.ndarray, out: np.ndarray) -> None:
-        pairs = pack(raw, "uint4").reshape(-1, groups * width)
-        for g in range(groups):
-            a = offset + g * width
-            out[:, a : a + width] |= K.pairs_to_split(pairs[:, g * width : (g + 1) * width])
-
-    c = _lut_codec(_r(0, 16), _U8, 0, unpack, pack_into)
-    return dataclasses.replace(c, coverage=_coverage(_bits(n, field), 16))
+    return _bit_lut(n, field, _r(0, 16), _U8)
 
 
 def _coverage(b: _Bits, n_values: int) -> bytes | None:
