@@ -176,7 +176,8 @@ def test_default_refusal_unchanged(mixed_model: Path, tmp_path: Path, capsys) ->
     assert not out.exists()
     refused = [line for line in err if "blk.0.attn_q.weight" in line or "blk.0.ffn_down.weight" in line]
     assert len(refused) == 2 and all("Q4_K" in s or "Q6_K" in s for s in refused)
-    assert "exact" not in " ".join(refused)
+    assert "exact" not in " ".join(refused)  # the per-tensor lines are as before
+    assert "choose --fallback exact to store them exactly" in err[-1]  # the summary names the way out
 
 
 def test_exact_excludes_lossy_options(mixed_model: Path, tmp_path: Path) -> None:

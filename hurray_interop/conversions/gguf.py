@@ -740,9 +740,11 @@ def _refusal_reason(type_name: str, family: str) -> str:
 def _plan_only(report: ConversionReport, src: str, refusal: str, dst: Any, dry_run: bool) -> bool:
     """After planning: raise if anything is refused (unless dry run); True when nothing is to be written."""
     if report.refused and not dry_run:
+        exact = any(gguf_exact.has_form(t.source_type) for t in report.refused)
+        hint = f"--fallback {fallbacks.EXACT} to store them exactly, larger, or " if exact else ""
         raise ConversionRefused(
             f"{len(report.refused)} tensor(s) {refusal}; nothing was written "
-            f"(choose --fallback {'|'.join(fallbacks.DTYPE_CHOICES)} to store them dequantized)",
+            f"(choose {hint}--fallback {'|'.join(fallbacks.DTYPE_CHOICES)} to store them dequantized)",
             path=src,
             reasons=[(t.name, t.source_type, t.reason) for t in report.refused],
             report=report,
