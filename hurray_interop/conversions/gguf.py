@@ -707,7 +707,8 @@ def _plan_exact(job: _Job, reason: str, out: P.Output | None) -> None:
     try:
         if not gguf_exact.has_form(t.name):
             raise _Refuse(reason + "; no exact expanded form (--fallback exact)")
-        p = gguf_exact.plan(info.name, t.name, _shape(info), _blocks(info))
+        to = None if out is None else (out.w, job.records)  # written in the same pass
+        p = gguf_exact.plan(info.name, t.name, _shape(info), _blocks(info), to)
     except (_Refuse, NonFiniteScale) as r:
         plan.status, plan.mapping = REFUSED, "-"
         plan.reason = r.reason if isinstance(r, _Refuse) else f"{r.message} (tensor {info.name!r})"
@@ -719,8 +720,6 @@ def _plan_exact(job: _Job, reason: str, out: P.Output | None) -> None:
                    f"(record {8 * p.record_bytes / n:.2g}); no native mapping: {reason}")
     job.names = p.names
     job.expanded = True
-    if out is not None:
-        p.write(out.w, job.records)
 
 
 def _exact_note(jobs: Sequence[_Job]) -> str:

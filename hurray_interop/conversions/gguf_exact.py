@@ -22,8 +22,15 @@ records, for the generic converter :mod:`.gguf` (which calls :func:`plan` on imp
   (:class:`~hurray_interop.core.kv.StreamedBytes`); the export reads them from the mapped
   file in windows (:meth:`~hurray_interop.core.kv.KVValue.view`).
 
-The export rebuilds the GGML blocks chunk by chunk with :func:`~.gguf_expanded.rebuild`,
-which proves the stored codes, scales, corrections and patches are those of the rebuilt
+Both directions run on the one pass of :mod:`.gguf_pass`: the import expands each chunk of
+blocks once on the worker threads, which ``pwrite`` its codes, scales (zero points) and
+correction at their final offsets in the ranges :meth:`HrryWriter.reserve` left; the main
+thread spools the chunks' records in block order and collects the zero patches.  The zero
+patches (rare) change the layout, so a tensor found to have some is taken back
+(:meth:`HrryWriter.rewind`) and written again with them; a dry run only scans.
+
+The export rebuilds the GGML blocks chunk by chunk with :func:`~.gguf_expanded.rebuild`
+(the workers ``pwrite`` them where ``GGUFWriterStream.skip_tensor_data`` left room), which proves the stored codes, scales, corrections and patches are those of the rebuilt
 blocks; any mismatch is a :class:`~hurray_interop.errors.FormatError` naming the tensor,
 the block and the field (nothing is written: the output is atomic).
 """
@@ -34,7 +41,7 @@ import dataclasses
 import functools
 import shutil
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -46,17 +53,18 @@ from ..errors import FormatError
 from ..parallel import pmap
 from ..tables import load_table
 from . import gguf_expanded as X
+from .gguf_pass import run
 
 if TYPE_CHECKING:
     from ..core.hrry import HrryWriter
+    from ..files.positional import PositionalWriter
+    from .gguf_pass import Output
 
 __all__ = ["RECORD_PREFIX", "record_key", "has_form", "ExactPlan", "plan", "export"]
 
 RECORD_PREFIX = "hurray_interop.gguf.expanded."
 #: GGML blocks per chunk (2 Mi elements of 256-element blocks: bounded temporaries)
 CHUNK_BLOCKS = 1 << 13
-#: scales and corrections of one tensor kept between the writer's passes (see _Sources)
-STASH_BYTES = 16 << 20
 _ZP = np.dtype("<i4")
 _CORRECTION = "uint2"
 _ONES = 0x55  # four uint2 codes 1
@@ -76,11 +84,6 @@ def _names() -> dict[str, str]:
     overlay = load_table("gguf_hurray")["overlay"]
     return {"base": overlay["base_suffix"], "min": overlay["correction_suffix"],
             "zero": load_table("gguf_expanded")["names"]["zero_patch_suffix"]}
-
-
-def _chunks(n: int) -> Iterator[slice]:
-    for i in range(0, n, CHUNK_BLOCKS):
-        yield slice(i, min(i + CHUNK_BLOCKS, n))
 
 
 # ---------------------------------------------------------------------------
@@ -132,60 +135,104 @@ class ExactPlan:
     bytes_out: int
     record_bytes: int  # the record's header part (exception blocks come on top)
     zero_patches: int
-    write: Callable[["HrryWriter", list[tuple[str, "KVValue | StreamedBytes"]]], None]
 
     def describe(self) -> str:
         n = self.zero_patches
         return self.form.describe() + (f", {n} zero patch{'es' if n > 1 else ''}" if n else "")
 
 
-def _scan(ggml_type: str, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The tensor's zero patches (absolute sub-block indices, patterns); raises
-    :class:`~.gguf_expanded.NonFiniteScale` for a non-finite ``d``/``dmin``."""
+_Patches = tuple[np.ndarray, np.ndarray]  # zero patches: absolute sub-block indices, patterns
+_Writer = tuple["HrryWriter", list[tuple[str, "KVValue | StreamedBytes"]]]
+
+
+def _collect(ggml_type: str, chunks: Iterable[tuple[int, X.Expanded]],
+             each: Callable[[X.Expanded], None] = lambda x: None) -> _Patches:
+    """The zero patches of the ``(first block, expansion)`` chunks, in order (``each`` sees
+    every chunk as it comes)."""
+    f = X.form(ggml_type)
+    per = X._specs()[ggml_type].elements // f.sub_block
     idx, pat = [], []
-    k = X.form(ggml_type).sub_block
-    per = X._specs()[ggml_type].elements // k
-    for sl, e in pmap(lambda sl: (sl, X.expand_scales(ggml_type, blocks[sl], sl.start)), blocks.shape[0], CHUNK_BLOCKS):
-        if e.zero_patch_index.size:
-            idx.append(e.zero_patch_index + sl.start * per)
-            pat.append(e.zero_patch)
+    for start, x in chunks:
+        each(x)
+        if x.zero_patch_index.size:
+            idx.append(x.zero_patch_index + start * per)
+            pat.append(x.zero_patch)
     if not idx:
-        return np.zeros(0, np.int64), np.zeros((0, k), np.float32)
+        return np.zeros(0, np.int64), np.zeros((0, f.sub_block), np.float32)
     return np.concatenate(idx), np.concatenate(pat)
 
 
-def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray) -> ExactPlan:
-    """Plan ``name`` (``blocks``: its ``(n, block_bytes)`` GGML blocks) in its expanded form."""
+def _scan(ggml_type: str, blocks: np.ndarray) -> _Patches:
+    """The tensor's zero patches; raises :class:`~.gguf_expanded.NonFiniteScale` for a
+    non-finite ``d``/``dmin``."""
+    work = lambda sl: (sl.start, X.expand_scales(ggml_type, blocks[sl], sl.start))  # noqa: E731
+    return _collect(ggml_type, pmap(work, blocks.shape[0], CHUNK_BLOCKS))
+
+
+def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray,
+         out: _Writer | None = None) -> ExactPlan:
+    """Plan ``name`` (``blocks``: its ``(n, block_bytes)`` GGML blocks) in its expanded form;
+    given ``out`` (the writer, the list its record goes to), write it in the same pass."""
     f = X.form(ggml_type)
-    k = f.sub_block
-    patch_index, patches = _scan(ggml_type, blocks)
+    patch_index, _ = _scan(ggml_type, blocks) if out is None else _write(name, ggml_type, shape, blocks, *out)
+    composite, _, members = _layout(name, ggml_type, shape, patch_index)
+    size = sum(h.byte_size for _, d in members for h in d.buffers)
+    names = ((name,) if composite else ()) + tuple(mn for mn, _ in members)
+    return ExactPlan(ggml_type, f, names, size, blocks.shape[0] * f.record_bytes, int(patch_index.size))
+
+
+def _layout(name: str, ggml_type: str, shape: tuple[int, ...],
+            patch_index: np.ndarray) -> tuple[bool, Descriptor, list[tuple[str, Descriptor]]]:
+    """Is the form a composite, its head, and its members (or the one plain tensor)."""
+    f = X.form(ggml_type)
     composite = f.overlay or patch_index.size > 0
     sfx = _names()
     base = _affine(shape, f, f.storage, f.scale, f.zero_point is not None, M.ROLE_BASE if composite else None)
     members: list[tuple[str, Descriptor]] = [(name + sfx["base"] if composite else name, base)]
     if f.overlay:
         members.append((name + sfx["min"], _affine(shape, f, _CORRECTION, "float32", False, M.ROLE_CORRECTION)))
+    k = f.sub_block
     members += [(f"{name}{sfx['zero']}.{i}", _patch_desc(shape, int(p), k)) for i, p in enumerate(patch_index)]
     head = Descriptor(element_type=element_type("float32"), shape=shape, buffers=(),
                       layout=M.CompositeHead(composition_rule=M.RULE_OVERLAY, combine_op=M.OP_ADD, member_count=len(members)))
-    nb = blocks.shape[0]
+    return composite, head, members
 
-    def write(w: "HrryWriter", records: list[tuple[str, KVValue | StreamedBytes]]) -> None:
-        sources = _Sources(ggml_type, blocks)  # (its stash lives while this tensor is written)
-        rec = _RecordSink(ggml_type, w.scratch(RECORD_PREFIX + "records"), w.scratch(RECORD_PREFIX + "exceptions"))
-        bufs = [[sources.codes(rec), sources.scales()] + ([sources.zero_points()] if f.zero_point is not None else [])]
-        if f.overlay:
-            bufs.append([sources.correction_codes(), sources.correction_scales()])
-        bufs += [[[p.astype("<f4").reshape(-1)]] for p in patches]
-        if composite:
-            w.write_composite(name, head, [(mn, md, b) for (mn, md), b in zip(members, bufs)])
-        else:
-            w.write(name, base, bufs[0])
-        records.append((record_key(name), rec.value()))
 
-    out = sum(h.byte_size for _, d in members for h in d.buffers)
-    names = ((name,) if composite else ()) + tuple(mn for mn, _ in members)
-    return ExactPlan(ggml_type, f, names, out, nb * f.record_bytes, int(patch_index.size), write)
+def _write(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray, w: "HrryWriter",
+           records: list[tuple[str, KVValue | StreamedBytes]]) -> _Patches:
+    """Write the tensor in one pass, laid out as if it had no zero patches; the rare tensor
+    that has some is taken back and written again with them.  Returns its zero patches."""
+    rec = _RecordSink(ggml_type, w.scratch(RECORD_PREFIX + "records"), w.scratch(RECORD_PREFIX + "exceptions"))
+    mark = w.mark()
+    found = _write_pass(name, ggml_type, shape, blocks, w, rec, _collect(ggml_type, ()))
+    if found[0].size:
+        w.rewind(mark)
+        rec.reset()
+        _write_pass(name, ggml_type, shape, blocks, w, rec, found)
+    records.append((record_key(name), rec.value()))
+    return found
+
+
+def _write_pass(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray, w: "HrryWriter",
+                rec: "_RecordSink", patches: _Patches) -> _Patches:
+    """One pass: the layout for ``patches`` (holes for the base and correction, which the
+    workers fill chunk by chunk at their final offsets; the patches written), the record
+    spooled in block order.  Returns the zero patches the blocks have."""
+    composite, head, members = _layout(name, ggml_type, shape, patches[0])
+    f = X.form(ggml_type)
+    if composite:
+        w.write(name, head, ())
+    offs = [w.reserve(mn, md) for mn, md in members[: 1 + f.overlay]]
+    for (mn, md), p in zip(members[1 + f.overlay :], patches[1]):
+        w.write(mn, md, [[p.astype("<f4").reshape(-1)]])
+    pw = w.positional()
+
+    def spool(x: X.Expanded) -> None:
+        assert x.record is not None
+        rec.add(x.record)  # in block order, while the workers go on
+
+    work = lambda sl: (sl.start, _put_chunk(ggml_type, blocks, sl, offs, pw))  # noqa: E731
+    return _collect(ggml_type, pmap(work, blocks.shape[0], CHUNK_BLOCKS), spool)
 
 
 class _RecordSink:
@@ -196,8 +243,14 @@ class _RecordSink:
     def __init__(self, ggml_type: str, spool: BinaryIO, exceptions: BinaryIO) -> None:
         self.type, self.spool, self.exceptions = ggml_type, spool, exceptions
         self.start = spool.seek(0, 2)
-        exceptions.seek(0)
-        exceptions.truncate()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what was spooled (the tensor is written again)."""
+        self.spool.seek(self.start)
+        self.spool.truncate()
+        self.exceptions.seek(0)
+        self.exceptions.truncate()
 
     def add(self, r: X.Record) -> None:
         self.spool.write(np.ascontiguousarray(r.header).data)
@@ -212,53 +265,27 @@ class _RecordSink:
         return StreamedBytes(self.spool, self.start, self.spool.tell() - self.start)
 
 
-@dataclass
-class _Sources:
-    """The buffers of one expanded tensor, chunk by chunk. The writer takes each buffer whole,
-    one after the other: the codes pass keeps the chunks' scales and corrections (``stash``)
-    when they take at most :data:`STASH_BYTES`, else each later pass computes them again."""
-
-    type: str
-    blocks: np.ndarray
-    stash: list[X.Expanded] | None = None
-
-    def _scales(self) -> Iterator[X.Expanded]:
-        if self.stash is not None:
-            return iter(self.stash)
-        return pmap(lambda sl: X.expand_scales(self.type, self.blocks[sl], sl.start), self.blocks.shape[0], CHUNK_BLOCKS)
-
-    def codes(self, rec: _RecordSink) -> Iterator[np.ndarray]:
-        f = X.form(self.type)
-        subs = self.blocks.shape[0] * (X._specs()[self.type].elements // f.sub_block)
-        keep: list[X.Expanded] | None = [] if subs * (4 + 4 * f.overlay + 1) <= STASH_BYTES else None
-        for x, packed in pmap(lambda sl: X.expand_packed(self.type, self.blocks[sl], sl.start), self.blocks.shape[0],
-                              CHUNK_BLOCKS):
-            rec.add(x.record)
-            if keep is not None:
-                keep.append(dataclasses.replace(x, record=None))
-            yield packed
-        self.stash = keep
-
-    def scales(self) -> Iterator[np.ndarray]:
-        for e in self._scales():
-            yield e.scales.reshape(-1).view(np.uint8)
-
-    def zero_points(self) -> Iterator[np.ndarray]:
-        f = X.form(self.type)
-        per = X._specs()[self.type].elements // f.sub_block
-        for sl in _chunks(self.blocks.shape[0]):
-            yield np.full((sl.stop - sl.start) * per, f.zero_point, dtype=_ZP)
-
-    def correction_codes(self) -> Iterator[np.ndarray]:
-        per = buffer_size(_CORRECTION, X.form(self.type).sub_block)
-        for e in self._scales():
-            assert e.correction_codes is not None
-            yield np.repeat((e.correction_codes.reshape(-1) * _ONES).astype(np.uint8), per)
-
-    def correction_scales(self) -> Iterator[np.ndarray]:
-        for e in self._scales():
-            assert e.correction is not None
-            yield e.correction.reshape(-1).view(np.uint8)
+def _put_chunk(ggml_type: str, blocks: np.ndarray, sl: slice, offs: list[list[int]],
+               pw: "PositionalWriter") -> X.Expanded:
+    """Expand the blocks ``sl`` once and write their codes, scales (zero points) and
+    correction at their final offsets (``offs``: the reserved buffers of base and
+    correction); returns the chunk's expansion (record, zero patches)."""
+    f = X.form(ggml_type)
+    elements = X._specs()[ggml_type].elements
+    s0 = sl.start * (elements // f.sub_block)
+    x, packed = X.expand_packed(ggml_type, blocks[sl], sl.start)
+    scales = np.ascontiguousarray(x.scales).reshape(-1)
+    pw.pwrite(packed, offs[0][0] + buffer_size(f.storage, sl.start * elements))
+    pw.pwrite(scales, offs[0][1] + s0 * scales.itemsize)
+    if f.zero_point is not None:
+        pw.pwrite(np.full(scales.size, f.zero_point, dtype=_ZP), offs[0][2] + s0 * _ZP.itemsize)
+    if f.overlay:
+        assert x.correction_codes is not None and x.correction is not None
+        width = buffer_size(_CORRECTION, f.sub_block)
+        codes = np.repeat((x.correction_codes.reshape(-1) * _ONES).astype(np.uint8), width)
+        pw.pwrite(codes, offs[1][0] + s0 * width)
+        pw.pwrite(np.ascontiguousarray(x.correction, dtype="<f4").reshape(-1), offs[1][1] + s0 * 4)
+    return x
 
 
 # ---------------------------------------------------------------------------
@@ -313,7 +340,7 @@ def _patches(ps: list[Tensor], shape: tuple[int, ...], k: int) -> tuple[np.ndarr
     return idx[order], pat[order]
 
 
-def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> Callable[[], Iterator[np.ndarray]]:
+def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> "_Rebuilt":
     """The GGML blocks of the expanded tensor ``t`` (recorded as ``ggml_type``), chunk by chunk.
 
     The structure and the record's length are checked here (FormatError); each chunk's
@@ -343,14 +370,31 @@ def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> Callable[[], Iterat
         if np.any(zp != f.zero_point):
             b = int(np.argmax(zp != f.zero_point)) // per
             raise _bad(f"block {b}: zero point is not {f.zero_point}", t.name, "zero_point")
+    return _Rebuilt(t.name, data, nb, spec.block_bytes)
 
-    def chunk(sl: slice) -> np.ndarray:
+
+class _Rebuilt:
+    """The rebuilt GGML blocks of an expanded tensor: as a stream of chunks (call it), or
+    written in place by the workers (:meth:`fill`, at their final offsets)."""
+
+    def __init__(self, name: str, data: "_Stored", nb: int, block_bytes: int) -> None:
+        self.name, self.data, self.nb, self.block_bytes = name, data, nb, block_bytes
+
+    def chunk(self, sl: slice) -> np.ndarray:
         try:
-            return X.rebuild(data.expanded(sl), sl.start)
+            return X.rebuild(self.data.expanded(sl), sl.start)
         except FormatError as e:
-            raise FormatError(f"--fallback exact record mismatch: {e.message}", tensor=t.name, field=e.field) from None
+            message = f"--fallback exact record mismatch: {e.message}"
+            raise FormatError(message, tensor=self.name, field=e.field) from None
 
-    return lambda: pmap(chunk, nb, CHUNK_BLOCKS)
+    def __call__(self) -> Iterator[np.ndarray]:
+        return pmap(self.chunk, self.nb, CHUNK_BLOCKS)
+
+    def fill(self, out: "Output", offset: int) -> None:
+        def work(sl: slice) -> None:
+            out.pw.pwrite(self.chunk(sl), offset + sl.start * self.block_bytes)
+
+        run(work, self.nb, CHUNK_BLOCKS)
 
 
 def _sub_block_codes(raw: np.ndarray, width: int) -> np.ndarray:
