@@ -233,43 +233,43 @@ def test_export_options_are_checked(fixtures_dir, tmp_path):
 # --------------------------------------------------------------------------
 
 
-def _missing(d: Path) -> str:
+def _missing(d: Path) -> tuple[str, str]:
     (d / "tiny-split-00002-of-00003.gguf").unlink()
     return "tiny-split-00002-of-00003.gguf", "tiny-split-00003-of-00003.gguf"
 
 
-def _duplicated(d: Path) -> str:
+def _duplicated(d: Path) -> tuple[str, str]:
     patch_u16(d / "tiny-split-00003-of-00003.gguf", "split.no", 1)
     return "tiny-split-00003-of-00003.gguf", "tiny-split-00001-of-00003.gguf"
 
 
-def _extra(d: Path) -> str:
+def _extra(d: Path) -> tuple[str, str]:
     shutil.copyfile(d / "tiny-split-00003-of-00003.gguf", d / "tiny-split-00004-of-00003.gguf")
     return "tiny-split-00004-of-00003.gguf", "tiny-split-00002-of-00003.gguf"
 
 
-def _count(d: Path) -> str:
+def _count(d: Path) -> tuple[str, str]:
     patch_u16(d / "tiny-split-00002-of-00003.gguf", "split.count", 4)
     return "tiny-split-00002-of-00003.gguf", "tiny-split-00001-of-00003.gguf"
 
 
-def _tensors_count(d: Path) -> str:
+def _tensors_count(d: Path) -> tuple[str, str]:
     for p in shard_files(d, "tiny-split", 3):
         patch_i32(p, "split.tensors.count", 9)
     return "tiny-split-00001-of-00003.gguf", "tiny-split-00003-of-00003.gguf"
 
 
-def _tensors_count_one(d: Path) -> str:
+def _tensors_count_one(d: Path) -> tuple[str, str]:
     patch_i32(d / "tiny-split-00003-of-00003.gguf", "split.tensors.count", 7)
     return "tiny-split-00003-of-00003.gguf", "tiny-split-00001-of-00003.gguf"
 
 
-def _two_sets(d: Path) -> str:
+def _two_sets(d: Path) -> tuple[str, str]:
     shutil.copyfile(d / "tiny-split-00001-of-00003.gguf", d / "tiny-split-00001-of-00002.gguf")
     return "tiny-split-00001-of-00002.gguf", "tiny-split-00002-of-00003.gguf"
 
 
-def _duplicate_tensor(d: Path) -> str:
+def _duplicate_tensor(d: Path) -> tuple[str, str]:
     for p in shard_files(d, "tiny-split", 3):
         p.unlink()
     hand_shard(d / "tiny-split-00001-of-00002.gguf", [("general.name", G.GGUFValue.of(VT.STRING, "x"))]
@@ -278,7 +278,7 @@ def _duplicate_tensor(d: Path) -> str:
     return "tiny-split-00002-of-00002.gguf", "tiny-split-00001-of-00002.gguf"
 
 
-def _metadata_in_second(d: Path) -> str:
+def _metadata_in_second(d: Path) -> tuple[str, str]:
     for p in shard_files(d, "tiny-split", 3):
         p.unlink()
     hand_shard(d / "tiny-split-00001-of-00002.gguf", split_kv(0, 2, 2), ["a"])
@@ -287,7 +287,7 @@ def _metadata_in_second(d: Path) -> str:
     return "tiny-split-00002-of-00002.gguf", "tiny-split-00001-of-00002.gguf"
 
 
-def _hostile_count(d: Path) -> str:
+def _hostile_count(d: Path) -> tuple[str, str]:
     for p in shard_files(d, "tiny-split", 3)[1:]:
         p.unlink()
     p = d / "tiny-split-00001-of-65535.gguf"
