@@ -286,7 +286,7 @@ class BlockCodec:
         """The scale-typed field ``name`` (``d``, ``m``, ``e``) of every block, contiguous."""
         assert self.scale is not None
         view = np.dtype(self.scale.view)
-        return np.ascontiguousarray(_field(blocks, self.fields[name], view.itemsize)).view(view).reshape(-1)
+        return K.field_u8(blocks, self.fields[name], view.itemsize).view(view).reshape(-1)
 
     def codes_into(self, blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
         """:meth:`codes`, written into the reused ``(n, code_bytes)`` array ``out`` where the

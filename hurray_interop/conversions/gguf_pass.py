@@ -104,7 +104,7 @@ def zero_blocks(chunk: np.ndarray, start: int, zero: np.ndarray, c: BlockCodec) 
     of those blocks' codes decode to zero (docs/conversion-rules.md § 4)."""
     assert c.scale is not None
     where = np.flatnonzero(zero)
-    ok = ~np.any(c.codes(chunk[where]) & c.zero_mask, axis=1)
+    ok = K.all_zero(c.codes(chunk[where]), c.zero_mask)
     if not ok.all():
         b = int(where[np.argmin(ok)]) + start
         what = c.scale.zero_text.format(what=f"scale {c.scale.field}")
