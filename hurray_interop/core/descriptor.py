@@ -77,6 +77,7 @@ from ..files.binary import Reader
 from .elements import ELEMENT_TYPES_BY_TAG, ElementType, buffer_size, e8m0_reserved, is_private_tag
 from .model import (
     DYNAMIC,
+    as_u8,
     LAYOUT_NAMES,
     SCHEME_NAMES,
     MXFP,
@@ -1490,8 +1491,7 @@ def validate_parameter_values(
         if idx >= len(data):
             raise UsageError(f"buffer {idx} contents not supplied", path=path, tensor=tensor, field=f"buffer[{idx}]")
         check_buffer_sizes(desc, data, indices=(idx,), path=path, tensor=tensor)
-        raw = data[idx]
-        raw = raw.reshape(-1).view(np.uint8) if isinstance(raw, np.ndarray) else np.frombuffer(raw, np.uint8)
+        raw = as_u8(data[idx])
         item = np.dtype(dt).itemsize
         out = raw[: raw.size - raw.size % item].view(dt)[start:]
         return out if count is None else out[:count]

@@ -102,9 +102,9 @@ class AtomicOutput:
     (``out.write``, ``out.tell``, ``out.flush``, ``out.fileno`` … are those of
     the temporary file); call ``out.commit()`` inside the block once the
     content is complete.  Leaving the block without ``commit()`` discards the
-    temporary file.  ``writeback`` (default on): :meth:`write` starts the kernel's
-    writeback of every :data:`WRITEBACK_STEP` bytes as they are written, so the
-    final fsync of ``commit`` finds little left to write.
+    temporary file.  :meth:`write` starts the kernel's writeback of every
+    :data:`WRITEBACK_STEP` bytes as they are written (where the OS offers a call for it),
+    so the final fsync of ``commit`` finds little left to write.
     """
 
     def __init__(
@@ -113,7 +113,6 @@ class AtomicOutput:
         *,
         force: bool = False,
         inputs: Iterable["str | os.PathLike[str]"] = (),
-        writeback: bool = True,
     ) -> None:
         self.path = Path(os.fspath(path))
         self.force = force
@@ -121,7 +120,7 @@ class AtomicOutput:
         self.temp_path: Path | None = None
         self._file: IO[bytes] | None = None
         self.committed = False
-        self._writeback = writeback_function() if writeback else None
+        self._writeback = writeback_function()
         self._scratch: list[IO[bytes]] = []
         self._written_from = 0  # start of the bytes whose writeback has not been started
         self._unstarted = 0
@@ -164,7 +163,7 @@ class AtomicOutput:
 
     def write(self, data: Any) -> int:
         """Write ``data``; every :data:`WRITEBACK_STEP` bytes the kernel is asked to start
-        writing back what came before (``writeback``), so the final fsync has little
+        writing back what came before, so the final fsync has little
         left to do (docs/benchmarks.md, "Positional output"); the bytes are the same."""
         try:
             n = self.file.write(data)

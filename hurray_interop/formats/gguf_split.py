@@ -941,7 +941,7 @@ def write_set(
 
 
 def _refuse_other_sets(first: Path, count: int) -> None:
-    prefix = first.name[: -len(shard_suffix(0, count))]
+    prefix = _prefix_of(first)
     for other, p in _shards_beside(first.parent, prefix):
         if other.count != count:
             raise UsageError(

@@ -143,7 +143,7 @@ class SafetensorsFile:
             size = os.fstat(self._fh.fileno()).st_size
             if size < 8:
                 raise TruncatedError(f"file holds {size} bytes, the header length needs 8", path=p, field="header length", offset=0)
-            self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+            self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ)  # size >= 8 here
             buf = memoryview(self._mm)  # type: ignore[arg-type]
             (n,) = struct.unpack_from("<Q", buf, 0)
             if n > MAX_HEADER:
@@ -153,7 +153,7 @@ class SafetensorsFile:
             self.header_bytes = bytes(buf[8 : 8 + n])
             self.data_offset = 8 + n
             self.metadata, self.entries = _parse_header(self.header_bytes, size - self.data_offset, p)
-            self._buf = np.frombuffer(self._mm, dtype=np.uint8) if self._mm is not None else np.zeros(0, np.uint8)  # type: ignore[arg-type]
+            self._buf = np.frombuffer(self._mm, dtype=np.uint8)  # type: ignore[arg-type]
             del buf
         except BaseException:
             self.close()
