@@ -280,27 +280,22 @@ def _cell(v: Any, limit: int = 60) -> str:
 # commands
 
 
+def _convert_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The single-file conversion options of the command line, by their API names (the one
+    list of them is :class:`hurray_interop.batch.ConvertOptions`)."""
+    import dataclasses
+
+    from .batch import ConvertOptions
+
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(ConvertOptions)}
+
+
 def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     from ._convert import convert
 
     with _progress(not (args.quiet or args.json or args.dry_run), "convert") as progress:
         try:
-            report = convert(
-                args.src,
-                args.dst,
-                src_format=args.src_format,
-                dst_format=args.dst_format,
-                fallback=args.fallback,
-                q4_1=args.q4_1,
-                convention=args.convention,
-                merge=args.merge,
-                split_max_tensors=args.split_max_tensors,
-                split_max_size=args.split_max_size,
-                dry_run=args.dry_run,
-                force=args.force,
-                progress=progress,
-                jobs=args.jobs,
-            )
+            report = convert(args.src, args.dst, progress=progress, **_convert_options(args))
         except ConversionRefused as exc:
             report = exc.details.get("report")
             if report is not None and not args.quiet:
@@ -379,11 +374,7 @@ def _cmd_convert_batch(args: argparse.Namespace, out: TextIO) -> int:
 
     if args.dst_format is None:
         raise UsageError("--out-dir needs --to FORMAT (the format of the outputs)")
-    batch = plan_convert(
-        args.paths, args.out_dir, dst_format=args.dst_format, src_format=args.src_format, fallback=args.fallback,
-        q4_1=args.q4_1, convention=args.convention, merge=args.merge, split_max_tensors=args.split_max_tensors,
-        split_max_size=args.split_max_size, dry_run=args.dry_run, force=args.force, jobs=args.jobs,
-    )
+    batch = plan_convert(args.paths, args.out_dir, **_convert_options(args))
     return _run_batch(batch, args, out, "would convert" if args.dry_run else "converted")
 
 
