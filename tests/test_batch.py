@@ -432,16 +432,17 @@ def test_unreachable_scheduler_is_one_line_within_the_connect_timeout(collection
     distributed = pytest.importorskip("distributed")
     path = os.fspath(collection / "kv-types.gguf")
     monkeypatch.setattr(distributed, "Client", _Unreachable)
+    monkeypatch.setattr(_Unreachable, "seen", [])
     monkeypatch.delenv(batch.CONNECT_TIMEOUT_ENV, raising=False)
-    status, out, err = run_cli(["verify", "--scheduler", "tcp://192.0.2.1:8786", path])
+    status, out, err = run_cli(["verify", "--scheduler", "tcp://127.0.0.1:8786", path])
     assert (status, out) == (2, "") and _Unreachable.seen == [10.0]  # not Dask's 30 s
-    assert err == ("hurray-interop: error: cannot reach the Dask scheduler at tcp://192.0.2.1:8786 (waited up to 10 s; "
+    assert err == ("hurray-interop: error: cannot reach the Dask scheduler at tcp://127.0.0.1:8786 (waited up to 10 s; "
                    "HURRAY_INTEROP_CONNECT_TIMEOUT sets the limit): Timed out trying to connect to "
-                   "tcp://192.0.2.1:8786 after 10.0 s\n")
+                   "tcp://127.0.0.1:8786 after 10.0 s\n")
     monkeypatch.setenv(batch.CONNECT_TIMEOUT_ENV, "2.5")
-    assert run_cli(["verify", "--scheduler", "tcp://192.0.2.1:8786", path])[0] == 2 and _Unreachable.seen[-1] == 2.5
+    assert run_cli(["verify", "--scheduler", "tcp://127.0.0.1:8786", path])[0] == 2 and _Unreachable.seen[-1] == 2.5
     monkeypatch.setenv(batch.CONNECT_TIMEOUT_ENV, "soon")
-    status, _, err = run_cli(["verify", "--scheduler", "tcp://192.0.2.1:8786", path])
+    status, _, err = run_cli(["verify", "--scheduler", "tcp://127.0.0.1:8786", path])
     assert status == 2 and err == ("hurray-interop: error: HURRAY_INTEROP_CONNECT_TIMEOUT='soon': "
                                    "expected a positive number of seconds\n")
 

@@ -65,8 +65,7 @@ def assert_round_trip(src: Path, tmp: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def fixture_hrry(tmp_path_factory) -> Path:
-    if not FIXTURE.is_file():
-        pytest.skip(f"fixture missing: {FIXTURE}")
+    assert FIXTURE.is_file(), f"{FIXTURE} is committed; regenerate: python fixtures/make_kquant_fixtures.py"
     return assert_round_trip(FIXTURE, tmp_path_factory.mktemp("exact"))
 
 
@@ -129,8 +128,7 @@ def fixture_blocks(t: str) -> np.ndarray:
 @pytest.fixture
 def mixed_model(tmp_path: Path) -> Path:
     """Q4_K + Q6_K (ggml's quantizer) + Q5_0 + Q8_0 + F32, as in llama.cpp's Q4_K_M."""
-    if not FIXTURE.is_file():
-        pytest.skip(f"fixture missing: {FIXTURE}")
+    assert FIXTURE.is_file(), f"{FIXTURE} is committed; regenerate: python fixtures/make_kquant_fixtures.py"
     rng = np.random.default_rng(3)
     x = rng.standard_normal((8, 256)).astype(np.float32)
     return write_gguf_raw(tmp_path / "mixed.gguf", [

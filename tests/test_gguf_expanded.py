@@ -89,8 +89,7 @@ def assert_bits_equal(x: ge.Expanded, blocks: np.ndarray, t: str) -> None:
 
 
 def fixture_blocks() -> dict[str, np.ndarray]:
-    if not FIXTURE.is_file():
-        pytest.skip(f"fixture missing: {FIXTURE} (python fixtures/make_kquant_fixtures.py)")
+    assert FIXTURE.is_file(), f"{FIXTURE} is committed; regenerate: python fixtures/make_kquant_fixtures.py"
     r = gguf.GGUFReader(str(FIXTURE))
     return {t.name[2:]: np.asarray(t.data).reshape(-1, block_bytes(t.name[2:])) for t in r.tensors}
 
