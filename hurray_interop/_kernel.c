@@ -25,7 +25,7 @@
 typedef ptrdiff_t hk_stride;
 
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
-HK_API int hk_abi_version(void) { return 2; }
+HK_API int hk_abi_version(void) { return 3; }
 
 /* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -255,4 +255,23 @@ HK_API void hk_unpack_runs(const uint8_t *src, hk_stride ss, size_t n, const int
 HK_API void hk_pack_runs(const uint8_t *src, hk_stride ss, size_t n, const int32_t *runs,
                          size_t nruns, size_t isize, uint8_t *dst, hk_stride ds) {
     move_runs(src, ss, n, runs, nruns, isize, dst, ds, 0, 1);
+}
+
+/* GGUF string arrays: walk up to `count` strings (a little-endian uint64 length, then the
+ * bytes) from `pos`, storing the offset of each string's bytes in `starts`.  Stops at the
+ * first string whose length prefix or bytes run past `end` (pos <= end on entry); returns
+ * the number of strings walked, and in *stop the offset after the last one (which is the
+ * length prefix of the offending string when fewer than `count` were walked). */
+HK_API size_t hk_string_starts(const uint8_t *buf, size_t end, size_t pos, size_t count,
+                               int64_t *starts, size_t *stop) {
+    size_t i = 0;
+    for (; i < count; i++) {
+        if (end - pos < 8) break;
+        const uint64_t n = ld64(buf + pos);
+        if (n > end - pos - 8) break;
+        starts[i] = (int64_t)(pos + 8);
+        pos += 8 + (size_t)n;
+    }
+    *stop = pos;
+    return i;
 }

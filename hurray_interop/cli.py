@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-import traceback
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence, TextIO
 
@@ -439,6 +438,12 @@ def _write_line(stream: TextIO, line: str) -> None:
 _COMMANDS = {"convert": _cmd_convert_any, "verify": _cmd_verify_any, "inspect": _cmd_inspect}
 
 
+def _print_traceback() -> None:  # --debug only: not imported on every start
+    import traceback
+
+    traceback.print_exc()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status (the console script exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -451,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _COMMANDS[args.command](args, out)
     except HurrayInteropError as exc:
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         if not isinstance(exc, ConversionRefused) or not exc.reasons:
             sys.stderr.write(f"hurray-interop: error: {exc}\n")
         else:
@@ -459,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_status
     except KeyboardInterrupt:
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         sys.stderr.write("hurray-interop: interrupted; no output written\n")
         return 130
     except BrokenPipeError:  # the reader of our output went away (e.g. `| head`): stop quietly
@@ -470,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
     except OSError as exc:  # file system trouble outside our checks (disk full, I/O error)
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
         sys.stderr.write(f"hurray-interop: error: {where}{exc.strerror or exc}\n")
         return EXIT_BAD_INPUT
@@ -478,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     except Exception as exc:  # a defect of ours: still one line, never a traceback unless asked
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         sys.stderr.write(
             f"hurray-interop: internal error: {type(exc).__name__}: {exc} "
             "(this is a bug; rerun with --debug for the traceback)\n"

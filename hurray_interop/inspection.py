@@ -170,6 +170,11 @@ def inspect_gguf(path: str, *, fallback: str | None = None) -> dict[str, Any]:
 def _split_set(gf: Any) -> Iterator[Any]:
     """The split GGUF set ``gf`` is a shard of (None for a whole model); the other shards
     are closed on leaving, ``gf`` stays the caller's."""
+    from .formats import gguf as G
+
+    if not G.has_split_keys(gf):  # one whole file: the split module is not needed
+        yield None
+        return
     from .formats.gguf_split import split_set_of
 
     s = split_set_of(gf)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import struct
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -47,11 +48,12 @@ __all__ = [
     "all_zero",
     "unpack_runs",
     "pack_runs",
+    "string_starts",
 ]
 
 ENV_VAR = "HURRAY_INTEROP_KERNEL"
 LIBRARY = Path(__file__).with_name("_kernel.dll" if os.name == "nt" else "_kernel.so")
-_ABI_VERSION = 2  # hk_abi_version() in _kernel.c
+_ABI_VERSION = 3  # hk_abi_version() in _kernel.c
 
 #: scale classes returned by :func:`scale_class`, one byte per block
 SCALE_OK, SCALE_ZERO, SCALE_BAD = 0, 1, 2
@@ -68,6 +70,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "hk_all_zero": (_N, [_P, _S, _N, _N, _B, _P]),
     "hk_unpack_runs": (None, [_P, _S, _N, _P, _N, _N, _N, _P, _S]),
     "hk_pack_runs": (None, [_P, _S, _N, _P, _N, _N, _P, _S]),
+    "hk_string_starts": (_N, [_P, _N, _N, _N, _P, _P]),
 }
 
 
@@ -288,6 +291,82 @@ def numpy_pack_runs(values: np.ndarray, runs: tuple[Run, ...], out: np.ndarray) 
         out[:, byte : byte + length] |= x.astype(np.uint8, copy=False)
 
 
+#: bytes of a string array scanned per vectorised step (:func:`_short_string_heads`)
+STRING_WINDOW = 1 << 22
+_U64 = struct.Struct("<Q")
+
+
+def _short_string_heads(buf: Any, pos: int, count: int, end: int) -> tuple[list[np.ndarray], int, int]:
+    """Offsets of the length prefixes of up to ``count`` consecutive length-prefixed
+    strings from ``pos``, found a window of :data:`STRING_WINDOW` bytes at a time without
+    a Python step per string: every offset whose 8 bytes read as a length under 256 is a
+    candidate, and the candidate after ``c`` is the next string exactly when
+    ``c + 8 + length`` is that candidate -- so a run of short strings is taken at once,
+    and the result is exact whatever the bytes (false candidates inside strings are
+    never reached).  Returns ``(parts, next position, strings found)``; it stops early
+    at ``end``, and when strings the candidates miss (256 bytes or longer, or a prefix
+    at a window's edge: one unpack each) turn out common, leaving the rest to the
+    caller's plain loop."""
+    parts: list[np.ndarray] = []
+    got = steps = 0
+    while got < count and steps <= 64 + got // 64:
+        if end - pos < 16:
+            break
+        width = min(STRING_WINDOW, end - pos)
+        window = np.frombuffer(buf, np.uint8, width, pos)
+        lengths = np.ndarray((width - 7,), "<u8", buffer=window, strides=(1,))
+        cand = np.flatnonzero(lengths < 256)
+        nxt = cand + 8 + lengths[cand].astype(np.int64)
+        breaks = np.flatnonzero(nxt[:-1] != cand[1:])
+        rel = 0
+        while got < count and rel < width - 8 and steps <= 64 + got // 64:
+            i = int(np.searchsorted(cand, rel))
+            steps += 1
+            if i == len(cand) or cand[i] != rel:  # not a short string: one step
+                parts.append(np.array([pos + rel], dtype=np.int64))
+                got += 1
+                rel += 8 + int(lengths[rel])
+                continue
+            k = int(np.searchsorted(breaks, i))
+            j = min(int(breaks[k]) if k < len(breaks) else len(cand) - 1, i + count - got - 1)
+            parts.append(cand[i : j + 1] + pos)
+            got += j + 1 - i
+            rel = int(nxt[j])
+        pos += rel
+    return parts, pos, got
+
+
+def numpy_string_starts(buf: Any, pos: int, count: int, end: int) -> tuple[np.ndarray, int]:
+    """Walk ``count`` strings (a little-endian uint64 length, then the bytes) from ``pos``
+    in ``buf[:end]``: ``(starts, stop)``, the int64 offsets of the strings' bytes and the
+    offset after the last.  When a string's length prefix or bytes run past ``end``,
+    ``starts`` holds only the strings before it and ``stop`` is its length prefix.
+
+    Runs of short strings are found a window at a time (:func:`_short_string_heads`), the
+    rest one string at a time -- one unpack and one append each, with no check in the
+    loop: a prefix past the buffer makes ``unpack_from`` raise (``OverflowError`` past
+    2**63), a string past the end is found after the loop, and only then located."""
+    parts, pos, got = _short_string_heads(buf, pos, count, end)
+    heads: list[int] = []
+    add = heads.append
+    unpack = _U64.unpack_from
+    try:
+        for _ in range(count - got):
+            add(pos)
+            pos += 8 + unpack(buf, pos)[0]
+    except (struct.error, OverflowError):  # a prefix past the buffer, or past any offset
+        pos = end + 1
+    if pos > end:  # the first string that runs past the end (the heads after it may be any size)
+        walked = [h for p in parts for h in p.tolist()] + heads
+        for i, at in enumerate(walked):
+            if end - at < 8 or unpack(buf, at)[0] > end - at - 8:
+                return np.array(walked[:i], dtype=np.int64) + 8, at
+    parts.append(np.array(heads, dtype=np.int64))
+    starts = np.concatenate(parts)
+    starts += 8
+    return starts, pos
+
+
 #: the numpy path of every mover, by the name of the dispatching function
 _np = SimpleNamespace(
     split_to_pairs=numpy_split_to_pairs,
@@ -298,6 +377,7 @@ _np = SimpleNamespace(
     field_u8=numpy_field_u8,
     unpack_runs=numpy_unpack_runs,
     pack_runs=numpy_pack_runs,
+    string_starts=numpy_string_starts,
 )
 
 
@@ -485,3 +565,21 @@ def pack_runs(values: np.ndarray, runs: tuple[Run, ...], out: np.ndarray) -> Non
     v = np.ascontiguousarray(values)
     if n:
         _lib.hk_pack_runs(_at(v), v.strides[0], n, _at(table), len(table), isize, _at(out), out.strides[0])
+
+
+def string_starts(buf: Any, pos: int, count: int, end: int) -> tuple[np.ndarray, int]:
+    """Walk ``count`` length-prefixed strings (GGUF's: a little-endian uint64 length, then
+    the bytes) from ``pos`` in ``buf[:end]`` (a buffer: bytes, mmap, memoryview): returns
+    ``(starts, stop)``, the int64 offsets of the strings' bytes and the offset after the
+    last.  If a string's length prefix or bytes run past ``end``, ``starts`` holds the
+    strings before it and ``stop`` is that string's length prefix (its index is
+    ``len(starts)``).  No Python step per string on either path."""
+    if not 0 <= pos <= end or count < 0:
+        raise ValueError(f"string walk from {pos} in {end} bytes")
+    if _lib is None or count == 0:
+        return _np.string_starts(buf, pos, count, end)
+    view = np.frombuffer(buf, np.uint8, end) if end else np.zeros(1, np.uint8)
+    starts = np.empty(count, dtype=np.int64)
+    stop = ctypes.c_size_t()
+    n = _lib.hk_string_starts(_at(view), end, pos, count, _at(starts), ctypes.byref(stop))
+    return starts[:n], int(stop.value)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import tomllib
-from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -23,18 +22,13 @@ __all__ = ["mappings_dir", "load_table"]
 @functools.cache
 def mappings_dir() -> Path:
     """The folder holding the ``*.toml`` mapping tables."""
-    try:
-        packaged = resources.files("hurray_interop") / "mappings"
-        if packaged.is_dir():
-            return Path(str(packaged))
-    except (ModuleNotFoundError, TypeError):  # pragma: no cover - exotic loaders
-        pass
-    beside = Path(__file__).resolve().parent.parent / "mappings"
-    if beside.is_dir():
-        return beside
+    package = Path(__file__).resolve().parent
+    for where in (package / "mappings", package.parent / "mappings"):  # wheel, then editable/source
+        if where.is_dir():
+            return where
     raise RuntimeError(  # an installation defect, not a user error
         "hurray_interop: the mappings/ tables are missing from this installation "
-        f"(looked in the package and in {beside})"
+        f"(looked in {package / 'mappings'} and in {package.parent / 'mappings'})"
     )
 
 

@@ -12,11 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf_factory import TensorDef, write_gguf_stream
+from hurray_interop import kernels as K
 from hurray_interop.formats import gguf as G
 from hurray_interop.inspection import inspect_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("ml_dtypes", "crc32c", "tqdm", "torch", "torchao", "gguf", "hurray", "safetensors")
+HEAVY = ("ml_dtypes", "crc32c", "tqdm", "torch", "torchao", "gguf", "hurray", "safetensors",
+         # ours and the standard library's, needed only by other files or options: split sets,
+         # --fallback exact, scratch files, package resources, the .hrry container
+         "hurray_interop.formats.gguf_split", "hurray_interop.conversions.gguf_exact",
+         "hurray_interop.conversions.gguf_expanded", "hurray_interop.core.hrry", "tempfile",
+         "importlib.resources", "traceback")
 
 
 def _vocab_gguf(path: Path, n: int) -> Path:
@@ -105,10 +111,11 @@ def test_the_vectorised_string_walk_is_exact_on_awkward_strings(monkeypatch, eve
     arr = G.StringArray.from_list(items)
     raw = G._U64.pack(len(items)) + bytes(memoryview(arr._buf))  # count, then the strings
     for window in (64, 1000, 1 << 22):
-        monkeypatch.setattr(G, "STRING_WINDOW", window)
+        monkeypatch.setattr(K, "STRING_WINDOW", window)
+        monkeypatch.setattr(K, "_lib", None)  # the numpy walk (tests/test_kernels.py: C = numpy)
         parser = G._Parser(raw + b"tail", len(raw), None)
         value, end = parser._strings(8, len(items), "k")
         assert end == len(raw) and list(value.value) == items
         assert np.array_equal(value.value._starts, arr._starts + 8)
         if every > 100 and window == 1 << 22:
-            assert G._short_string_heads(raw, 8, len(items), len(raw))[2] > len(items) * 9 // 10
+            assert K._short_string_heads(raw, 8, len(items), len(raw))[2] > len(items) * 9 // 10

@@ -370,3 +370,69 @@ def test_short_runs_take_the_numpy_path() -> None:
     c, m = both(lambda: K.unpack_runs(blocks, runs, 8, np.uint8), expect_c=False)
     same(c, m)
     assert c.tobytes() == (blocks & 0xF).tobytes()
+
+
+def _strings(items: list[bytes]) -> tuple[bytes, list[int]]:
+    """The GGUF encoding of ``items`` (uint64 length, bytes) and the offset of each one's bytes."""
+    raw, starts = bytearray(), []
+    for s in items:
+        raw += len(s).to_bytes(8, "little")
+        starts.append(len(raw))
+        raw += s
+    return bytes(raw), starts
+
+
+def _awkward(n: int, seed: int) -> list[bytes]:
+    """Empty strings, 256+ byte strings, NUL runs that read as length prefixes, plain short ones."""
+    rng = np.random.default_rng(seed)
+    kinds = [b"", b"\x05" + b"\x00" * 12 + b"x", None, None, None, None]
+    items = []
+    for i in range(n):
+        k = kinds[i % len(kinds)]
+        if k is None and i % 97 == 3:
+            items.append(bytes(rng.integers(0, 256, int(rng.integers(256, 600)), dtype=np.uint8)))
+        else:
+            items.append(k if k is not None else bytes(rng.integers(1, 256, int(rng.integers(1, 30)), dtype=np.uint8)))
+    return items
+
+
+@needs_c
+@pytest.mark.parametrize("n", [0, 1, 2, 500, 5000])
+def test_string_walk(n: int) -> None:
+    items = _awkward(n, n)
+    raw, starts = _strings(items)
+    head = b"\x07" * 13  # the walk starts mid-buffer, and stops at `end` before the tail
+    data = head + raw + b"\xff" * 9
+    c, m = both(lambda: K.string_starts(data, len(head), n, len(head) + len(raw)), expect_c=n > 0)
+    assert c[1] == m[1] == len(head) + len(raw)
+    same(c[0], m[0])
+    assert c[0].dtype == np.int64 and c[0].tolist() == [len(head) + s for s in starts]
+
+
+@needs_c
+@pytest.mark.parametrize("cut", ["prefix", "bytes", "huge-length", "too-many"])
+def test_string_walk_stops_at_the_string_past_the_end(cut: str) -> None:
+    """Both paths stop at the first string whose prefix or bytes run past ``end`` and point
+    at its length prefix; the strings before it are returned."""
+    items = _awkward(300, 1)
+    raw, starts = _strings(items)
+    data, count, bad = bytearray(raw), len(items), 123
+    at = starts[bad] - 8
+    if cut == "prefix":  # the file ends 3 bytes into string 123's length prefix
+        data = data[: at + 3]
+    elif cut == "bytes":
+        data[at : at + 8] = (len(data) - at - 7).to_bytes(8, "little")  # one byte too long
+    elif cut == "huge-length":
+        data[at : at + 8] = (2**64 - 1).to_bytes(8, "little")
+    else:  # one more string claimed than present: the walk stops at the end of the data
+        count, bad, at = len(items) + 1, len(items), len(data)
+    data = bytes(data)
+    c, m = both(lambda: K.string_starts(data, 0, count, len(data)))
+    same(c[0], m[0])
+    assert c[1] == m[1] == at
+    assert c[0].tolist() == starts[:bad]
+
+
+def test_string_walk_rejects_a_start_past_the_end() -> None:
+    with pytest.raises(ValueError):
+        K.string_starts(b"\x00" * 8, 9, 1, 8)

@@ -76,18 +76,16 @@ from ..core.model import (
 from ..core.records import encode_scale_record, restore_scales, scale_record_key
 from ..errors import ConversionRefused, FormatError, UnsupportedError, UsageError, errors_name_source
 from ..formats import gguf as G
-from ..formats import gguf_split as S
 from ..parallel import pmap, use_jobs
 from ..report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan
 from ..tables import load_table
 from . import fallback as fallbacks
-from . import gguf_exact
 from . import gguf_pass as P
 from .gguf_codec import BlockCodec, Parts, codec, codecs
-from .gguf_expanded import NonFiniteScale
 
-if TYPE_CHECKING:  # the .hrry container is imported when a file is written or read,
-    from ..core.hrry import HrryWriter  # so that planning (inspect, --dry-run) starts fast
+if TYPE_CHECKING:  # the .hrry container, the split sets and --fallback exact are imported
+    from ..core.hrry import HrryWriter  # when used, so that planning (inspect, --dry-run) starts fast
+    from ..formats import gguf_split as S
 
 __all__ = ["gguf_to_hurray", "hurray_to_gguf", "plan_gguf", "KEY_PREFIX"]
 
@@ -702,6 +700,9 @@ def _plan_fallback(job: _Job, fallback: str, reason: str, out: P.Output | None) 
 def _plan_exact(job: _Job, reason: str, out: P.Output | None) -> None:
     """``--fallback exact``: the tensor's exact expanded form (docs/conversion-rules.md § 9), or
     refused when its type has none or a super-block scale is not finite."""
+    from . import gguf_exact
+    from .gguf_expanded import NonFiniteScale
+
     info, plan = job.info, job.plan
     t = info.ggml_type
     try:
@@ -739,6 +740,8 @@ def _refusal_reason(type_name: str, family: str) -> str:
 def _plan_only(report: ConversionReport, src: str, refusal: str, dst: Any, dry_run: bool) -> bool:
     """After planning: raise if anything is refused (unless dry run); True when nothing is to be written."""
     if report.refused and not dry_run:
+        from . import gguf_exact
+
         exact = any(gguf_exact.has_form(t.source_type) for t in report.refused)
         hint = f"--fallback {fallbacks.EXACT} to store them exactly, larger, or " if exact else ""
         raise ConversionRefused(
@@ -792,7 +795,12 @@ def _progress_total(tensors: Sequence["G.GGUFTensorInfo"]) -> int:
 def _whole_model(src: "G.GGUFFile | S.SplitSet") -> Iterator[Any]:
     """The model ``src`` belongs to: the file itself, or its whole split set (checked; bad
     sets raise a located SplitSetError).  Shards opened here are closed on leaving;
-    ``src`` stays the caller's."""
+    ``src`` stays the caller's.  A file without split keys never loads the split module."""
+    if isinstance(src, G.GGUFFile) and not G.has_split_keys(src):
+        yield src
+        return
+    from ..formats import gguf_split as S
+
     if isinstance(src, S.SplitSet):
         yield S.SplitModel(src)
         return
@@ -809,7 +817,7 @@ def _whole_model(src: "G.GGUFFile | S.SplitSet") -> Iterator[Any]:
 
 
 def _input_paths(gf: Any, src: str) -> tuple[str, ...]:
-    return tuple(os.fspath(p) for p in gf.set.paths) if isinstance(gf, S.SplitModel) else (src,)
+    return tuple(os.fspath(p) for p in gf.split_set.paths) if gf.split_set is not None else (src,)
 
 
 def gguf_to_hurray(
@@ -876,7 +884,7 @@ def _import_report(report: ConversionReport, gf: Any, planned: list[_Job], src: 
         report.notes.append(_overlay_note())
     if any(j.expanded for j in planned):
         report.notes.append(_exact_note(planned))
-    if isinstance(gf, S.SplitModel):
+    if gf.split_set is not None:
         report.notes.append(gf.describe())
     return _plan_only(report, src, "cannot be converted exactly", dst, dry_run)
 
@@ -893,8 +901,8 @@ def _import_kv(gf: Any, planned: list[_Job]) -> dict[str, KVValue]:
         (K_TYPES, KVValue("array", kv_types, "string")),
         (K_TENSORS, KVValue("string", tensors)),
     ]
-    if isinstance(gf, S.SplitModel):
-        records.append((K_SPLIT, KVValue("string", gf.set.split_layout().dumps())))
+    if gf.split_set is not None:
+        records.append((K_SPLIT, KVValue("string", gf.split_set.split_layout().dumps())))
     for j in planned:
         records.extend(j.records)
     return dict(kv_items + records)
@@ -916,7 +924,7 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
         return report
     from ..core.hrry import HrryWriter
 
-    fd = None if isinstance(gf, S.SplitModel) else P.open_source(getattr(gf, "path", None))
+    fd = None if gf.split_set is not None else P.open_source(getattr(gf, "path", None))
     with _closing_fd(fd), HrryWriter(dst, count_at_finish=True, force=force, inputs=_input_paths(gf, src)) as w:
         out = P.Output(w, w.positional(), fd)
         planned = _import_pass(gf, out, fallback=fallback, q4_1=q4_1, progress=progress)
@@ -935,7 +943,7 @@ def plan_gguf(src: str | os.PathLike[str], *, fallback: str | None = None, q4_1:
 def plan_gguf_open(gf: "G.GGUFFile | S.SplitSet", *, fallback: str | None = None, q4_1: str = "overlay") -> ConversionReport:
     """:func:`plan_gguf` of a GGUF file (or split set) already open (``inspect`` parses a file once)."""
     _check_options(fallback, q4_1)
-    src = os.fspath(gf.paths[0]) if isinstance(gf, S.SplitSet) else (gf.path or "<memory>")
+    src = (gf.path or "<memory>") if isinstance(gf, G.GGUFFile) else os.fspath(gf.paths[0])  # a file, or a SplitSet
     with _whole_model(gf) as model:
         return _gguf_to_hurray_open(model, src, None, fallback=fallback, q4_1=q4_1, dry_run=True, force=False,
                                     progress=None)
@@ -1058,6 +1066,8 @@ class _PlainSource:
 def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tuple[str, Chunks] | str:
     """Find the GGML type this Hurray tensor matches exactly.  Returns (type, chunk source) or a refusal reason."""
     d = t.descriptor
+    from . import gguf_exact
+
     if recorded is not None and gguf_exact.has_form(recorded) and gguf_exact.record_key(t.name) in kv:
         return recorded, gguf_exact.export(t, kv, recorded)  # --fallback exact: rebuilt from the record
     if d.is_composite:
@@ -1195,6 +1205,8 @@ def _rec_uint(kv: dict[str, KVValue], key: str, path: str) -> int:
 
 def _records(kv: dict[str, KVValue], path: str) -> _Records | None:
     """Read and check the records an import left; ``None`` for files that did not come from GGUF."""
+    from ..formats import gguf_split as S
+
     src = kv.get(K_SOURCE)
     if src is None or src.type != "string" or src.value != "gguf":
         return None
@@ -1326,6 +1338,8 @@ class _Shape:
 
 
 def _output_shape(merge: bool, max_tensors: int | None, max_size: int | str | None) -> _Shape:
+    from ..formats import gguf_split as S
+
     if isinstance(max_size, str):
         max_size = S.parse_split_size(max_size)
     shape = _Shape(bool(merge), max_tensors, max_size)
@@ -1472,6 +1486,8 @@ def _set_layout(kv: dict[str, KVValue], records: _Records | None, src: str, expo
     """The split set an export writes (docs/conversion-rules.md § 10): a new one
     (``--split-max-*``), the recorded one (with the GGML types the export chose), or
     None for one plain file."""
+    from ..formats import gguf_split as S
+
     if shape.split:
         sizes = [G.tensor_nbytes(e.type_name, e.ne) for e in exports]
         plan = S.plan_split(sizes, max_tensors=shape.max_tensors, max_size=shape.max_size)
@@ -1497,6 +1513,8 @@ def _set_layout(kv: dict[str, KVValue], records: _Records | None, src: str, expo
 
 def _set_note(layout: "S.SplitLayout", dst: Any, merge: bool, dry_run: bool) -> str:
     """What the export writes: the set's files and the tensors in each (or one merged file)."""
+    from ..formats import gguf_split as S
+
     verb = "would write" if dry_run else "wrote"
     if merge:
         return f"{verb} one merged GGUF of the {layout.count}-shard set ({layout.tensors_count} tensors), as gguf-split --merge"
@@ -1508,6 +1526,8 @@ def _set_note(layout: "S.SplitLayout", dst: Any, merge: bool, dry_run: bool) -> 
 def _write_set(hf: Any, src: str, dst: Any, exports: list[_Export], layout: "S.SplitLayout",
                gkv: list[tuple[str, "G.GGUFValue"]], merge: bool, force: bool, progress: Progress) -> None:
     """Write every shard of ``layout`` (or their merge), all or nothing."""
+    from ..formats import gguf_split as S
+
     from ..files.positional import PositionalWriter
 
     by_name = {e.name: e for e in exports}

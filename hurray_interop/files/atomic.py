@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
-import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterable
 
@@ -133,7 +131,7 @@ class AtomicOutput:
         dest = check_output_path(self.path, force=self.force, inputs=self.inputs)
         parent = dest.parent if str(dest.parent) else Path(".")
         for _ in range(16):
-            tmp = parent / f".{dest.name}.{secrets.token_hex(6)}.tmp"
+            tmp = parent / f".{dest.name}.{os.urandom(6).hex()}.tmp"
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
             except FileExistsError:  # pragma: no cover - 48 random bits
@@ -194,6 +192,8 @@ class AtomicOutput:
         removed, when the output is committed or discarded."""
         parent = self.path.parent if str(self.path.parent) else Path(".")
         try:
+            import tempfile  # only for scratch files: keeps the import of every command light
+
             f = tempfile.TemporaryFile(dir=parent, prefix=f".{self.path.name}.", suffix=".scratch")
         except OSError as e:
             raise _os_error(e, self.path, f"create a file in {os.fspath(parent)!r}") from None

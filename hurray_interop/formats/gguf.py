@@ -67,6 +67,7 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
+from ..kernels import string_starts
 from ..parallel import prefetch_chunks
 from ..tables import load_table
 
@@ -615,95 +616,45 @@ class _Parser:
         return GGUFValue(ValueType.ARRAY, tuple(items), et), pos
 
     def _strings(self, pos: int, count: int, what: str) -> tuple[GGUFValue, int]:
-        # Vocabularies: runs of short strings a window at a time (_short_string_heads),
-        # then whatever is left one string at a time -- one unpack and one append each,
-        # with no check in the loop: a length prefix past the buffer makes unpack_from
-        # raise struct.error (OverflowError past 2**63), a string past the end is found
-        # after the loop.  Both are located by _string_overrun.
+        # Vocabularies: the offsets of all strings in one walk (kernels.string_starts: C,
+        # or numpy a window at a time), nothing decoded -- StringArray decodes on access.
         buf, base = self.buf, pos
-        parts, pos, got = _short_string_heads(buf, pos, count, self.end)
-        heads: list[int] = []
-        add = heads.append
-        unpack = _U64.unpack_from
-        try:
-            for _ in range(count - got):
-                add(pos)
-                pos += 8 + unpack(buf, pos)[0]
-        except (struct.error, OverflowError):  # a prefix past the buffer, or past any offset
-            pos = self.end + 1
-        if pos > self.end:
-            raise self._string_overrun([*(int(h) for p in parts for h in p), *heads], what)
-        parts.append(np.array(heads, dtype=np.int64))
-        starts = np.concatenate(parts)
-        starts += 8
+        starts, pos = string_starts(buf, pos, count, self.end)
+        if len(starts) < count:
+            raise self._string_overrun(pos, len(starts), what)
         return GGUFValue(ValueType.ARRAY, StringArray(buf, starts, base, pos), ValueType.STRING), pos
 
-    def _string_overrun(self, heads: list[int], what: str) -> TruncatedError:
-        """The error for the first string (of those walked, ``heads``: length prefix
-        offsets) whose length prefix or bytes run past the end."""
+    def _string_overrun(self, at: int, i: int, what: str) -> TruncatedError:
+        """The error for string ``i`` of an array, whose length prefix at ``at`` or bytes
+        run past the end."""
         end = self.end
-        for i, at in enumerate(heads):
-            if end - at < 8:
-                return self.trunc(at, 8, f"{what}[{i}] length")
-            n = _U64.unpack_from(self.buf, at)[0]
-            if n > end - at - 8:
-                return TruncatedError(
-                    f"string length {n} exceeds the {end - at - 8} bytes left in the file",
-                    path=self.path,
-                    field=f"{what}[{i}] length",
-                    offset=at,
-                )
-        raise AssertionError("no string runs past the end")  # pragma: no cover - callers found one
+        if end - at < 8:
+            return self.trunc(at, 8, f"{what}[{i}] length")
+        n = _U64.unpack_from(self.buf, at)[0]
+        return TruncatedError(
+            f"string length {n} exceeds the {end - at - 8} bytes left in the file",
+            path=self.path,
+            field=f"{what}[{i}] length",
+            offset=at,
+        )
 
 
-#: bytes of a string array scanned per vectorised step (_short_string_heads)
-STRING_WINDOW = 1 << 22
+#: the keys that make a GGUF file a shard of a split set (llama.cpp's gguf-split; the sets
+#: themselves are :mod:`.gguf_split`'s), in the order gguf-split writes them
+SPLIT_KEYS = ("split.no", "split.tensors.count", "split.count")
 
 
-def _short_string_heads(buf: Any, pos: int, count: int, end: int) -> tuple[list[np.ndarray], int, int]:
-    """Offsets of the length prefixes of up to ``count`` consecutive GGUF strings from
-    ``pos``, found a window of :data:`STRING_WINDOW` bytes at a time without a Python
-    step per string: every offset whose 8 bytes read as a length under 256 is a
-    candidate, and the candidate after ``c`` is the next string exactly when
-    ``c + 8 + length`` is that candidate -- so a run of short strings is taken at once,
-    and the result is exact whatever the bytes (false candidates inside strings are
-    never reached).  Returns ``(parts, next position, strings found)``; it stops early
-    at ``end``, and when strings the candidates miss (256 bytes or longer, or a prefix
-    at a window's edge: one unpack each) turn out common, leaving the rest to the
-    caller's plain loop."""
-    parts: list[np.ndarray] = []
-    got = steps = 0
-    while got < count and steps <= 64 + got // 64:
-        if end - pos < 16:
-            break
-        width = min(STRING_WINDOW, end - pos)
-        window = np.frombuffer(buf, np.uint8, width, pos)
-        lengths = np.ndarray((width - 7,), "<u8", buffer=window, strides=(1,))
-        cand = np.flatnonzero(lengths < 256)
-        nxt = cand + 8 + lengths[cand].astype(np.int64)
-        breaks = np.flatnonzero(nxt[:-1] != cand[1:])
-        rel = 0
-        while got < count and rel < width - 8 and steps <= 64 + got // 64:
-            i = int(np.searchsorted(cand, rel))
-            steps += 1
-            if i == len(cand) or cand[i] != rel:  # not a short string: one step
-                parts.append(np.array([pos + rel], dtype=np.int64))
-                got += 1
-                rel += 8 + int(lengths[rel])
-                continue
-            k = int(np.searchsorted(breaks, i))
-            j = min(int(breaks[k]) if k < len(breaks) else len(cand) - 1, i + count - got - 1)
-            parts.append(cand[i : j + 1] + pos)
-            got += j + 1 - i
-            rel = int(nxt[j])
-        pos += rel
-    return parts, pos, got
+def has_split_keys(gf: "ModelMetadata") -> bool:
+    """Does ``gf`` carry split keys (so it may be a shard: :func:`.gguf_split.split_set_of` decides)?"""
+    return any(k in gf.kv for k in SPLIT_KEYS)
 
 
 class ModelMetadata:
     """Metadata lookups a GGUF model reader offers (over its ``kv``)."""
 
     kv: dict[str, GGUFValue]
+    #: the split set a whole-set model reads (:class:`.gguf_split.SplitModel`); None for one file
+    split_set: Any = None
 
     def get(self, key: str, default: Any = None) -> Any:
         """Python value of a metadata key (strings decoded with errors='replace')."""

@@ -79,11 +79,9 @@ __all__ = [
     "write_set",
 ]
 
-KEY_NO = "split.no"
-KEY_COUNT = "split.count"
-KEY_TENSORS_COUNT = "split.tensors.count"
 #: the split keys in the order llama.cpp's gguf-split leaves them (see the module docstring)
-SPLIT_KEYS = (KEY_NO, KEY_TENSORS_COUNT, KEY_COUNT)
+SPLIT_KEYS = G.SPLIT_KEYS
+KEY_NO, KEY_TENSORS_COUNT, KEY_COUNT = SPLIT_KEYS
 #: their GGUF types, as both writers write them and llama.cpp's loader requires them
 SPLIT_KEY_TYPES = {KEY_NO: G.ValueType.UINT16, KEY_COUNT: G.ValueType.UINT16, KEY_TENSORS_COUNT: G.ValueType.INT32}
 #: split.count is a UINT16
@@ -611,7 +609,7 @@ class SplitModel(G.ModelMetadata):
 
     def __init__(self, s: SplitSet) -> None:
         first = s.shards[0]
-        self.set = s
+        self.set = self.split_set = s
         self.path = os.fspath(s.paths[0])
         self.paths, self.shards = s.paths, s.shards
         self.version, self.alignment = first.version, first.alignment
@@ -668,7 +666,7 @@ def open_model(path: "str | os.PathLike[str]") -> "G.GGUFFile | SplitModel":
 def _split_keys(gf: G.GGUFFile) -> tuple[int, int, int] | None:
     """``(split.no, split.count, split.tensors.count)`` of a shard; None for a whole model
     (no split keys, or ``split.count = 0`` as ``gguf-split --merge`` leaves it)."""
-    if not any(k in gf.kv for k in SPLIT_KEYS):
+    if not G.has_split_keys(gf):
         return None
     c = gf.kv.get(KEY_COUNT)
     if c is not None and c.type == SPLIT_KEY_TYPES[KEY_COUNT] and int(c.value) == 0:
