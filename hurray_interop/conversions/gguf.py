@@ -1066,10 +1066,11 @@ class _PlainSource:
 def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tuple[str, Chunks] | str:
     """Find the GGML type this Hurray tensor matches exactly.  Returns (type, chunk source) or a refusal reason."""
     d = t.descriptor
-    from . import gguf_exact
+    if recorded is not None and all(c.name != recorded for c in codecs()):  # not a native type
+        from . import gguf_exact
 
-    if recorded is not None and gguf_exact.has_form(recorded) and gguf_exact.record_key(t.name) in kv:
-        return recorded, gguf_exact.export(t, kv, recorded)  # --fallback exact: rebuilt from the record
+        if gguf_exact.has_form(recorded) and gguf_exact.record_key(t.name) in kv:
+            return recorded, gguf_exact.export(t, kv, recorded)  # --fallback exact: rebuilt from the record
     if d.is_composite:
         return _export_overlay(t, kv, recorded)
     if d.shard is not None:

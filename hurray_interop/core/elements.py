@@ -73,11 +73,13 @@ class ElementType:
 
 @functools.cache
 def _np_dtype(name: str) -> np.dtype:
-    import ml_dtypes  # on first use: ``inspect`` of a GGUF never needs it (start-up time)
+    try:  # numpy's own codes ("<f2", "u1"; ml_dtypes' names too once ml_dtypes is imported)
+        return np.dtype(name)
+    except TypeError:
+        pass
+    import ml_dtypes  # on first use of its types: most conversions never need it (start-up time)
 
-    if hasattr(ml_dtypes, name):
-        return np.dtype(getattr(ml_dtypes, name))
-    return np.dtype(name)
+    return np.dtype(getattr(ml_dtypes, name))
 
 
 def _build() -> tuple[Mapping[str, ElementType], Mapping[int, ElementType]]:

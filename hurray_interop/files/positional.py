@@ -22,6 +22,7 @@ bytes, only slower.  Gaps never written read as zeros (the file is sized up fron
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import threading
 from typing import Any, Callable
@@ -40,15 +41,16 @@ COPY_CHUNK = 8 << 20
 _NO_COPY_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.ETXTBSY}
 
 
+@functools.cache
 def _sync_file_range() -> Callable[[int, int, int], None] | None:
-    """``sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WRITE)`` from the C library, or None."""
+    """``sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WRITE)`` from the C library, or None.
+    Looked up once, among the symbols the process already has (``CDLL(None)``: the C library
+    the interpreter links; ``ctypes.util.find_library`` would run ``ldconfig`` each time)."""
     try:
         import ctypes
-        import ctypes.util
 
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        fn = libc.sync_file_range
-    except (OSError, AttributeError, ImportError):
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError, ImportError, TypeError):  # TypeError: no CDLL(None) (Windows)
         return None
     fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
     fn.restype = ctypes.c_int
