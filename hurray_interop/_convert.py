@@ -16,6 +16,7 @@ import tempfile
 from typing import Any, Callable
 
 from .errors import HurrayInteropError, OutputExistsError, UsageError
+from .files.atomic import transient
 from .parallel import check_jobs
 from .registry import HURRAY, Format, detect_format, formats
 from .report import ConversionReport
@@ -115,7 +116,8 @@ def _through_hurray(
 ) -> ConversionReport:
     dry_run = first_opts["dry_run"]
     try:
-        first = sf.to_hurray(src_s, None if dry_run else mid, **first_opts)  # type: ignore[misc]
+        with transient():  # the intermediate file is deleted at the end: only the result is made durable
+            first = sf.to_hurray(src_s, None if dry_run else mid, **first_opts)  # type: ignore[misc]
     except HurrayInteropError as exc:
         raise _renamed(exc, mid, dst_s, "while writing the intermediate Hurray file") from None
     if dry_run:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -209,3 +210,48 @@ def test_set_needs_every_member_written(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(UsageError, match="not open"):
         AtomicOutputSet(paths).open(0)
+
+
+def _count_syncs(monkeypatch):
+    """Record every fsync and every writeback start (sync_file_range / fadvise) of this process."""
+    from hurray_interop.files import positional as P
+
+    calls: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(P, "writeback_function",
+                        lambda strategy="auto": (lambda fd, off, n: calls.append("writeback")))
+    import hurray_interop.files.atomic as A
+
+    monkeypatch.setattr(A, "writeback_function", P.writeback_function)
+    return calls
+
+
+def test_transient_outputs_are_never_synced_but_written_the_same(tmp_path, monkeypatch):
+    from hurray_interop.files.atomic import WRITEBACK_STEP, transient
+    from hurray_interop.files.positional import PositionalWriter
+
+    calls = _count_syncs(monkeypatch)
+    data = os.urandom(2 * WRITEBACK_STEP + 5)
+    seen = {}
+    for name, durable in (("durable.bin", True), ("transient.bin", False)):
+        calls.clear()
+        with contextlib.ExitStack() as stack:
+            if not durable:
+                stack.enter_context(transient())
+            with AtomicOutput(tmp_path / name) as out:
+                out.write(data)  # sequential writes: writeback every WRITEBACK_STEP bytes
+                PositionalWriter(out, 2 * len(data)).pwrite(data[::-1], len(data))  # positional ones
+                out.commit()
+        seen[name] = sorted(set(calls))
+    assert seen == {"durable.bin": ["fsync", "writeback"], "transient.bin": []}
+    assert (tmp_path / "durable.bin").read_bytes() == (tmp_path / "transient.bin").read_bytes()
+    assert leftovers(tmp_path) == []
+
+
+def test_transient_ends_with_its_block(tmp_path):
+    from hurray_interop.files.atomic import transient
+
+    with transient():
+        assert AtomicOutput(tmp_path / "a").durable is False
+    assert AtomicOutput(tmp_path / "b").durable is True

@@ -516,3 +516,17 @@ def test_a_sign_of_zero_is_a_difference_for_every_other_type(signed_zero_files, 
         assert (rows["q8"]["where"], rows["f32"]["where"]) == ("block 2, byte 1", "byte 151")
     else:
         assert (rows["q8"]["where"], rows["f32"]["where"]) == ("element 64", "element 37")
+
+
+def test_the_round_trip_copies_are_not_sent_to_the_disk(model: Path, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """verify's temporary .hrry and GGUF are written as transient outputs (files.atomic.transient):
+    no fsync, no writeback -- while a conversion of the same file syncs its output."""
+    import os
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    result = verify_roundtrip(str(model))
+    assert result.ok and result.file_bytes_equal and synced == []
+    gguf_to_hurray(model, tmp_path / "x.hrry")
+    assert synced  # the conversion's own output is durable

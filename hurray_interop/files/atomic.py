@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import errno
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import IO, Any, Iterable
+from typing import IO, Any, Iterable, Iterator
 
 from ..errors import OutputExistsError, UsageError
 from .positional import writeback_function
@@ -39,7 +41,7 @@ from .positional import writeback_function
 #: bytes written between two starts of the kernel's writeback (see AtomicOutput.write)
 WRITEBACK_STEP = 8 << 20
 
-__all__ = ["AtomicOutput", "AtomicOutputSet", "check_output_path"]
+__all__ = ["AtomicOutput", "AtomicOutputSet", "check_output_path", "transient"]
 
 
 def _os_error(e: OSError, path: Path, doing: str) -> UsageError:
@@ -93,6 +95,24 @@ def _umask() -> int:
     return old  # pragma: no cover
 
 
+#: whether the outputs opened in this context must survive a crash (see :func:`transient`)
+_DURABLE: ContextVar[bool] = ContextVar("hurray_interop_durable", default=True)
+
+
+@contextmanager
+def transient() -> Iterator[None]:
+    """Outputs opened inside (in this thread, or in threads started in its context) are
+    not made durable: no writeback while writing, no ``fsync`` of the file or its
+    directory.  The bytes and the all-or-nothing rename are the same.  For files deleted
+    before anyone could rely on them: ``verify``'s round-trip copies, which would
+    otherwise send two copies of the model to the disk."""
+    token = _DURABLE.set(False)
+    try:
+        yield
+    finally:
+        _DURABLE.reset(token)
+
+
 class AtomicOutput:
     """Context manager for an all-or-nothing output file.
 
@@ -118,7 +138,9 @@ class AtomicOutput:
         self.temp_path: Path | None = None
         self._file: IO[bytes] | None = None
         self.committed = False
-        self._writeback = writeback_function()
+        #: fsync on commit, writeback while writing (False inside :func:`transient`)
+        self.durable = _DURABLE.get()
+        self._writeback = writeback_function() if self.durable else None
         self._scratch: list[IO[bytes]] = []
         self._written_from = 0  # start of the bytes whose writeback has not been started
         self._unstarted = 0
@@ -228,7 +250,8 @@ class AtomicOutput:
         try:
             f.flush()
             os.fchmod(f.fileno(), 0o666 & ~_umask())
-            os.fsync(f.fileno())
+            if self.durable:
+                os.fsync(f.fileno())
             f.close()
             self._file = None
         except OSError as e:
@@ -260,7 +283,8 @@ class AtomicOutput:
         self.committed = True
         self.temp_path = None
         self._close_scratch()
-        _fsync_dir(self.path.parent if str(self.path.parent) else Path("."))
+        if self.durable:
+            _fsync_dir(self.path.parent if str(self.path.parent) else Path("."))
         return self.path
 
     def _link_no_clobber(self, tmp: Path) -> None:

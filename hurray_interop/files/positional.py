@@ -138,7 +138,8 @@ class PositionalWriter:
         self.fd: int = out.fileno()
         self.path = getattr(out, "path", None)
         self.size = size  # None: the owner lays the file out itself (no truncation, no bound)
-        self._writeback = writeback_function(writeback)
+        # a transient output (files.atomic.transient) is never sent to the disk on purpose
+        self._writeback = writeback_function(writeback) if getattr(out, "durable", True) else None
         self._copy_range = getattr(os, "copy_file_range", None)
         self._pwrite, self._pread = _pwrite_function(), _pread_function()
         self._local = threading.local()

@@ -32,6 +32,7 @@ from ..core.hrry import HrryFile
 from ..core.model import Tensor
 from ..dequant import iter_dequantize
 from ..errors import ConversionRefused, HurrayInteropError
+from ..files.atomic import transient
 from ..parallel import in_background, prefetch_chunks
 
 __all__ = [
@@ -390,7 +391,8 @@ class ForeignVerifier:
         with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
             back = os.path.join(tmp, "export" + fmt.extensions[0])
             try:
-                fmt.from_hurray(hrry_path, back)
+                with transient():  # a temporary export
+                    fmt.from_hurray(hrry_path, back)
             except ConversionRefused as exc:
                 result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have {c.no_exact}")
                 back = ""
@@ -450,7 +452,8 @@ def run_roundtrip(
         back = os.path.join(tmp, "roundtrip" + suffix)
         try:
             try:
-                to_hurray(path, mid)
+                with transient():  # the copies are deleted at the end: never sent to the disk on purpose
+                    to_hurray(path, mid)
             except ConversionRefused as exc:
                 for name, typ, reason in exc.reasons:
                     result.tensors.append(TensorCheck(name, typ, "refused", values_equal=False, where=reason))
@@ -458,7 +461,8 @@ def run_roundtrip(
                 return
 
             def export() -> tuple[int, int, int] | None:
-                from_hurray(mid, back)
+                with transient():
+                    from_hurray(mid, back)
                 return compare(path, back)
 
             with in_background(export) as exported:

@@ -16,6 +16,7 @@ import numpy as np
 from ..conversions.gguf import reference_dequantizer
 from ..core.hrry import HrryFile
 from ..errors import ConversionRefused
+from ..files.atomic import transient
 from ..formats import gguf as G
 from ..formats import gguf_split as S
 from .common import (ForeignChecks, ForeignVerifier, RawEntry, Rows, Unit, VerifyResult, first_byte_diff,
@@ -197,7 +198,8 @@ class _GGUFVerifier(ForeignVerifier):
         with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
             back = os.path.join(tmp, "export.gguf")
             try:
-                fmt.from_hurray(hrry_path, back)
+                with transient():  # a temporary export
+                    fmt.from_hurray(hrry_path, back)
             except ConversionRefused as exc:
                 result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have {self.checks.no_exact}")
             paths = _exported(back)
