@@ -7,7 +7,7 @@
   validation (a positive ``int``).
 * :func:`pmap` -- ``fn`` over the chunk slices of ``n`` items, results in order, on
   :func:`jobs` threads (numpy releases the GIL in the gathers and bit operations that
-  do the work).
+  do the work); :func:`pmap_items` the same over any iterable.
 * :func:`prefetch_chunks` -- a worker thread producing chunks ahead of a writer.
 * :func:`in_background` -- one call on a worker thread while the caller does other work.
 """
@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from .errors import UsageError
 
 __all__ = [
-    "DEFAULT_JOBS", "cpus", "check_jobs", "use_jobs", "jobs", "pmap", "PREFETCH_CHUNKS", "prefetch_chunks",
+    "DEFAULT_JOBS", "cpus", "check_jobs", "use_jobs", "jobs", "pmap", "pmap_items", "PREFETCH_CHUNKS", "prefetch_chunks",
     "in_background",
 ]
 
@@ -80,23 +80,35 @@ def pmap(fn: Callable[[slice], T], n: int, step: int) -> Iterator[T]:
     slices are computed ahead on a thread pool.  ``fn`` must return a fresh object each
     time.  An exception of ``fn`` is raised here, for the first failing slice."""
     slices = (slice(i, min(i + step, n)) for i in range(0, n, step))
-    threads = jobs()
-    if threads <= 1 or n <= step:
+    if n <= step:
         for sl in slices:
             yield fn(sl)
+        return
+    yield from pmap_items(fn, slices)
+
+
+def pmap_items(fn: Callable[[Any], T], items: Iterable[Any]) -> Iterator[T]:
+    """``fn(item)`` for every item of ``items``, results in order, on :func:`jobs` threads
+    (up to ``2 * jobs`` items in flight; ``items`` is consumed as results are taken).
+    ``fn`` must return a fresh object each time.  An exception of ``fn`` is raised here,
+    for the first failing item; the items not yet started are then cancelled."""
+    threads = jobs()
+    if threads <= 1:
+        for item in items:
+            yield fn(item)
         return
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
     from itertools import islice
 
+    it = iter(items)
     pool = ThreadPoolExecutor(threads, thread_name_prefix="hurray-interop-convert")
     try:
-        pending = deque(pool.submit(fn, sl) for sl in islice(slices, 2 * threads))
+        pending = deque(pool.submit(fn, item) for item in islice(it, 2 * threads))
         while pending:
             done = pending.popleft().result()
-            sl = next(slices, None)
-            if sl is not None:
-                pending.append(pool.submit(fn, sl))
+            for item in islice(it, 1):
+                pending.append(pool.submit(fn, item))
             yield done
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

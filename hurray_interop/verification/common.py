@@ -33,7 +33,7 @@ from ..core.model import Tensor
 from ..dequant import iter_dequantize
 from ..errors import ConversionRefused, HurrayInteropError
 from ..files.atomic import transient
-from ..parallel import in_background, prefetch_chunks
+from ..parallel import in_background, pmap_items, prefetch_chunks
 
 __all__ = [
     "TensorCheck",
@@ -159,20 +159,29 @@ def compare_values(
     unit = row or ncols
     worst: float | None = 0.0
     first = ""
-    flat = 0
     since = 0
-    # our dequantizer produces chunk k+1 in a worker thread while the reference decodes and
-    # compares chunk k (numpy releases the GIL: the two decoders share the cores)
-    chunks = iter_dequantize(ours, max_elements=CHUNK_ROWS_ELEMENTS)  # threads: parallel.use_jobs
-    for _, values in prefetch_chunks(chunks, 1):
-        a = values.reshape(-1)
-        lo, hi = flat, flat + a.size
-        flat = hi
-        if not a.size:
-            continue
+
+    def ours_flat() -> Iterator[tuple[int, np.ndarray]]:
+        """Our dequantizer's chunks, flattened, with the flat index of their first value."""
+        flat = 0
+        for _, values in iter_dequantize(ours, max_elements=CHUNK_ROWS_ELEMENTS):  # threads: parallel.use_jobs
+            a = values.reshape(-1)
+            if a.size:
+                yield flat, a
+            flat += a.size
+
+    def check(chunk: tuple[int, np.ndarray]) -> tuple[int, np.ndarray, np.ndarray, int, float | None]:
+        lo, a = chunk
+        hi = lo + a.size
         r0, r1 = lo // unit, -(-hi // unit)
         ref = np.asarray(reference_rows(r0, r1), dtype=np.float32).reshape(-1)[lo - r0 * unit : hi - r0 * unit]
-        idx, mad = first_value_diff(a, np.ascontiguousarray(ref), signed_zero_equal=signed_zero_equal)
+        ref = np.ascontiguousarray(ref)
+        return (lo, a, ref, *first_value_diff(a, ref, signed_zero_equal=signed_zero_equal))
+
+    # our dequantizer produces the chunks in a worker thread; the reference decodes and
+    # compares them on parallel.jobs() threads (numpy releases the GIL: the oracle, the
+    # slowest part, gets every core), results in order
+    for lo, a, ref, idx, mad in pmap_items(check, prefetch_chunks(ours_flat(), 1)):
         since += a.size
         if release is not None and since >= RELEASE_ELEMENTS:
             release()
