@@ -168,22 +168,17 @@ def inspect_gguf(path: str, *, fallback: str | None = None) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _split_set(gf: Any) -> Iterator[Any]:
-    """The split GGUF set ``gf`` is a shard of (None for a whole model); the other shards
-    are closed on leaving, ``gf`` stays the caller's."""
+    """The split GGUF set ``gf`` is a shard of (None for a whole model; the split module is
+    loaded only for a file with split keys), borrowed for the ``with`` block."""
     from .formats import gguf as G
 
-    if not G.has_split_keys(gf):  # one whole file: the split module is not needed
+    if not G.has_split_keys(gf):
         yield None
         return
-    from .formats.gguf_split import split_set_of
+    from .formats.gguf_split import borrowed_set
 
-    s = split_set_of(gf)
-    try:
+    with borrowed_set(gf) as s:
         yield s
-    finally:
-        for shard in s.shards if s is not None else ():
-            if shard is not gf:
-                shard.close()
 
 
 def _split_info(s: Any) -> dict[str, Any]:

@@ -804,16 +804,8 @@ def _whole_model(src: "G.GGUFFile | S.SplitSet") -> Iterator[Any]:
     if isinstance(src, S.SplitSet):
         yield S.SplitModel(src)
         return
-    s = S.split_set_of(src)
-    if s is None:
-        yield src
-        return
-    try:
-        yield S.SplitModel(s)
-    finally:
-        for gf in s.shards:
-            if gf is not src:
-                gf.close()
+    with S.borrowed_set(src) as s:
+        yield src if s is None else S.SplitModel(s)
 
 
 def _input_paths(gf: Any, src: str) -> tuple[str, ...]:

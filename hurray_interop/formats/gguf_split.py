@@ -37,6 +37,7 @@ split key values follow from the shard's place in the set.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -56,6 +57,7 @@ __all__ = [
     "MAX_SHARDS",
     "ShardName",
     "parse_shard_name",
+    "borrowed_set",
     "shard_suffix",
     "shard_name",
     "set_paths",
@@ -705,6 +707,20 @@ def open_split_set(path: "str | os.PathLike[str]") -> SplitSet | None:
         return m.set
     m.close()
     return None
+
+
+@contextlib.contextmanager
+def borrowed_set(gf: G.GGUFFile) -> Iterator["SplitSet | None"]:
+    """The split set the open file ``gf`` is a shard of (:func:`split_set_of`; None for a
+    whole model), for the ``with`` block: the other shards it opened are closed on
+    leaving, ``gf`` stays the caller's.  A file without split keys opens nothing."""
+    s = split_set_of(gf) if G.has_split_keys(gf) else None
+    try:
+        yield s
+    finally:
+        for shard in s.shards if s is not None else ():
+            if shard is not gf:
+                shard.close()
 
 
 def split_set_of(gf: G.GGUFFile) -> SplitSet | None:

@@ -151,14 +151,8 @@ def _exported(back: str) -> list[Path]:
 
 def _set_count(path: str) -> int | None:
     """The number of shards of the split set ``path`` belongs to (checked), or None."""
-    with G.read_gguf(path) as gf:
-        s = S.split_set_of(gf)
-        if s is None:
-            return None
-        for shard in s.shards:
-            if shard is not gf:
-                shard.close()
-        return s.count
+    with G.read_gguf(path) as gf, S.borrowed_set(gf) as s:
+        return None if s is None else s.count
 
 
 class _GGUFVerifier(ForeignVerifier):
