@@ -138,7 +138,7 @@ def _i8_into(c: "BlockCodec", blocks: np.ndarray, out: np.ndarray) -> np.ndarray
 
 
 def _i8_pack(c: "BlockCodec", codes: np.ndarray, out: np.ndarray) -> None:
-    _field(out, c.fields["qs"], c.block_size)[...] = _offset_bytes(codes, -c.code_offset, c.storage.signed)
+    K.scatter_field(out, c.fields["qs"], _offset_bytes(codes, -c.code_offset, c.storage.signed))
 
 
 def _nibble_offset(pairs: np.ndarray, offset: int) -> np.ndarray:
