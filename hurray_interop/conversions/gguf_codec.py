@@ -56,6 +56,7 @@ more than one codec row can say.
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -137,7 +138,7 @@ def _i8_into(c: "BlockCodec", blocks: np.ndarray, out: np.ndarray) -> np.ndarray
 
 
 def _i8_pack(c: "BlockCodec", codes: np.ndarray, out: np.ndarray) -> None:
-    _field(out, c.fields["qs"], c.block_size)[...] = _offset_bytes(codes, -c.code_offset, c.storage.signed)
+    K.scatter_field(out, c.fields["qs"], _offset_bytes(codes, -c.code_offset, c.storage.signed))
 
 
 def _nibble_offset(pairs: np.ndarray, offset: int) -> np.ndarray:
@@ -162,8 +163,18 @@ def _nibbles_into(c: "BlockCodec", blocks: np.ndarray, out: np.ndarray) -> np.nd
     return K.split_to_pairs(_field(blocks, c.fields["qs"], c.block_size // 2), 0x88 if offset else 0, out=out)
 
 
+_SCRATCH = threading.local()
+
+
 def _nibbles_pack(c: "BlockCodec", codes: np.ndarray, out: np.ndarray) -> None:
-    K.pairs_to_split(_nibble_offset(codes.copy(), -c.code_offset), out=_field(out, c.fields["qs"], c.block_size // 2))
+    if -c.code_offset % 16 == 8 and codes.dtype == np.uint8:  # _nibble_offset's XOR, into a reused buffer
+        buf = getattr(_SCRATCH, "buf", None)
+        if buf is None or buf.size < codes.size:
+            buf = _SCRATCH.buf = np.empty(codes.size, dtype=np.uint8)
+        shifted = np.bitwise_xor(codes, np.uint8(0x88), out=buf[: codes.size].reshape(codes.shape))
+    else:
+        shifted = _nibble_offset(codes.copy(), -c.code_offset)
+    K.pairs_to_split(shifted, out=_field(out, c.fields["qs"], c.block_size // 2))
 
 
 def _qh_unpack(c: "BlockCodec", blocks: np.ndarray) -> np.ndarray:

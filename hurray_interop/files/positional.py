@@ -143,6 +143,7 @@ class PositionalWriter:
         self._copy_range = getattr(os, "copy_file_range", None)
         self._pwrite, self._pread = _pwrite_function(), _pread_function()
         self._local = threading.local()
+        self._lock = threading.Lock()  # one write into the file at a time: see :meth:`pwrite`
         if size is not None:
             self._fail(os.ftruncate, self.fd, size)
 
@@ -158,12 +159,19 @@ class PositionalWriter:
                              path=self.path)
 
     def pwrite(self, data: Any, offset: int) -> None:
-        """Write all of ``data`` (any buffer) at ``offset``, then start its writeback."""
+        """Write all of ``data`` (any buffer) at ``offset``, then start its writeback.
+
+        Writes into the file are serialised by a lock: a buffered write holds the
+        inode's lock in the kernel anyway (ext4, XFS), and threads that meet there spin
+        on it -- system CPU the other worker needs (about 0.4 s per 4 GB from two
+        threads; docs/benchmarks.md, "Reading and writing the data").  The lock makes
+        the waiting thread sleep instead; the writeback hint runs outside it."""
         mv = memoryview(data).cast("B")
         self._check(offset, len(mv))
         done = 0
-        while done < len(mv):
-            done += self._fail(self._pwrite, self.fd, mv[done:], offset + done)
+        with self._lock:
+            while done < len(mv):
+                done += self._fail(self._pwrite, self.fd, mv[done:], offset + done)
         self.started(offset, len(mv))
 
     def copy(self, src_fd: int, src_offset: int, length: int, offset: int) -> None:
@@ -172,7 +180,9 @@ class PositionalWriter:
         done = 0
         while done < length and self._copy_range is not None:
             try:
-                n = self._copy_range(src_fd, self.fd, min(COPY_CHUNK, length - done), src_offset + done, offset + done)
+                with self._lock:  # as in pwrite
+                    n = self._copy_range(src_fd, self.fd, min(COPY_CHUNK, length - done), src_offset + done,
+                                         offset + done)
             except OSError as e:
                 if e.errno not in _NO_COPY_RANGE:
                     raise UsageError(f"cannot write the output: {e.strerror or e}", path=self.path) from None
@@ -197,8 +207,9 @@ class PositionalWriter:
             if n == 0:
                 raise UsageError(f"the source ends before offset {src_offset + length}", path=self.path)
             w = 0
-            while w < n:
-                w += self._fail(self._pwrite, self.fd, mv[w:n], offset + done + w)
+            with self._lock:  # as in pwrite
+                while w < n:
+                    w += self._fail(self._pwrite, self.fd, mv[w:n], offset + done + w)
             done += n
 
     def started(self, offset: int, length: int) -> None:
