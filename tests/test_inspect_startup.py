@@ -119,3 +119,23 @@ def test_the_vectorised_string_walk_is_exact_on_awkward_strings(monkeypatch, eve
         assert np.array_equal(value.value._starts, arr._starts + 8)
         if every > 100 and window == 1 << 22:
             assert K._short_string_heads(raw, 8, len(items), len(raw))[2] > len(items) * 9 // 10
+
+
+@pytest.mark.parametrize("preset", [None, "3"])
+def test_the_command_line_spares_numpy_its_blas_threads(tmp_path: Path, preset: str | None) -> None:
+    """Nothing here uses BLAS: a command started without numpy loaded sets OPENBLAS_NUM_THREADS=1
+    before numpy starts its pool, and leaves a count the user chose alone."""
+    src = _vocab_gguf(tmp_path / "v.gguf", 10)
+    code = (
+        "import io, os, sys, contextlib\n"
+        "from hurray_interop import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    rc = cli.main(['inspect', {str(src)!r}])\n"
+        "print(rc, 'numpy' in sys.modules, os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    env["PYTHONPATH"] = str(ROOT)
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["0", "True", preset or "1"]
