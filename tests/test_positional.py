@@ -92,7 +92,8 @@ def test_copy_file_range_refused_falls_back_mid_copy(tmp_path: Path, src: Path, 
     monkeypatch.setattr(os, "copy_file_range", once)
     monkeypatch.setattr(P, "COPY_CHUNK", 1 << 16)
     _write(tmp_path / "out.bin", src)
-    assert (tmp_path / "out.bin").read_bytes() == _expected_with_prefix() and len(calls) == 2
+    assert (tmp_path / "out.bin").read_bytes() == _expected_with_prefix()
+    assert len(calls) in (2, 3)  # one success, then a refusal -- one per thread if both were mid-copy
 
 
 def test_a_failure_leaves_no_file(tmp_path: Path, src: Path) -> None:

@@ -178,11 +178,13 @@ class PositionalWriter:
         """Copy ``length`` bytes of the file ``src_fd`` from ``src_offset`` to ``offset``."""
         self._check(offset, length)
         done = 0
-        while done < length and self._copy_range is not None:
+        while done < length:
+            copy_range = self._copy_range  # once: another thread may give it up meanwhile
+            if copy_range is None:
+                break
             try:
                 with self._lock:  # as in pwrite
-                    n = self._copy_range(src_fd, self.fd, min(COPY_CHUNK, length - done), src_offset + done,
-                                         offset + done)
+                    n = copy_range(src_fd, self.fd, min(COPY_CHUNK, length - done), src_offset + done, offset + done)
             except OSError as e:
                 if e.errno not in _NO_COPY_RANGE:
                     raise UsageError(f"cannot write the output: {e.strerror or e}", path=self.path) from None
