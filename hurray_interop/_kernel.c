@@ -25,7 +25,7 @@
 typedef ptrdiff_t hk_stride;
 
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
-HK_API int hk_abi_version(void) { return 2; }
+HK_API int hk_abi_version(void) { return 3; }
 
 /* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -255,4 +255,63 @@ HK_API void hk_unpack_runs(const uint8_t *src, hk_stride ss, size_t n, const int
 HK_API void hk_pack_runs(const uint8_t *src, hk_stride ss, size_t n, const int32_t *runs,
                          size_t nruns, size_t isize, uint8_t *dst, hk_stride ds) {
     move_runs(src, ss, n, runs, nruns, isize, dst, ds, 0, 1);
+}
+
+/* float16 bits -> float32, exactly (subnormals scaled by 2^-24, which float32 holds). */
+static inline float half_to_float(unsigned h) {
+    unsigned e = h >> 10 & 0x1Fu, m = h & 0x3FFu;
+    uint32_t bits = (uint32_t)(h & 0x8000u) << 16;
+    float f;
+    if (e == 0) {
+        f = (float)m * 5.9604644775390625e-8f; /* m * 2^-24: exact */
+        return (h & 0x8000u) ? -f : f;
+    }
+    bits |= e == 31 ? 0x7F800000u | (uint32_t)m << 13 : (uint32_t)(e + 112) << 23 | (uint32_t)m << 13;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* One block's items of the bit-field runs into `items` (zeroed first; at most 64 items). */
+static void runs_row(const uint8_t *blk, const int32_t *runs, size_t nruns, unsigned *items, size_t n_items) {
+    for (size_t k = 0; k < n_items; k++) items[k] = 0;
+    for (size_t r = 0; r < nruns; r++) {
+        const int32_t *R = runs + 6 * r;
+        for (int32_t j = 0; j < R[2]; j++)
+            items[R[0] + j] |= ((unsigned)(blk[R[1] + j] >> R[3]) & (unsigned)R[4]) << R[5];
+    }
+}
+
+/* The two-level scales of the K-quants (docs/conversion-rules.md § 9), per block:
+ * scales[s] = float32(d) * float32(sc[s] + add) (sc the runs `scr`, read as int8 when
+ * sc_signed), and where dmin_off >= 0, corr[s] = -(float32(dmin) * float32(m[s])) (m the
+ * runs `mr`).  d and dmin are little-endian float16 at d_off / dmin_off.  flags[i]:
+ * bit 0 some scale is +-0, bit 1 d not finite, bit 2 dmin not finite.  Returns how many
+ * blocks have a flag.  subs <= 64. */
+HK_API size_t hk_dsc_scales(const uint8_t *src, hk_stride ss, size_t n, size_t subs, size_t d_off,
+                            const int32_t *scr, size_t nscr, int sc_signed, int add, ptrdiff_t dmin_off,
+                            const int32_t *mr, size_t nmr, float *scales, float *corr, uint8_t *flags) {
+    unsigned sc[64], m[64];
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++, src += ss, scales += subs) {
+        unsigned hd = (unsigned)src[d_off] | (unsigned)src[d_off + 1] << 8;
+        float d = half_to_float(hd);
+        uint8_t fl = (hd & 0x7C00u) == 0x7C00u ? 2 : 0;
+        runs_row(src, scr, nscr, sc, subs);
+        for (size_t s = 0; s < subs; s++) {
+            float v = sc_signed ? (float)(int8_t)(uint8_t)sc[s] : (float)((int)sc[s] + add);
+            scales[s] = d * v;
+            fl |= scales[s] == 0.0f;
+        }
+        if (dmin_off >= 0) {
+            unsigned hm = (unsigned)src[dmin_off] | (unsigned)src[dmin_off + 1] << 8;
+            float dm = half_to_float(hm);
+            fl |= (hm & 0x7C00u) == 0x7C00u ? 4 : 0;
+            runs_row(src, mr, nmr, m, subs);
+            for (size_t s = 0; s < subs; s++) corr[s] = -(dm * (float)m[s]);
+            corr += subs;
+        }
+        flags[i] = fl;
+        count += fl != 0;
+    }
+    return count;
 }

@@ -47,11 +47,12 @@ __all__ = [
     "all_zero",
     "unpack_runs",
     "pack_runs",
+    "dsc_scales",
 ]
 
 ENV_VAR = "HURRAY_INTEROP_KERNEL"
 LIBRARY = Path(__file__).with_name("_kernel.dll" if os.name == "nt" else "_kernel.so")
-_ABI_VERSION = 2  # hk_abi_version() in _kernel.c
+_ABI_VERSION = 3  # hk_abi_version() in _kernel.c
 
 #: scale classes returned by :func:`scale_class`, one byte per block
 SCALE_OK, SCALE_ZERO, SCALE_BAD = 0, 1, 2
@@ -68,6 +69,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "hk_all_zero": (_N, [_P, _S, _N, _N, _B, _P]),
     "hk_unpack_runs": (None, [_P, _S, _N, _P, _N, _N, _N, _P, _S]),
     "hk_pack_runs": (None, [_P, _S, _N, _P, _N, _N, _P, _S]),
+    "hk_dsc_scales": (_N, [_P, _S, _N, _N, _N, _P, _N, ctypes.c_int, ctypes.c_int, _S, _P, _N, _P, _P, _P]),
 }
 
 
@@ -485,3 +487,63 @@ def pack_runs(values: np.ndarray, runs: tuple[Run, ...], out: np.ndarray) -> Non
     v = np.ascontiguousarray(values)
     if n:
         _lib.hk_pack_runs(_at(v), v.strides[0], n, _at(table), len(table), isize, _at(out), out.strides[0])
+
+
+# ---------------------------------------------------------------------------
+# the K-quants' two-level scales
+
+#: :func:`dsc_scales` flags, one byte per block
+DSC_ZERO, DSC_BAD_D, DSC_BAD_DMIN = 1, 2, 4
+
+
+def _f16_bits(blocks: np.ndarray, offset: int) -> np.ndarray:
+    return blocks[:, offset].astype(np.uint16) | blocks[:, offset + 1].astype(np.uint16) << np.uint16(8)
+
+
+def numpy_dsc_scales(blocks: np.ndarray, d_off: int, sc: tuple[Run, ...], subs: int, sc_signed: bool, add: int,
+                     dmin_off: int, m: tuple[Run, ...]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """``(scales, corr, flags)``: per block ``float32(d)·float32(sc + add)`` (``(n, subs)``
+    float32; ``sc`` the bit-field runs, read as int8 when ``sc_signed``), where ``dmin_off >= 0``
+    ``−(float32(dmin)·float32(m))`` (else None), and the flags :data:`DSC_ZERO` (a scale is
+    ±0), :data:`DSC_BAD_D` / :data:`DSC_BAD_DMIN` (not finite).  ``d``, ``dmin``: float16
+    fields at ``d_off`` / ``dmin_off``."""
+    hd = _f16_bits(blocks, d_off)
+    raw = numpy_unpack_runs(blocks, sc, subs, np.uint8)
+    f = (raw.view(np.int8) if sc_signed else raw).astype(np.float32)
+    if add:
+        f = np.float32(add) + f
+    scales = hd.view(np.float16).astype(np.float32)[:, None] * f
+    flags = (scales == 0).any(axis=1).astype(np.uint8)
+    flags |= np.where((hd & 0x7C00) == 0x7C00, DSC_BAD_D, 0).astype(np.uint8)
+    if dmin_off < 0:
+        return scales, None, flags
+    hm = _f16_bits(blocks, dmin_off)
+    corr = -(hm.view(np.float16).astype(np.float32)[:, None] * numpy_unpack_runs(blocks, m, subs, np.uint8).astype(np.float32))
+    flags |= np.where((hm & 0x7C00) == 0x7C00, DSC_BAD_DMIN, 0).astype(np.uint8)
+    return scales, corr, flags
+
+
+_np.dsc_scales = numpy_dsc_scales
+
+
+def dsc_scales(blocks: np.ndarray, d_off: int, sc: tuple[Run, ...], subs: int, sc_signed: bool = False, add: int = 0,
+               dmin_off: int = -1, m: tuple[Run, ...] = ()) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """The K-quants' sub-block scales in one pass over the blocks (:func:`numpy_dsc_scales`)."""
+    runs = [sc] + ([m] if dmin_off >= 0 else [])
+    tables = [_run_table(r) for r in runs]
+    fields = [d_off] + ([dmin_off] if dmin_off >= 0 else [])
+    if (_lib is None or not _rows(blocks) or blocks.dtype != np.uint8 or not 0 < subs <= 64 or not sc
+            or any(not r or t[1] > subs or max(x[1] + x[2] for x in r) > blocks.shape[1] or max(x[4] << x[5] for x in r) > 255
+                   for r, t in zip(runs, tables))
+            or any(not 0 <= o <= blocks.shape[1] - 2 for o in fields)):
+        return _np.dsc_scales(blocks, d_off, sc, subs, sc_signed, add, dmin_off, m)
+    n = blocks.shape[0]
+    scales = np.empty((n, subs), dtype=np.float32)
+    corr = np.empty((n, subs), dtype=np.float32) if dmin_off >= 0 else None
+    flags = np.empty(n, dtype=np.uint8)
+    mt = tables[1][0] if dmin_off >= 0 else tables[0][0]
+    if n:
+        _lib.hk_dsc_scales(_at(blocks), blocks.strides[0], n, subs, d_off, _at(tables[0][0]), len(sc), int(bool(sc_signed)),
+                           int(add), dmin_off, _at(mt), len(m) if dmin_off >= 0 else 0, _at(scales),
+                           _at(corr) if corr is not None else None, _at(flags))
+    return scales, corr, flags

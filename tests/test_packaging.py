@@ -81,7 +81,7 @@ def test_wheel_carries_the_kernel_when_a_compiler_works(wheel: Path, tmp_path: P
     lib.write_bytes(z.read(KERNEL_LIB))
     from hurray_interop.kernels import _ABI_VERSION  # the version the loader accepts
 
-    assert ctypes.CDLL(str(lib)).hk_abi_version() == _ABI_VERSION == 2
+    assert ctypes.CDLL(str(lib)).hk_abi_version() == _ABI_VERSION == 3
 
 
 @pytest.mark.slow
