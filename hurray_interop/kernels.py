@@ -507,6 +507,12 @@ def numpy_dsc_scales(blocks: np.ndarray, d_off: int, sc: tuple[Run, ...], subs: 
     ``−(float32(dmin)·float32(m))`` (else None), and the flags :data:`DSC_ZERO` (a scale is
     ±0), :data:`DSC_BAD_D` / :data:`DSC_BAD_DMIN` (not finite).  ``d``, ``dmin``: float16
     fields at ``d_off`` / ``dmin_off``."""
+    with np.errstate(invalid="ignore"):  # (inf · 0: a non-finite d is flagged, and refused)
+        return _dsc(blocks, d_off, sc, subs, sc_signed, add, dmin_off, m)
+
+
+def _dsc(blocks: np.ndarray, d_off: int, sc: tuple[Run, ...], subs: int, sc_signed: bool, add: int,
+         dmin_off: int, m: tuple[Run, ...]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     hd = _f16_bits(blocks, d_off)
     raw = numpy_unpack_runs(blocks, sc, subs, np.uint8)
     f = (raw.view(np.int8) if sc_signed else raw).astype(np.float32)
