@@ -271,13 +271,17 @@ static inline float half_to_float(unsigned h) {
     return f;
 }
 
-/* One block's items of the bit-field runs into `items` (zeroed first; at most 64 items). */
-static void runs_row(const uint8_t *blk, const int32_t *runs, size_t nruns, unsigned *items, size_t n_items) {
+/* One block's items of the bit-field runs into `items` (zeroed first; at most 64 items).
+ * The run fields are read into locals once: `items` may alias them (int and unsigned). */
+static void runs_row(const uint8_t *restrict blk, const int32_t *restrict runs, size_t nruns,
+                     unsigned *restrict items, size_t n_items) {
     for (size_t k = 0; k < n_items; k++) items[k] = 0;
     for (size_t r = 0; r < nruns; r++) {
         const int32_t *R = runs + 6 * r;
-        for (int32_t j = 0; j < R[2]; j++)
-            items[R[0] + j] |= ((unsigned)(blk[R[1] + j] >> R[3]) & (unsigned)R[4]) << R[5];
+        const unsigned len = (unsigned)R[2], sh = (unsigned)R[3], m = (unsigned)R[4], d = (unsigned)R[5];
+        unsigned *restrict o = items + R[0];
+        const uint8_t *restrict b = blk + R[1];
+        for (unsigned j = 0; j < len; j++) o[j] |= ((unsigned)(b[j] >> sh) & m) << d;
     }
 }
 
@@ -297,11 +301,14 @@ HK_API size_t hk_dsc_scales(const uint8_t *src, hk_stride ss, size_t n, size_t s
         float d = half_to_float(hd);
         uint8_t fl = (hd & 0x7C00u) == 0x7C00u ? 2 : 0;
         runs_row(src, scr, nscr, sc, subs);
+        unsigned zero = 0;
         for (size_t s = 0; s < subs; s++) {
             float v = sc_signed ? (float)(int8_t)(uint8_t)sc[s] : (float)((int)sc[s] + add);
-            scales[s] = d * v;
-            fl |= scales[s] == 0.0f;
+            float x = d * v;
+            scales[s] = x;
+            zero |= x == 0.0f;
         }
+        fl |= (uint8_t)zero;
         if (dmin_off >= 0) {
             unsigned hm = (unsigned)src[dmin_off] | (unsigned)src[dmin_off + 1] << 8;
             float dm = half_to_float(hm);

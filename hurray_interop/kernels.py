@@ -532,24 +532,34 @@ def _dsc(blocks: np.ndarray, d_off: int, sc: tuple[Run, ...], subs: int, sc_sign
 _np.dsc_scales = numpy_dsc_scales
 
 
+@functools.lru_cache(maxsize=64)
+def _dsc_tables(width: int, d_off: int, sc: tuple[Run, ...], subs: int, dmin_off: int,
+                m: tuple[Run, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The run tables of :func:`dsc_scales` for blocks of ``width`` bytes, or None when the C
+    code cannot take the fields (more than 64 sub-blocks, items wider than a byte, fields
+    outside the block)."""
+    runs = [sc] + ([m] if dmin_off >= 0 else [])
+    for r in runs:
+        if not r or _run_table(r)[1] > subs or max(x[1] + x[2] for x in r) > width or max(x[4] << x[5] for x in r) > 255:
+            return None
+    if not 0 < subs <= 64 or any(not 0 <= o <= width - 2 for o in [d_off] + ([dmin_off] if dmin_off >= 0 else [])):
+        return None
+    return _run_table(sc)[0], _run_table(runs[-1])[0]
+
+
 def dsc_scales(blocks: np.ndarray, d_off: int, sc: tuple[Run, ...], subs: int, sc_signed: bool = False, add: int = 0,
                dmin_off: int = -1, m: tuple[Run, ...] = ()) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """The K-quants' sub-block scales in one pass over the blocks (:func:`numpy_dsc_scales`)."""
-    runs = [sc] + ([m] if dmin_off >= 0 else [])
-    tables = [_run_table(r) for r in runs]
-    fields = [d_off] + ([dmin_off] if dmin_off >= 0 else [])
-    if (_lib is None or not _rows(blocks) or blocks.dtype != np.uint8 or not 0 < subs <= 64 or not sc
-            or any(not r or t[1] > subs or max(x[1] + x[2] for x in r) > blocks.shape[1] or max(x[4] << x[5] for x in r) > 255
-                   for r, t in zip(runs, tables))
-            or any(not 0 <= o <= blocks.shape[1] - 2 for o in fields)):
+    tables = (_dsc_tables(blocks.shape[1], d_off, sc, subs, dmin_off, m)
+              if _lib is not None and _rows(blocks) and blocks.dtype == np.uint8 else None)
+    if tables is None:
         return _np.dsc_scales(blocks, d_off, sc, subs, sc_signed, add, dmin_off, m)
     n = blocks.shape[0]
     scales = np.empty((n, subs), dtype=np.float32)
     corr = np.empty((n, subs), dtype=np.float32) if dmin_off >= 0 else None
     flags = np.empty(n, dtype=np.uint8)
-    mt = tables[1][0] if dmin_off >= 0 else tables[0][0]
     if n:
-        _lib.hk_dsc_scales(_at(blocks), blocks.strides[0], n, subs, d_off, _at(tables[0][0]), len(sc), int(bool(sc_signed)),
-                           int(add), dmin_off, _at(mt), len(m) if dmin_off >= 0 else 0, _at(scales),
+        _lib.hk_dsc_scales(_at(blocks), blocks.strides[0], n, subs, d_off, _at(tables[0]), len(sc), int(bool(sc_signed)),
+                           int(add), dmin_off, _at(tables[1]), len(m) if dmin_off >= 0 else 0, _at(scales),
                            _at(corr) if corr is not None else None, _at(flags))
     return scales, corr, flags

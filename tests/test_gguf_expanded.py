@@ -381,6 +381,20 @@ def _tampered(x: ge.Expanded, how: str) -> ge.Expanded:
     return x
 
 
+def _stored(x: ge.Expanded) -> np.ndarray:
+    """``x``'s codes as the form stores them, a row of bytes per block."""
+    from hurray_interop.core.elements import pack
+
+    return pack(x.codes, ge.form(x.type).storage).reshape(x.codes.shape[0], -1)
+
+
+def test_only_types_whose_codes_are_moved_rebuild_from_stored_codes() -> None:
+    assert [t for t in TYPES if ge.rebuilds_packed(t)] == ["Q4_K"]
+    x = expanded("Q6_K")
+    with pytest.raises(ValueError, match="unpacked"):
+        ge.rebuild(dataclasses.replace(x, codes=None), 1000, _stored(x))
+
+
 @pytest.mark.parametrize("t", FUSED)
 def test_compiled_and_numpy_paths_agree(t: str, monkeypatch) -> None:
     """expand, expand_packed and rebuild give the same bytes, and rebuild the same error for
@@ -400,9 +414,16 @@ def test_compiled_and_numpy_paths_agree(t: str, monkeypatch) -> None:
         out += [x.record.to_bytes(), y.record.to_bytes(), packed.tobytes(), ge.rebuild(x, 1000).tobytes()]
         errors = []
         for how in ("zero-sub-block-code", "exception-header", "scale-sign"):
+            bad = _tampered(x, how)
             with pytest.raises(FormatError) as e:
-                ge.rebuild(_tampered(x, how), 1000)
+                ge.rebuild(bad, 1000)
             errors.append((e.value.field, str(e.value)))
+            if ge.rebuilds_packed(t):  # the export's path: the codes as stored, moved into the blocks
+                with pytest.raises(FormatError) as e:
+                    ge.rebuild(dataclasses.replace(bad, codes=None), 1000, _stored(bad))
+                assert (e.value.field, str(e.value)) == errors[-1]
+        if ge.rebuilds_packed(t):
+            assert ge.rebuild(dataclasses.replace(x, codes=None), 1000, _stored(x)).tobytes() == blocks.tobytes()
         results.append((out, errors))
         assert out[-1] == blocks.tobytes() and x.record.exception_index.size
         assert x.zero_patch_index.size or t in OVERLAY  # (unsigned codes: a zero sub-block's zeros share a sign)

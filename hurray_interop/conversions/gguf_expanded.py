@@ -66,7 +66,7 @@ from typing import Callable
 import numpy as np
 
 from .. import kernels as K
-from ..core.elements import pack
+from ..core.elements import pack, unpack
 from ..errors import ConversionRefused, FormatError
 from ..tables import load_table
 
@@ -81,6 +81,7 @@ __all__ = [
     "expand_scales",
     "expand_packed",
     "rebuild",
+    "rebuilds_packed",
     "values",
 ]
 
@@ -564,6 +565,8 @@ class _Spec:
     # in zero-scale sub-blocks instead of the zero point (fewer exception blocks)
     #: blocks -> their codes' storage bytes, where the code fields are those bytes moved
     direct: Callable[[np.ndarray], np.ndarray] | None = None
+    #: the inverse: (storage bytes, zeroed blocks) -> the code fields written
+    undirect: Callable[[np.ndarray, np.ndarray], None] | None = None
 
 
 def _split_pairs(offset: int, groups: int, width: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -578,6 +581,16 @@ def _split_pairs(offset: int, groups: int, width: int) -> Callable[[np.ndarray],
         return out
 
     return direct
+
+
+def _split_pairs_back(offset: int, groups: int, width: int) -> Callable[[np.ndarray, np.ndarray], None]:
+    """The inverse of :func:`_split_pairs` (:func:`~hurray_interop.kernels.pairs_to_split`)."""
+    def undirect(packed: np.ndarray, out: np.ndarray) -> None:
+        for g in range(groups):
+            a = offset + g * width
+            K.pairs_to_split(packed[:, g * width : (g + 1) * width], out=out[:, a : a + width])
+
+    return undirect
 
 
 def _hdr(*ranges: tuple[int, int], masked: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
@@ -610,7 +623,7 @@ def _specs() -> dict[str, _Spec]:
         "Q3_K": _Spec(256, 110, _hdr((96, 110)), _bit_lut(256, _q3k, (-4, -3, -2, -1, 0, 1, 2, 3), _I8), "d_sc",
                       d=_f16_at(108), sc=_bits(16, _q3k_scale), add=-32.0, zero_code=-4),
         "Q4_K": _Spec(256, 144, _hdr((0, 16)), _split_pairs_codec(256, 16, 4, 32), "d_sc", **q45,
-                      direct=_split_pairs(16, 4, 32)),
+                      direct=_split_pairs(16, 4, 32), undirect=_split_pairs_back(16, 4, 32)),
         "Q5_K": _Spec(256, 176, _hdr((0, 16)), _bit_lut(256, _q5k, _r(0, 32), _U8), "d_sc", **q45),
         "Q6_K": _Spec(256, 210, _hdr((192, 210)), _bit_lut(256, _q6k, _r(-32, 32), _I8), "d_sc",
                       d=_f16_at(208), sc=_bits(16, _byte(192)), sc_int8=True, zero_code=-32),
@@ -911,17 +924,23 @@ def _header(spec: _Spec, blocks: np.ndarray) -> np.ndarray:
 _Pass = tuple[np.ndarray, "np.ndarray | None", np.ndarray]  # :func:`_scale_pass`: scales, correction, zero rows
 
 
-def _pack_blocks(spec: _Spec, codes: np.ndarray, header: np.ndarray,
-                 first_block: int) -> tuple[np.ndarray, np.ndarray | None, _Pass | None]:
+def _pack_blocks(spec: _Spec, codes: np.ndarray | None, header: np.ndarray, first_block: int,
+                 packed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None, _Pass | None]:
     """``(blocks, valid, pass)``: the codes packed with the header bits, which codes were
     valid (``None``: all), and for types with a ``zero_code`` the :func:`_scale_pass` of the
-    header bits alone (else None)."""
-    out = np.zeros((codes.shape[0], spec.block_bytes), dtype=np.uint8)
+    header bits alone (else None).  ``packed`` (a type with ``undirect`` and no ``zero_code``):
+    the codes as stored, moved into the blocks, every one valid."""
+    out = np.zeros((header.shape[0], spec.block_bytes), dtype=np.uint8)
     span = _header_span(spec)
     if span is not None:
         K.scatter_field(out, span[0], header)
     else:
         out[:, [b for b, _ in spec.header]] = header
+    if packed is not None:
+        assert spec.undirect is not None and spec.zero_code is None
+        spec.undirect(packed, out)
+        return out, None, None
+    assert codes is not None
     sp = None
     if spec.zero_code is not None:  # (a code that is not the zero point there fails _compare)
         sp = _scale_pass(spec, out, first_block)
@@ -1086,12 +1105,14 @@ def values(x: Expanded) -> np.ndarray:
     return v.reshape(n, subs * f.sub_block)
 
 
-def _shape_checks(x: Expanded, spec: _Spec, f: Form) -> int:
+def _shape_checks(x: Expanded, spec: _Spec, f: Form, packed: np.ndarray | None = None) -> int:
     """The number of blocks of ``x``; a FormatError naming the field whose shape or type is wrong."""
-    n = x.codes.shape[0] if x.codes.ndim == 2 else -1
+    codes = x.codes if packed is None else packed
+    n = codes.shape[0] if codes is not None and codes.ndim == 2 else -1
     subs = spec.elements // f.sub_block
+    width = _STORAGE[f.storage][0] * spec.elements // 8
     want = [
-        ("codes", x.codes, (n, spec.elements), _STORAGE[f.storage][1]),
+        ("codes", x.codes, (n, spec.elements), _STORAGE[f.storage][1]) if packed is None else ("codes", packed, (n, width), np.uint8),
         ("scales", x.scales, (n, subs), _SCALE_DTYPE[f.scale]),
         ("zero_patch", x.zero_patch, (len(x.zero_patch_index), f.sub_block), np.float32),
     ]
@@ -1118,21 +1139,23 @@ def _bits_of(a: np.ndarray) -> np.ndarray:
 
 
 def _compare_rows(a: np.ndarray, b: np.ndarray, rows: np.ndarray, first_block: int, field: str, what: str) -> None:
-    """:func:`_first_bad` of ``a != b`` where ``b`` holds only the ``rows`` of ``a`` (the others equal)."""
-    if rows.size and not np.array_equal(a[rows], b):
-        bad = a[rows] != b
+    """:func:`_first_bad` of the rows ``rows`` of two arrays, given as ``a`` and ``b`` (the other rows equal)."""
+    if rows.size and not np.array_equal(a, b):
+        bad = a != b
         i, j = divmod(int(np.argmax(bad.reshape(-1))), bad.shape[1])
         raise FormatError(f"block {first_block + int(rows[i])}: {what.format(j=j)}", field=field)
 
 
-def _compare(x: Expanded, y: Expanded, first_block: int, rows: np.ndarray | None = None) -> None:
+def _compare(x: Expanded, y: Expanded, first_block: int, rows: np.ndarray | None = None,
+             x_codes: np.ndarray | None = None) -> None:
     """FormatError at the first block where the given form ``x`` differs from ``y``, the
     expansion of the blocks rebuilt from ``x``'s codes and record (``rows``: ``y.codes`` are
-    those of these rows only, the others known equal to ``x.codes``)."""
+    those of these rows only, the others known equal to ``x``'s; ``x_codes``: ``x``'s codes of
+    these rows when ``x.codes`` is None)."""
     subs = x.scales.shape[1]
     what = "code of element {j} differs from the record's block"
     if rows is not None:
-        _compare_rows(x.codes, y.codes, rows, first_block, "codes", what)
+        _compare_rows(x.codes[rows] if x_codes is None else x_codes, y.codes, rows, first_block, "codes", what)
     pairs = [
         ("codes", x.codes, y.codes if rows is None else None, what),
         ("scales", x.scales, y.scales, "scale of sub-block {j} is not float32(d·sc) of the record"),
@@ -1171,17 +1194,30 @@ def _rebuilt_rows(x: Expanded, sp: _Pass, exc: np.ndarray) -> np.ndarray | None:
     return np.flatnonzero(rows)
 
 
-def rebuild(x: Expanded, first_block: int = 0) -> np.ndarray:
+def rebuilds_packed(ggml_type: str) -> bool:
+    """Does :func:`rebuild` take the codes ``packed`` as the form stores them (moved straight
+    into the blocks: Q4_K)?"""
+    spec = _specs()[ggml_type]
+    return spec.undirect is not None and spec.zero_code is None and _reversible(ggml_type)
+
+
+def rebuild(x: Expanded, first_block: int = 0, packed: np.ndarray | None = None) -> np.ndarray:
     """The original ``(n, block_bytes)`` GGML blocks of ``x``, byte for byte.
+
+    ``packed``: where :func:`rebuilds_packed`, the codes as the form stores them, ``(n, bytes
+    per block)`` uint8, instead of ``x.codes`` (then None): unpacked only where blocks are
+    decoded to be compared.
 
     Checked: shapes, codes in range, the record's length and indices, and consistency —
     the rebuilt blocks must expand to exactly ``x`` (codes, scale bits, corrections, zero
     patches, exceptions); else a :class:`FormatError` naming the block and the field."""
     spec, f = _specs()[x.type], form(x.type)
-    n = _shape_checks(x, spec, f)
+    if packed is not None and not rebuilds_packed(x.type):
+        raise ValueError(f"{x.type}: rebuild takes its codes unpacked")
+    n = _shape_checks(x, spec, f, packed)
     x.record.check(n, first_block)
     try:
-        blocks, valid, sp = _pack_blocks(spec, x.codes, x.record.header, first_block)
+        blocks, valid, sp = _pack_blocks(spec, x.codes, x.record.header, first_block, packed)
         if valid is not None:
             _first_bad(~valid, first_block, "codes", f"code of element {{j}} is out of range for {x.type}")
         exc = x.record.exception_index.astype(np.int64) - first_block
@@ -1204,5 +1240,8 @@ def rebuild(x: Expanded, first_block: int = 0) -> np.ndarray:
             y = _expand(x.type, blocks, first_block, spec.codec.decode(blocks[rows]), sp, rows)
     except NonFiniteScale as e:
         raise FormatError(e.message, field="record") from None
-    _compare(x, y, first_block, rows)
+    x_codes = None
+    if packed is not None:  # (rows is not None: the type is reversible)
+        x_codes = unpack(packed[rows], f.storage, rows.size * spec.elements).reshape(rows.size, spec.elements)
+    _compare(x, y, first_block, rows, x_codes)
     return blocks
