@@ -1014,7 +1014,7 @@ def _expand(ggml_type: str, blocks: np.ndarray, first_block: int, codes: np.ndar
     ``record=False``: an empty record).  ``sp``: the blocks' :func:`_scale_pass` when known."""
     spec, f = _specs()[ggml_type], form(ggml_type)
     scales, corr0, zero = _scale_pass(spec, blocks, first_block) if sp is None else sp
-    scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
+    scales = np.asarray(scales, dtype=_SCALE_DTYPE[f.scale])  # (a pass's own array: fixed in place)
     zb = np.flatnonzero(zero)
     dense = _dense(ggml_type)
     r = zb if rows is None and dense else rows  # the rows whose codes are fixed (None: all)
