@@ -322,3 +322,64 @@ HK_API size_t hk_dsc_scales(const uint8_t *src, hk_stride ss, size_t n, size_t s
     }
     return count;
 }
+
+/* Q6_K code fields (ggml's block_q6_K: ql[128], qh[64] at 128; docs/format-notes.md § 1.4):
+ * per half h of 128 elements and l < 32, with a = ql[64h + l], b = ql[64h + 32 + l],
+ * q = qh[32h + l], the 6-bit values of elements 128h + l, +32, +64, +96 are
+ *   a & 15 | (q & 3) << 4,  b & 15 | (q >> 2 & 3) << 4,  a >> 4 | (q >> 4 & 3) << 4,
+ *   b >> 4 | (q >> 6 & 3) << 4;
+ * the Hurray int8 code is that value - 32.  Eight elements per 64-bit word. */
+#define B03 0x0303030303030303ULL
+#define B30 0x3030303030303030ULL
+#define B3F 0x3F3F3F3F3F3F3F3FULL
+#define B20 0x2020202020202020ULL
+
+/* Bytes 0..63 minus 32 as int8: flip bit 5, then set bits 6-7 where it became 1. */
+static inline uint64_t minus32(uint64_t x) {
+    uint64_t t = x ^ B20;
+    return t | ((t >> 5 & BYTE_LSB) * 0xC0u);
+}
+
+HK_API void hk_q6k_codes(const uint8_t *src, hk_stride ss, size_t n, uint8_t *dst, hk_stride ds) {
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *b = src + (hk_stride)r * ss;
+        uint8_t *o = dst + (hk_stride)r * ds;
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+            uint8_t *oo = o + 128 * h;
+            for (int l = 0; l < 32; l += 8) {
+                uint64_t a = ld64(ql + l), c = ld64(ql + 32 + l), q = ld64(qh + l);
+                st64(oo + l, minus32((a & LO4_8) | (q << 4 & B30)));
+                st64(oo + 32 + l, minus32((c & LO4_8) | (q << 2 & B30)));
+                st64(oo + 64 + l, minus32((a >> 4 & LO4_8) | (q & B30)));
+                st64(oo + 96 + l, minus32((c >> 4 & LO4_8) | (q >> 2 & B30)));
+            }
+        }
+    }
+}
+
+/* The inverse: OR the codes' fields into the blocks' ql and qh (a code's value is
+ * (code + 32) & 63, as for any byte).  Returns how many rows hold a code outside
+ * -32..31 (bits 5-7 of its byte not all equal). */
+HK_API size_t hk_q6k_pack(const uint8_t *src, hk_stride ss, size_t n, uint8_t *dst, hk_stride ds) {
+    size_t bad_rows = 0;
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *c = src + (hk_stride)r * ss;
+        uint8_t *b = dst + (hk_stride)r * ds;
+        uint64_t bad = 0;
+        for (int h = 0; h < 2; h++) {
+            uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+            const uint8_t *cc = c + 128 * h;
+            for (int l = 0; l < 32; l += 8) {
+                uint64_t x1 = ld64(cc + l), x2 = ld64(cc + 32 + l), x3 = ld64(cc + 64 + l), x4 = ld64(cc + 96 + l);
+                bad |= (x1 ^ x1 << 1) | (x2 ^ x2 << 1) | (x3 ^ x3 << 1) | (x4 ^ x4 << 1);
+                uint64_t r1 = (x1 ^ B20) & B3F, r2 = (x2 ^ B20) & B3F, r3 = (x3 ^ B20) & B3F, r4 = (x4 ^ B20) & B3F;
+                st64(ql + l, ld64(ql + l) | (r1 & LO4_8) | (r3 << 4 & HI4_8));
+                st64(ql + 32 + l, ld64(ql + 32 + l) | (r2 & LO4_8) | (r4 << 4 & HI4_8));
+                st64(qh + l, ld64(qh + l) | (r1 >> 4 & B03) | (r2 >> 2 & (B03 << 2)) | (r3 & B30) | (r4 << 2 & (B03 << 6)));
+            }
+        }
+        bad_rows += (bad & 0xC0C0C0C0C0C0C0C0ULL) != 0;
+    }
+    return bad_rows;
+}

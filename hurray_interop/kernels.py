@@ -48,6 +48,8 @@ __all__ = [
     "unpack_runs",
     "pack_runs",
     "dsc_scales",
+    "q6k_codes",
+    "q6k_pack",
 ]
 
 ENV_VAR = "HURRAY_INTEROP_KERNEL"
@@ -69,6 +71,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "hk_all_zero": (_N, [_P, _S, _N, _N, _B, _P]),
     "hk_unpack_runs": (None, [_P, _S, _N, _P, _N, _N, _N, _P, _S]),
     "hk_pack_runs": (None, [_P, _S, _N, _P, _N, _N, _P, _S]),
+    "hk_q6k_codes": (None, [_P, _S, _N, _P, _S]),
+    "hk_q6k_pack": (_N, [_P, _S, _N, _P, _S]),
     "hk_dsc_scales": (_N, [_P, _S, _N, _N, _N, _P, _N, ctypes.c_int, ctypes.c_int, _S, _P, _N, _P, _P, _P]),
 }
 
@@ -563,3 +567,71 @@ def dsc_scales(blocks: np.ndarray, d_off: int, sc: tuple[Run, ...], subs: int, s
                            int(add), dmin_off, _at(tables[1]), len(m) if dmin_off >= 0 else 0, _at(scales),
                            _at(corr) if corr is not None else None, _at(flags))
     return scales, corr, flags
+
+
+# ---------------------------------------------------------------------------
+# Q6_K's code fields (ql: bytes 0..127, qh: 128..191 of a 210-byte block)
+
+Q6K_BLOCK_BYTES = 210
+
+
+def _q6k_parts(h: int) -> tuple[slice, slice, slice]:
+    return slice(64 * h, 64 * h + 32), slice(64 * h + 32, 64 * h + 64), slice(128 + 32 * h, 160 + 32 * h)
+
+
+def numpy_q6k_codes(blocks: np.ndarray) -> np.ndarray:
+    """``(n, 210)`` Q6_K blocks → ``(n, 256)`` int8 codes ``q − 32`` in element order (ggml's
+    dequantize_row_q6_K: per half ``h`` and ``l < 32``, elements ``l``, ``l + 32``, ``l + 64``,
+    ``l + 96`` from the nibbles of ``ql[l]``, ``ql[l + 32]`` and the 2-bit pairs of ``qh[l]``)."""
+    out = np.empty((blocks.shape[0], 256), dtype=np.uint8)
+    for h in (0, 1):
+        a, b, q = (blocks[:, s] for s in _q6k_parts(h))
+        o = out[:, 128 * h : 128 * h + 128]
+        o[:, 0:32] = (a & 15) | (q & 3) << 4
+        o[:, 32:64] = (b & 15) | (q >> 2 & 3) << 4
+        o[:, 64:96] = (a >> 4) | (q >> 4 & 3) << 4
+        o[:, 96:128] = (b >> 4) | (q >> 6) << 4
+    out += np.uint8(0xE0)  # − 32, modulo 256
+    return out.view(np.int8)
+
+
+def numpy_q6k_pack(codes: np.ndarray, out: np.ndarray) -> int:
+    """OR ``(n, 256)`` int8 codes (value ``(code + 32) & 63``) into the ql and qh fields of ``out``
+    (``(n, 210)`` uint8 blocks); returns how many rows hold a code outside −32..31."""
+    u = codes.view(np.uint8)
+    raw = (u ^ np.uint8(0x20)) & np.uint8(0x3F)
+    for h in (0, 1):
+        r = [raw[:, 128 * h + 32 * k : 128 * h + 32 * k + 32] for k in range(4)]
+        a, b, q = _q6k_parts(h)
+        out[:, a] |= (r[0] & 15) | (r[2] & 15) << 4
+        out[:, b] |= (r[1] & 15) | (r[3] & 15) << 4
+        out[:, q] |= (r[0] >> 4) | (r[1] >> 4) << 2 | (r[2] >> 4) << 4 | (r[3] >> 4) << 6
+    c = codes.view(np.int8)
+    if c.size == 0 or (int(c.min()) >= -32 and int(c.max()) <= 31):
+        return 0
+    return int(((c < -32) | (c > 31)).any(axis=1).sum())
+
+
+_np.q6k_codes = numpy_q6k_codes
+_np.q6k_pack = numpy_q6k_pack
+
+
+def q6k_codes(blocks: np.ndarray) -> np.ndarray:
+    """Q6_K blocks → int8 codes (:func:`numpy_q6k_codes`)."""
+    if _lib is None or _width(blocks, 1) != Q6K_BLOCK_BYTES or blocks.dtype != np.uint8:
+        return _np.q6k_codes(blocks)
+    out = np.empty((blocks.shape[0], 256), dtype=np.uint8)
+    if len(blocks):
+        _lib.hk_q6k_codes(_at(blocks), blocks.strides[0], len(blocks), _at(out), out.strides[0])
+    return out.view(np.int8)
+
+
+def q6k_pack(codes: np.ndarray, out: np.ndarray) -> int:
+    """OR the codes into Q6_K blocks, in place (:func:`numpy_q6k_pack`)."""
+    n = len(codes)
+    if (_lib is None or _width(codes, 1) != 256 or not _target(out, n, Q6K_BLOCK_BYTES, codes)
+            or out.dtype != np.uint8):
+        return _np.q6k_pack(codes, out)
+    if not n:
+        return 0
+    return int(_lib.hk_q6k_pack(_at(codes), codes.strides[0], n, _at(out), out.strides[0]))

@@ -458,3 +458,40 @@ def test_dsc_scales_outside_the_c_limits_take_the_numpy_path() -> None:
         c, m = both(lambda: K.dsc_scales(blocks, **wide), expect_c=False)
         same(c[0], m[0])
     assert K.dsc_scales(blocks, **wide)[0][:, :8].tobytes() == K.dsc_scales(blocks, **args)[0].tobytes()
+
+
+# ---------------------------------------------------------------------------
+# Q6_K's code fields
+
+
+@needs_c
+@pytest.mark.parametrize(("n", "seed"), CASES)
+def test_q6k_movers(n: int, seed: int) -> None:
+    """C against numpy, and both against the generic run movers of the same fields (the
+    layout table of gguf_expanded, itself checked against gguf-py's dequantize)."""
+    runs, items, dtype, width = RUN_LAYOUTS["q6k-codes"]
+    for name, blocks in views(n, 210, seed):
+        c, m = both(lambda: K.q6k_codes(blocks), {"hk_q6k_codes"} if n else False)
+        same(c, m)
+        want = (B.unpack_runs(blocks, runs, items, dtype) + np.uint8(0xE0)).view(np.int8)
+        assert c.tobytes() == want.tobytes(), name
+        codes = c.copy()
+        rng = np.random.default_rng(seed)
+        if n:  # out-of-range codes: counted per row, their fields still (code + 32) & 63
+            rows = rng.integers(0, n, 3)
+            codes[rows, rng.integers(0, 256, 3)] = rng.choice(np.array([32, 100, -33, -128], dtype=np.int8), 3)
+        base = rng.integers(0, 256, size=(2 * n, 210), dtype=np.uint8)
+        c_out, m_out, r_out = base.copy(), base.copy(), base.copy()
+        got = both(lambda: K.q6k_pack(codes, (c_out if K._lib is not None else m_out)[::2]),
+                   {"hk_q6k_pack"} if n else False)
+        assert got[0] == got[1] == len(np.unique(rows) if n else [])
+        same(c_out, m_out)
+        B.pack_runs(codes.view(np.uint8) + np.uint8(32), runs, r_out[::2])
+        same(c_out, r_out)
+
+
+def test_q6k_pack_restores_the_code_fields() -> None:
+    blocks = np.random.default_rng(8).integers(0, 256, size=(301, 210), dtype=np.uint8)
+    out = np.zeros_like(blocks)
+    assert K.q6k_pack(K.q6k_codes(blocks), out) == 0
+    assert out[:, :192].tobytes() == blocks[:, :192].tobytes() and not out[:, 192:].any()

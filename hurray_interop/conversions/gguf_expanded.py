@@ -445,6 +445,19 @@ def _split_pairs_codec(n: int, offset: int, groups: int, width: int) -> _Codec:
     return _bit_lut(n, field, _r(0, 16), _U8)
 
 
+def _q6k_codec() -> _Codec:
+    """Q6_K's int8 codes ``q − 32`` through the kernels' Q6_K movers (one pass over ql and qh;
+    the fields of :func:`_q6k`, which give the coverage)."""
+    def encode(codes: np.ndarray, out: np.ndarray) -> np.ndarray | None:
+        if K.q6k_pack(codes, out) == 0:
+            return None  # every code valid
+        c = codes.view(np.int8)
+        return (c >= -32) & (c <= 31)
+
+    coverage = _bit_lut(256, _q6k, _r(-32, 32), _I8).coverage
+    return _Codec(K.q6k_codes, encode, coverage)
+
+
 def _coverage(b: _Bits, n_values: int) -> bytes | None:
     """The bits per block byte of the fields ``b`` when each item is a field of ``w`` bits and
     the code table has ``2**w`` distinct values (a bijection), else None."""
@@ -625,7 +638,7 @@ def _specs() -> dict[str, _Spec]:
         "Q4_K": _Spec(256, 144, _hdr((0, 16)), _split_pairs_codec(256, 16, 4, 32), "d_sc", **q45,
                       direct=_split_pairs(16, 4, 32), undirect=_split_pairs_back(16, 4, 32)),
         "Q5_K": _Spec(256, 176, _hdr((0, 16)), _bit_lut(256, _q5k, _r(0, 32), _U8), "d_sc", **q45),
-        "Q6_K": _Spec(256, 210, _hdr((192, 210)), _bit_lut(256, _q6k, _r(-32, 32), _I8), "d_sc",
+        "Q6_K": _Spec(256, 210, _hdr((192, 210)), _q6k_codec(), "d_sc",
                       d=_f16_at(208), sc=_bits(16, _byte(192)), sc_int8=True, zero_code=-32),
         "IQ4_NL": _Spec(32, 18, _hdr((0, 2)), _bit_lut(32, _nibbles(2, 16), _IQ4NL_VALUES, _I8), "d", d=_f16_at(0),
                         zero_code=1),
