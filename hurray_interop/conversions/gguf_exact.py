@@ -455,12 +455,13 @@ class _Stored:
         if self.corr is not None:
             width = buffer_size(_CORRECTION, f.sub_block)
             ccodes = _sub_block_codes(self.corr.data[0][s0 * width : s1 * width], width)
-            corr = self.corr.data[1].view("<f4")[s0:s1].reshape(nb, self.per).astype(np.float32)
+            corr = self.corr.data[1].view("<f4")[s0:s1].reshape(nb, self.per).astype(np.float32, copy=False)
             ccodes = ccodes.reshape(nb, self.per)
         lo, hi = np.searchsorted(self.patch_index, [s0, s1])
         r = self.record
         e0, e1 = np.searchsorted(r.exception_index, [sl.start, sl.stop])
         rec = X.Record(r.type, r.header[sl], r.exception_index[e0:e1], r.exception_blocks[e0:e1])
-        x = X.Expanded(f.type, codes, scales.reshape(nb, self.per).astype(X._SCALE_DTYPE[f.scale]), corr, ccodes,  # type: ignore[arg-type]
+        scales = scales.reshape(nb, self.per).astype(X._SCALE_DTYPE[f.scale], copy=False)  # (views: read only)
+        x = X.Expanded(f.type, codes, scales, corr, ccodes,  # type: ignore[arg-type]
                        self.patch_index[lo:hi] - s0, self.patch[lo:hi], rec)
         return x, packed
