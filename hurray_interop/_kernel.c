@@ -8,7 +8,9 @@
  * consecutive blocks (rows), so a strided view of the memory-mapped GGUF is read
  * in place and a Hurray or GGML buffer is written in place.  Within a row the
  * bytes are contiguous.  Nothing is decoded: codes and scale bits are moved
- * (docs/conversion-rules.md § 1.2); nibble orders are in § 2:
+ * (docs/conversion-rules.md § 1.2) -- except by hk_dsc_scales, which forms the
+ * K-quants' float32 products d*sc and -(dmin*m) (one IEEE multiplication each, as
+ * numpy does; § 9); nibble orders are in § 2:
  *   GGML:   element j low nibble, element j+16 high nibble of byte j (j < 16);
  *   Hurray: element 2k low nibble, element 2k+1 high nibble of byte k.
  */

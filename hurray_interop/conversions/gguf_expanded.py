@@ -48,6 +48,15 @@ so ggml's all-zero rows need no exception block. :func:`rebuild` packs
 the codes with the header, puts the exception blocks back, and proves consistency by
 expanding the result again: codes, scales (as bits), corrections and zero patches must all
 equal the ones given, else a :class:`~hurray_interop.errors.FormatError` names the block.
+Where packing valid codes with a header decodes back to them (:func:`_reversible`: Q2_K..Q6_K,
+TQ2_0), only the codes of the exception blocks and of the blocks with a zero-scale sub-block
+are decoded and compared: elsewhere they are the given codes by construction.
+
+Speed: the scales of the K-quants and IQ4_XS are computed in one compiled pass
+(:func:`~hurray_interop.kernels.dsc_scales`, which also flags the blocks with a zero scale),
+Q6_K's codes are moved by :func:`~hurray_interop.kernels.q6k_codes` /
+:func:`~hurray_interop.kernels.q6k_pack`, and Q4_K's by the split-half nibble movers (both
+ways: :func:`rebuild` takes the stored uint4 bytes, ``packed``); numpy twins give the same bytes.
 
 Non-finite ``d``/``dmin`` are refused (:class:`NonFiniteScale`, naming the block).
 
