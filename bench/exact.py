@@ -33,7 +33,7 @@ def _convert(cmd: list[str]) -> tuple[float, int, float]:
     """(wall s, peak RSS bytes, CPU s: user + system, which a busy machine disturbs less)."""
     run.settle()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t, rss = run.run_child([*run.CLI, "convert", *cmd, "-q", "--force"])
+    t, rss = run.run_child([*run.CLI, "convert", *cmd, "-q", "--force"], env=run.CHILD_ENV)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return t, rss, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 

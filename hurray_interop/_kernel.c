@@ -9,7 +9,9 @@
  * consecutive blocks (rows), so a strided view of the memory-mapped GGUF is read
  * in place and a Hurray or GGML buffer is written in place.  Within a row the
  * bytes are contiguous.  Nothing is decoded: codes and scale bits are moved
- * (docs/conversion-rules.md § 1.2); nibble orders are in § 2:
+ * (docs/conversion-rules.md § 1.2) -- except by hk_dsc_scales, which forms the
+ * K-quants' float32 products d*sc and -(dmin*m) (one IEEE multiplication each, as
+ * numpy does; § 9); nibble orders are in § 2:
  *   GGML:   element j low nibble, element j+16 high nibble of byte j (j < 16);
  *   Hurray: element 2k low nibble, element 2k+1 high nibble of byte k.
  */
@@ -30,7 +32,7 @@
 typedef ptrdiff_t hk_stride;
 
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
-HK_API int hk_abi_version(void) { return 3; }
+HK_API int hk_abi_version(void) { return 4; }
 
 /* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -324,4 +326,131 @@ HK_API size_t hk_string_starts(const uint8_t *buf, size_t end, size_t pos, size_
     }
     *stop = pos;
     return i;
+}
+
+/* float16 bits -> float32, exactly (subnormals scaled by 2^-24, which float32 holds). */
+static inline float half_to_float(unsigned h) {
+    unsigned e = h >> 10 & 0x1Fu, m = h & 0x3FFu;
+    uint32_t bits = (uint32_t)(h & 0x8000u) << 16;
+    float f;
+    if (e == 0) {
+        f = (float)m * 5.9604644775390625e-8f; /* m * 2^-24: exact */
+        return (h & 0x8000u) ? -f : f;
+    }
+    bits |= e == 31 ? 0x7F800000u | (uint32_t)m << 13 : (uint32_t)(e + 112) << 23 | (uint32_t)m << 13;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* One block's items of the bit-field runs into `items` (zeroed first; at most 64 items).
+ * The run fields are read into locals once: `items` may alias them (int and unsigned). */
+static void runs_row(const uint8_t *restrict blk, const int32_t *restrict runs, size_t nruns,
+                     unsigned *restrict items, size_t n_items) {
+    for (size_t k = 0; k < n_items; k++) items[k] = 0;
+    for (size_t r = 0; r < nruns; r++) {
+        const int32_t *R = runs + 6 * r;
+        const unsigned len = (unsigned)R[2], sh = (unsigned)R[3], m = (unsigned)R[4], d = (unsigned)R[5];
+        unsigned *restrict o = items + R[0];
+        const uint8_t *restrict b = blk + R[1];
+        for (unsigned j = 0; j < len; j++) o[j] |= ((unsigned)(b[j] >> sh) & m) << d;
+    }
+}
+
+/* The two-level scales of the K-quants (docs/conversion-rules.md § 9), per block:
+ * scales[s] = float32(d) * float32(sc[s] + add) (sc the runs `scr`, read as int8 when
+ * sc_signed), and where dmin_off >= 0, corr[s] = -(float32(dmin) * float32(m[s])) (m the
+ * runs `mr`).  d and dmin are little-endian float16 at d_off / dmin_off.  flags[i]:
+ * bit 0 some scale is +-0, bit 1 d not finite, bit 2 dmin not finite.  Returns how many
+ * blocks have a flag.  subs <= 64. */
+HK_API size_t hk_dsc_scales(const uint8_t *src, hk_stride ss, size_t n, size_t subs, size_t d_off,
+                            const int32_t *scr, size_t nscr, int sc_signed, int add, ptrdiff_t dmin_off,
+                            const int32_t *mr, size_t nmr, float *scales, float *corr, uint8_t *flags) {
+    unsigned sc[64], m[64];
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++, src += ss, scales += subs) {
+        unsigned hd = (unsigned)src[d_off] | (unsigned)src[d_off + 1] << 8;
+        float d = half_to_float(hd);
+        uint8_t fl = (hd & 0x7C00u) == 0x7C00u ? 2 : 0;
+        runs_row(src, scr, nscr, sc, subs);
+        unsigned zero = 0;
+        for (size_t s = 0; s < subs; s++) {
+            float v = sc_signed ? (float)(int8_t)(uint8_t)sc[s] : (float)((int)sc[s] + add);
+            float x = d * v;
+            scales[s] = x;
+            zero |= x == 0.0f;
+        }
+        fl |= (uint8_t)zero;
+        if (dmin_off >= 0) {
+            unsigned hm = (unsigned)src[dmin_off] | (unsigned)src[dmin_off + 1] << 8;
+            float dm = half_to_float(hm);
+            fl |= (hm & 0x7C00u) == 0x7C00u ? 4 : 0;
+            runs_row(src, mr, nmr, m, subs);
+            for (size_t s = 0; s < subs; s++) corr[s] = -(dm * (float)m[s]);
+            corr += subs;
+        }
+        flags[i] = fl;
+        count += fl != 0;
+    }
+    return count;
+}
+
+/* Q6_K code fields (ggml's block_q6_K: ql[128], qh[64] at 128; docs/format-notes.md § 1.4):
+ * per half h of 128 elements and l < 32, with a = ql[64h + l], b = ql[64h + 32 + l],
+ * q = qh[32h + l], the 6-bit values of elements 128h + l, +32, +64, +96 are
+ *   a & 15 | (q & 3) << 4,  b & 15 | (q >> 2 & 3) << 4,  a >> 4 | (q >> 4 & 3) << 4,
+ *   b >> 4 | (q >> 6 & 3) << 4;
+ * the Hurray int8 code is that value - 32.  Eight elements per 64-bit word. */
+#define B03 0x0303030303030303ULL
+#define B30 0x3030303030303030ULL
+#define B3F 0x3F3F3F3F3F3F3F3FULL
+#define B20 0x2020202020202020ULL
+
+/* Bytes 0..63 minus 32 as int8: flip bit 5, then set bits 6-7 where it became 1. */
+static inline uint64_t minus32(uint64_t x) {
+    uint64_t t = x ^ B20;
+    return t | ((t >> 5 & BYTE_LSB) * 0xC0u);
+}
+
+HK_API void hk_q6k_codes(const uint8_t *src, hk_stride ss, size_t n, uint8_t *dst, hk_stride ds) {
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *b = src + (hk_stride)r * ss;
+        uint8_t *o = dst + (hk_stride)r * ds;
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+            uint8_t *oo = o + 128 * h;
+            for (int l = 0; l < 32; l += 8) {
+                uint64_t a = ld64(ql + l), c = ld64(ql + 32 + l), q = ld64(qh + l);
+                st64(oo + l, minus32((a & LO4_8) | (q << 4 & B30)));
+                st64(oo + 32 + l, minus32((c & LO4_8) | (q << 2 & B30)));
+                st64(oo + 64 + l, minus32((a >> 4 & LO4_8) | (q & B30)));
+                st64(oo + 96 + l, minus32((c >> 4 & LO4_8) | (q >> 2 & B30)));
+            }
+        }
+    }
+}
+
+/* The inverse: OR the codes' fields into the blocks' ql and qh (a code's value is
+ * (code + 32) & 63, as for any byte).  Returns how many rows hold a code outside
+ * -32..31 (bits 5-7 of its byte not all equal). */
+HK_API size_t hk_q6k_pack(const uint8_t *src, hk_stride ss, size_t n, uint8_t *dst, hk_stride ds) {
+    size_t bad_rows = 0;
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *c = src + (hk_stride)r * ss;
+        uint8_t *b = dst + (hk_stride)r * ds;
+        uint64_t bad = 0;
+        for (int h = 0; h < 2; h++) {
+            uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+            const uint8_t *cc = c + 128 * h;
+            for (int l = 0; l < 32; l += 8) {
+                uint64_t x1 = ld64(cc + l), x2 = ld64(cc + 32 + l), x3 = ld64(cc + 64 + l), x4 = ld64(cc + 96 + l);
+                bad |= (x1 ^ x1 << 1) | (x2 ^ x2 << 1) | (x3 ^ x3 << 1) | (x4 ^ x4 << 1);
+                uint64_t r1 = (x1 ^ B20) & B3F, r2 = (x2 ^ B20) & B3F, r3 = (x3 ^ B20) & B3F, r4 = (x4 ^ B20) & B3F;
+                st64(ql + l, ld64(ql + l) | (r1 & LO4_8) | (r3 << 4 & HI4_8));
+                st64(ql + 32 + l, ld64(ql + 32 + l) | (r2 & LO4_8) | (r4 << 4 & HI4_8));
+                st64(qh + l, ld64(qh + l) | (r1 >> 4 & B03) | (r2 >> 2 & (B03 << 2)) | (r3 & B30) | (r4 << 2 & (B03 << 6)));
+            }
+        }
+        bad_rows += (bad & 0xC0C0C0C0C0C0C0C0ULL) != 0;
+    }
+    return bad_rows;
 }

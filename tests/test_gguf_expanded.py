@@ -359,3 +359,72 @@ def test_chunks_without_zero_scales_plan_and_pack(t: str) -> None:
     y, packed = ge.expand_packed(t, b)
     assert s.zero_patch_index.size == 0 and np.array_equal(ge._bits_of(s.scales), ge._bits_of(x.scales))
     assert np.array_equal(packed, pack(x.codes, ge.form(t).storage)) and y.record.to_bytes() == x.record.to_bytes()
+
+
+FUSED = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]  # scales by kernels.dsc_scales
+
+
+def _tampered(x: ge.Expanded, how: str) -> ge.Expanded:
+    x = dataclasses.replace(x, codes=x.codes.copy(), scales=x.scales.copy(),
+                            record=dataclasses.replace(x.record, header=x.record.header.copy()))
+    zb = np.flatnonzero((np.abs(x.scales.astype(np.float32)) == 1).any(axis=1))
+    if how == "zero-sub-block-code":  # a code in a substituted (zero-scale) sub-block
+        b = int(zb[0])
+        s = int(np.argmax(np.abs(x.scales[b].astype(np.float32)) == 1))
+        k = ge.form(x.type).sub_block
+        x.codes[b, s * k] ^= 1
+    elif how == "exception-header":
+        x.record.header[int(x.record.exception_index[0]) - 1000, -1] ^= 1
+    elif how == "scale-sign":  # +1 for −1 where a zero scale was substituted
+        b = int(zb[-1])
+        x.scales[b] = -x.scales[b]
+    return x
+
+
+def _stored(x: ge.Expanded) -> np.ndarray:
+    """``x``'s codes as the form stores them, a row of bytes per block."""
+    from hurray_interop.core.elements import pack
+
+    return pack(x.codes, ge.form(x.type).storage).reshape(x.codes.shape[0], -1)
+
+
+def test_only_types_whose_codes_are_moved_rebuild_from_stored_codes() -> None:
+    assert [t for t in TYPES if ge.rebuilds_packed(t)] == ["Q4_K"]
+    x = expanded("Q6_K")
+    with pytest.raises(ValueError, match="unpacked"):
+        ge.rebuild(dataclasses.replace(x, codes=None), 1000, _stored(x))
+
+
+@pytest.mark.parametrize("t", FUSED)
+def test_compiled_and_numpy_paths_agree(t: str, monkeypatch) -> None:
+    """expand, expand_packed and rebuild give the same bytes, and rebuild the same error for
+    the same tampering, with the compiled kernels and with their numpy twins (random blocks
+    with ±0 and subnormal d, zero-scale sub-blocks over stale codes, an odd block count)."""
+    from hurray_interop import kernels
+
+    blocks = random_blocks(t, 1031, seed=31)
+    results = []
+    for twin in (False, True):
+        if twin:
+            monkeypatch.setattr(kernels, "_lib", None)
+        x = ge.expand(t, blocks, 1000)
+        y, packed = ge.expand_packed(t, blocks, 1000)
+        fields = [getattr(x, f) for f in ("codes", "scales", "correction", "correction_codes", "zero_patch_index", "zero_patch")]
+        out = [b"" if a is None else np.ascontiguousarray(a).tobytes() for a in fields]
+        out += [x.record.to_bytes(), y.record.to_bytes(), packed.tobytes(), ge.rebuild(x, 1000).tobytes()]
+        errors = []
+        for how in ("zero-sub-block-code", "exception-header", "scale-sign"):
+            bad = _tampered(x, how)
+            with pytest.raises(FormatError) as e:
+                ge.rebuild(bad, 1000)
+            errors.append((e.value.field, str(e.value)))
+            if ge.rebuilds_packed(t):  # the export's path: the codes as stored, moved into the blocks
+                with pytest.raises(FormatError) as e:
+                    ge.rebuild(dataclasses.replace(bad, codes=None), 1000, _stored(bad))
+                assert (e.value.field, str(e.value)) == errors[-1]
+        if ge.rebuilds_packed(t):
+            assert ge.rebuild(dataclasses.replace(x, codes=None), 1000, _stored(x)).tobytes() == blocks.tobytes()
+        results.append((out, errors))
+        assert out[-1] == blocks.tobytes() and x.record.exception_index.size
+        assert x.zero_patch_index.size or t in OVERLAY  # (unsigned codes: a zero sub-block's zeros share a sign)
+    assert results[0] == results[1]

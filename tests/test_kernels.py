@@ -462,3 +462,126 @@ def test_string_walk_stops_at_the_string_past_the_end(cut: str) -> None:
 def test_string_walk_rejects_a_start_past_the_end() -> None:
     with pytest.raises(ValueError):
         K.string_starts(b"\x00" * 8, 9, 1, 8)
+# ---------------------------------------------------------------------------
+# the K-quants' two-level scales (one pass: d·sc, −dmin·m, flags)
+
+
+def _dsc_layouts() -> dict[str, tuple[dict, int, tuple[int, ...]]]:
+    """The fused types' arguments, block bytes and float16 fields (d, dmin)."""
+    from hurray_interop.conversions import gguf_expanded as G
+
+    out = {}
+    for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"):
+        spec = G._specs()[t]
+        args = G._fused(spec)
+        assert args is not None, t
+        out[t] = (args, spec.block_bytes, (args["d_off"],) + ((args["dmin_off"],) if "dmin_off" in args else ()))
+    return out
+
+
+DSC_LAYOUTS = _dsc_layouts()
+#: float16 bit patterns the scale fields get besides random ones: ±0, subnormals, the largest, ±inf, NaN
+F16_EDGES = np.array([0x0000, 0x8000, 0x0001, 0x83FF, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0x3C00], dtype=np.uint16)
+
+
+def _dsc_blocks(blocks: np.ndarray, fields: tuple[int, ...], seed: int) -> None:
+    """Random blocks with every float16 edge case in the scale fields, every tenth block's
+    sub-block scale bytes zeroed (zero sub-block scales over stale codes)."""
+    rng = np.random.default_rng(seed)
+    n = blocks.shape[0]
+    for off in fields:
+        bits = rng.integers(0, 1 << 16, n, dtype=np.uint16)
+        bits[: min(n, len(F16_EDGES))] = F16_EDGES[: min(n, len(F16_EDGES))]
+        blocks[:, off : off + 2] = bits.astype("<u2").view(np.uint8).reshape(n, 2)
+
+
+def _dsc_oracle(blocks: np.ndarray, args: dict) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """float64 products (exact for these operands) rounded once to float32, and the flags
+    from numpy's float16 classification."""
+    subs = args["subs"]
+    sc = B.unpack_runs(blocks, args["sc"], subs, np.uint8)
+    sc = (sc.view(np.int8) if args["sc_signed"] else sc).astype(np.float64) + args["add"]
+    d = np.ascontiguousarray(blocks[:, args["d_off"] : args["d_off"] + 2]).view("<f2").astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        scales = (d * sc).astype(np.float32)
+    flags = (scales == 0).any(axis=1) * K.DSC_ZERO | ~np.isfinite(d[:, 0]) * K.DSC_BAD_D
+    corr = None
+    if "dmin_off" in args:
+        dm = np.ascontiguousarray(blocks[:, args["dmin_off"] : args["dmin_off"] + 2]).view("<f2").astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            corr = (-(dm * B.unpack_runs(blocks, args["m"], subs, np.uint8))).astype(np.float32)
+        flags = flags | ~np.isfinite(dm[:, 0]) * K.DSC_BAD_DMIN
+    return scales, corr, flags.astype(np.uint8)
+
+
+def _same_floats(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit for bit, but any NaN equals any NaN (NaN d: refused, whatever its payload)."""
+    nan = np.isnan(a) & np.isnan(b)
+    return bool(np.array_equal(a.view(np.uint32)[~nan], b.view(np.uint32)[~nan]))
+
+
+@needs_c
+@pytest.mark.parametrize("t", sorted(DSC_LAYOUTS))
+@pytest.mark.parametrize(("n", "seed"), [(0, 1), (1, 2), (13, 3), (8193, 4)])
+def test_dsc_scales(t: str, n: int, seed: int) -> None:
+    args, width, fields = DSC_LAYOUTS[t]
+    for name, blocks in views(n, width, seed):
+        _dsc_blocks(blocks, fields, seed)
+        blocks[::10, : fields[0]] = 0  # (most sub-block scale fields lie before d)
+        c, m = both(lambda: K.dsc_scales(blocks, **args), {"hk_dsc_scales"} if n else False)
+        same(c[0], m[0]), same(c[2], m[2])
+        assert (c[1] is None) == (m[1] is None) == ("dmin_off" not in args)
+        if c[1] is not None:
+            same(c[1], m[1])
+        scales, corr, flags = _dsc_oracle(blocks, args)
+        assert _same_floats(c[0], scales) and np.array_equal(c[2], flags), name
+        assert corr is None or _same_floats(c[1], corr)
+        if n > 10:  # the edge cases are there: ±0 d, a zero sub-block scale, inf and NaN d
+            assert {0, K.DSC_ZERO, K.DSC_BAD_D} <= set(c[2] & 3)
+
+
+def test_dsc_scales_outside_the_c_limits_take_the_numpy_path() -> None:
+    args, width, _ = DSC_LAYOUTS["Q4_K"]
+    blocks = np.random.default_rng(5).integers(0, 256, size=(9, width), dtype=np.uint8)
+    wide = dict(args, subs=65)  # more than 64 sub-blocks per block: numpy only
+    if K.KERNEL == "c":
+        c, m = both(lambda: K.dsc_scales(blocks, **wide), expect_c=False)
+        same(c[0], m[0])
+    assert K.dsc_scales(blocks, **wide)[0][:, :8].tobytes() == K.dsc_scales(blocks, **args)[0].tobytes()
+
+
+# ---------------------------------------------------------------------------
+# Q6_K's code fields
+
+
+@needs_c
+@pytest.mark.parametrize(("n", "seed"), CASES)
+def test_q6k_movers(n: int, seed: int) -> None:
+    """C against numpy, and both against the generic run movers of the same fields (the
+    layout table of gguf_expanded, itself checked against gguf-py's dequantize)."""
+    runs, items, dtype, width = RUN_LAYOUTS["q6k-codes"]
+    for name, blocks in views(n, 210, seed):
+        c, m = both(lambda: K.q6k_codes(blocks), {"hk_q6k_codes"} if n else False)
+        same(c, m)
+        want = (B.unpack_runs(blocks, runs, items, dtype) + np.uint8(0xE0)).view(np.int8)
+        assert c.tobytes() == want.tobytes(), name
+        codes = c.copy()
+        rng = np.random.default_rng(seed)
+        if n:  # out-of-range codes: counted per row, their fields still (code + 32) & 63
+            rows = rng.integers(0, n, 3)
+            codes[rows, rng.integers(0, 256, 3)] = rng.choice(np.array([32, 100, -33, -128], dtype=np.int8), 3)
+        base = rng.integers(0, 256, size=(2 * n, 210), dtype=np.uint8)
+        c_out, m_out, r_out = base.copy(), base.copy(), base.copy()
+        got = both(lambda: K.q6k_pack(codes, (c_out if K._lib is not None else m_out)[::2]),
+                   {"hk_q6k_pack"} if n else False)
+        assert got[0] == got[1] == len(np.unique(rows) if n else [])
+        same(c_out, m_out)
+        B.pack_runs(codes.view(np.uint8) + np.uint8(32), runs, r_out[::2])
+        same(c_out, r_out)
+
+
+def test_q6k_pack_restores_the_code_fields() -> None:
+    blocks = np.random.default_rng(8).integers(0, 256, size=(301, 210), dtype=np.uint8)
+    out = np.zeros_like(blocks)
+    assert K.q6k_pack(K.q6k_codes(blocks), out) == 0
+    assert out[:, :192].tobytes() == blocks[:, :192].tobytes() and not out[:, 192:].any()

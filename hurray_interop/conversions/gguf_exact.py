@@ -282,10 +282,19 @@ def _put_chunk(ggml_type: str, blocks: np.ndarray, sl: slice, offs: list[list[in
     if f.overlay:
         assert x.correction_codes is not None and x.correction is not None
         width = buffer_size(_CORRECTION, f.sub_block)
-        codes = np.repeat((x.correction_codes.reshape(-1) * _ONES).astype(np.uint8), width)
-        pw.pwrite(codes, offs[1][0] + s0 * width)
+        pw.pwrite(_correction_bytes(x.correction_codes.reshape(-1), width), offs[1][0] + s0 * width)
         pw.pwrite(np.ascontiguousarray(x.correction, dtype="<f4").reshape(-1), offs[1][1] + s0 * 4)
     return x
+
+
+def _correction_bytes(codes: np.ndarray, width: int) -> np.ndarray:
+    """The uint2 correction member's bytes: ``width`` bytes per sub-block, every code 1
+    (0x55 bytes) or 0 (``codes``: 1 or 0 per sub-block) -- one multiplication per sub-block
+    where ``width`` is an integer size."""
+    if width in (1, 2, 4, 8):
+        ones = int.from_bytes(bytes([_ONES]) * width, "little")
+        return (codes.astype(f"<u{width}") * np.asarray(ones, dtype=f"<u{width}")).view(np.uint8)
+    return np.repeat((codes * _ONES).astype(np.uint8), width)
 
 
 # ---------------------------------------------------------------------------
@@ -382,7 +391,8 @@ class _Rebuilt:
 
     def chunk(self, sl: slice) -> np.ndarray:
         try:
-            return X.rebuild(self.data.expanded(sl), sl.start)
+            x, packed = self.data.expanded(sl)
+            return X.rebuild(x, sl.start, packed)
         except FormatError as e:
             message = f"--fallback exact record mismatch: {e.message}"
             raise FormatError(message, tensor=self.name, field=e.field) from None
@@ -423,26 +433,35 @@ class _Stored:
     patch: np.ndarray
     record: X.Record
 
-    def expanded(self, sl: slice) -> X.Expanded:
+    def expanded(self, sl: slice) -> tuple[X.Expanded, np.ndarray | None]:
+        """The chunk ``sl`` of blocks, and its codes as stored where :func:`~.gguf_expanded.rebuild`
+        takes them so (then the expansion's ``codes`` is None)."""
         f, nb = self.form, sl.stop - sl.start
         et = element_type(f.storage)
         per_block = buffer_size(et, self.elements)
         raw = self.base.data[0][sl.start * per_block : sl.stop * per_block]
-        codes = unpack(raw, et, nb * self.elements)
-        if et.packed and et.kind == "int":
-            codes = sign_extend(codes, et.bits)
-        codes = np.ascontiguousarray(codes).view(X._STORAGE[f.storage][1]).reshape(nb, self.elements)
+        packed = codes = None
+        flat = raw.reshape(-1).view(np.uint8) if isinstance(raw, np.ndarray) else np.frombuffer(raw, dtype=np.uint8)
+        if X.rebuilds_packed(f.type) and flat.size == nb * per_block:
+            packed = flat.reshape(nb, per_block)
+        else:
+            codes = unpack(raw, et, nb * self.elements)
+            if et.packed and et.kind == "int":
+                codes = sign_extend(codes, et.bits)
+            codes = np.ascontiguousarray(codes).view(X._STORAGE[f.storage][1]).reshape(nb, self.elements)
         s0, s1 = sl.start * self.per, sl.stop * self.per
         scales = self.base.data[1].view(np.dtype(X._SCALE_DTYPE[f.scale]).newbyteorder("<"))[s0:s1]
         corr = ccodes = None
         if self.corr is not None:
             width = buffer_size(_CORRECTION, f.sub_block)
             ccodes = _sub_block_codes(self.corr.data[0][s0 * width : s1 * width], width)
-            corr = self.corr.data[1].view("<f4")[s0:s1].reshape(nb, self.per).astype(np.float32)
+            corr = self.corr.data[1].view("<f4")[s0:s1].reshape(nb, self.per).astype(np.float32, copy=False)
             ccodes = ccodes.reshape(nb, self.per)
         lo, hi = np.searchsorted(self.patch_index, [s0, s1])
         r = self.record
         e0, e1 = np.searchsorted(r.exception_index, [sl.start, sl.stop])
         rec = X.Record(r.type, r.header[sl], r.exception_index[e0:e1], r.exception_blocks[e0:e1])
-        return X.Expanded(f.type, codes, scales.reshape(nb, self.per).astype(X._SCALE_DTYPE[f.scale]), corr, ccodes,
-                          self.patch_index[lo:hi] - s0, self.patch[lo:hi], rec)
+        scales = scales.reshape(nb, self.per).astype(X._SCALE_DTYPE[f.scale], copy=False)  # (views: read only)
+        x = X.Expanded(f.type, codes, scales, corr, ccodes,  # type: ignore[arg-type]
+                       self.patch_index[lo:hi] - s0, self.patch[lo:hi], rec)
+        return x, packed

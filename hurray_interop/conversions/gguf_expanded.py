@@ -48,6 +48,15 @@ so ggml's all-zero rows need no exception block. :func:`rebuild` packs
 the codes with the header, puts the exception blocks back, and proves consistency by
 expanding the result again: codes, scales (as bits), corrections and zero patches must all
 equal the ones given, else a :class:`~hurray_interop.errors.FormatError` names the block.
+Where packing valid codes with a header decodes back to them (:func:`_reversible`: Q2_K..Q6_K,
+TQ2_0), only the codes of the exception blocks and of the blocks with a zero-scale sub-block
+are decoded and compared: elsewhere they are the given codes by construction.
+
+Speed: the scales of the K-quants and IQ4_XS are computed in one compiled pass
+(:func:`~hurray_interop.kernels.dsc_scales`, which also flags the blocks with a zero scale),
+Q6_K's codes are moved by :func:`~hurray_interop.kernels.q6k_codes` /
+:func:`~hurray_interop.kernels.q6k_pack`, and Q4_K's by the split-half nibble movers (both
+ways: :func:`rebuild` takes the stored uint4 bytes, ``packed``); numpy twins give the same bytes.
 
 Non-finite ``d``/``dmin`` are refused (:class:`NonFiniteScale`, naming the block).
 
@@ -66,7 +75,7 @@ from typing import Callable
 import numpy as np
 
 from .. import kernels as K
-from ..core.elements import pack
+from ..core.elements import pack, unpack
 from ..errors import ConversionRefused, FormatError
 from ..tables import load_table
 
@@ -81,6 +90,7 @@ __all__ = [
     "expand_scales",
     "expand_packed",
     "rebuild",
+    "rebuilds_packed",
     "values",
 ]
 
@@ -444,6 +454,19 @@ def _split_pairs_codec(n: int, offset: int, groups: int, width: int) -> _Codec:
     return _bit_lut(n, field, _r(0, 16), _U8)
 
 
+def _q6k_codec() -> _Codec:
+    """Q6_K's int8 codes ``q − 32`` through the kernels' Q6_K movers (one pass over ql and qh;
+    the fields of :func:`_q6k`, which give the coverage)."""
+    def encode(codes: np.ndarray, out: np.ndarray) -> np.ndarray | None:
+        if K.q6k_pack(codes, out) == 0:
+            return None  # every code valid
+        c = codes.view(np.int8)
+        return (c >= -32) & (c <= 31)
+
+    coverage = _bit_lut(256, _q6k, _r(-32, 32), _I8).coverage
+    return _Codec(K.q6k_codes, encode, coverage)
+
+
 def _coverage(b: _Bits, n_values: int) -> bytes | None:
     """The bits per block byte of the fields ``b`` when each item is a field of ``w`` bits and
     the code table has ``2**w`` distinct values (a bijection), else None."""
@@ -564,6 +587,8 @@ class _Spec:
     # in zero-scale sub-blocks instead of the zero point (fewer exception blocks)
     #: blocks -> their codes' storage bytes, where the code fields are those bytes moved
     direct: Callable[[np.ndarray], np.ndarray] | None = None
+    #: the inverse: (storage bytes, zeroed blocks) -> the code fields written
+    undirect: Callable[[np.ndarray, np.ndarray], None] | None = None
 
 
 def _split_pairs(offset: int, groups: int, width: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -578,6 +603,16 @@ def _split_pairs(offset: int, groups: int, width: int) -> Callable[[np.ndarray],
         return out
 
     return direct
+
+
+def _split_pairs_back(offset: int, groups: int, width: int) -> Callable[[np.ndarray, np.ndarray], None]:
+    """The inverse of :func:`_split_pairs` (:func:`~hurray_interop.kernels.pairs_to_split`)."""
+    def undirect(packed: np.ndarray, out: np.ndarray) -> None:
+        for g in range(groups):
+            a = offset + g * width
+            K.pairs_to_split(packed[:, g * width : (g + 1) * width], out=out[:, a : a + width])
+
+    return undirect
 
 
 def _hdr(*ranges: tuple[int, int], masked: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
@@ -610,9 +645,9 @@ def _specs() -> dict[str, _Spec]:
         "Q3_K": _Spec(256, 110, _hdr((96, 110)), _bit_lut(256, _q3k, (-4, -3, -2, -1, 0, 1, 2, 3), _I8), "d_sc",
                       d=_f16_at(108), sc=_bits(16, _q3k_scale), add=-32.0, zero_code=-4),
         "Q4_K": _Spec(256, 144, _hdr((0, 16)), _split_pairs_codec(256, 16, 4, 32), "d_sc", **q45,
-                      direct=_split_pairs(16, 4, 32)),
+                      direct=_split_pairs(16, 4, 32), undirect=_split_pairs_back(16, 4, 32)),
         "Q5_K": _Spec(256, 176, _hdr((0, 16)), _bit_lut(256, _q5k, _r(0, 32), _U8), "d_sc", **q45),
-        "Q6_K": _Spec(256, 210, _hdr((192, 210)), _bit_lut(256, _q6k, _r(-32, 32), _I8), "d_sc",
+        "Q6_K": _Spec(256, 210, _hdr((192, 210)), _q6k_codec(), "d_sc",
                       d=_f16_at(208), sc=_bits(16, _byte(192)), sc_int8=True, zero_code=-32),
         "IQ4_NL": _Spec(32, 18, _hdr((0, 2)), _bit_lut(32, _nibbles(2, 16), _IQ4NL_VALUES, _I8), "d", d=_f16_at(0),
                         zero_code=1),
@@ -687,10 +722,65 @@ def _ue4m3_half(b: np.ndarray) -> np.ndarray:
     return np.where((b == 0) | (b == 0x7F), 0.0, v).astype(np.float16)
 
 
+def _f16_offset(b: _Bits | None) -> int | None:
+    """The byte offset of a plain little-endian float16 field, or None."""
+    r = b.runs if b is not None else None
+    if r is None or len(r) != 2 or r[0][:5] != (0, r[0][1], 1, 0, 255) or r[1] != (0, r[0][1] + 1, 1, 0, 255, 8) or r[0][5]:
+        return None
+    return r[0][1]
+
+
+@functools.cache
+def _fused_args() -> dict[int, dict | None]:
+    return {id(spec): _fused_spec(spec) for spec in _specs().values()}
+
+
+def _fused(spec: _Spec) -> dict | None:
+    """The arguments of :func:`~hurray_interop.kernels.dsc_scales` for a type whose scales it
+    computes (``d·(sc + add)``, ``−dmin·m``: Q2_K..Q6_K, IQ4_XS), else None."""
+    return _fused_args().get(id(spec))
+
+
+def _fused_spec(spec: _Spec) -> dict | None:
+    d, dmin = _f16_offset(spec.d), _f16_offset(spec.dmin)
+    if (spec.scale != "d_sc" or spec.mul != 1.0 or spec.post != 1.0 or spec.add != int(spec.add) or d is None
+            or spec.sc is None or spec.sc.runs is None or spec.sc.dtype is not np.uint8):
+        return None
+    args = dict(d_off=d, sc=spec.sc.runs, subs=spec.sc.n_items, sc_signed=spec.sc_int8, add=int(spec.add))
+    if spec.dmin is None:
+        return args
+    if dmin is None or spec.m is None or spec.m.runs is None or spec.m.dtype is not np.uint8:
+        return None
+    return {**args, "dmin_off": dmin, "m": spec.m.runs}
+
+
+def _refuse_flagged(blocks: np.ndarray, flags: np.ndarray, args: dict, first_block: int) -> None:
+    """:func:`_refuse_non_finite` for ``d``, then ``dmin``, from the fused kernel's flags."""
+    for bit, name, off in ((K.DSC_BAD_D, "d", args["d_off"]), (K.DSC_BAD_DMIN, "dmin", args.get("dmin_off"))):
+        bad = (flags & bit) != 0
+        if off is not None and bad.any():
+            i = int(np.argmax(bad))
+            _refuse_non_finite(np.ascontiguousarray(blocks[i : i + 1, off : off + 2]).view("<f2").reshape(-1), name, first_block + i)
+
+
+def _scale_pass(spec: _Spec, blocks: np.ndarray, first_block: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """:func:`_scales` and, per block, whether one of its scales is ±0."""
+    args = _fused(spec)
+    if args is None:
+        scales, corr = _scales(spec, blocks, first_block)
+        return scales, corr, (scales == 0).any(axis=1)
+    scales, corr, flags = K.dsc_scales(blocks, **args)
+    if (flags & (K.DSC_BAD_D | K.DSC_BAD_DMIN)).any():
+        _refuse_flagged(blocks, flags, args, first_block)
+    return scales, corr, (flags & K.DSC_ZERO) != 0
+
+
 def _scales(spec: _Spec, blocks: np.ndarray, first_block: int) -> tuple[np.ndarray, np.ndarray | None]:
     """``(scales, correction)``: the exact ggml sub-block scales (``(n, subs)``, float32 or
     float16) and, for overlay types, ``−(dmin·m)`` (float32), both possibly ±0. The float32
     operations are gguf-py's, in its order."""
+    if _fused(spec) is not None:
+        return _scale_pass(spec, blocks, first_block)[:2]
     if spec.scale == "ue4m3":
         return _ue4m3_half(blocks[:, :4]), None
     assert spec.d is not None
@@ -838,22 +928,50 @@ def _fix_zeros(codes: np.ndarray, scales: np.ndarray, zp: int, k: int) -> tuple[
     return (nb * subs + sb)[mixed].astype(np.int64), patch
 
 
+def _header_span(spec: _Spec) -> tuple[int, int] | None:
+    """``(first byte, length)`` when the header is one run of whole bytes, else None."""
+    cols = [b for b, _ in spec.header]
+    whole = all(m == 0xFF for _, m in spec.header)
+    return (cols[0], len(cols)) if whole and cols == list(range(cols[0], cols[0] + len(cols))) else None
+
+
 def _header(spec: _Spec, blocks: np.ndarray) -> np.ndarray:
+    span = _header_span(spec)
+    if span is not None:
+        return K.field_u8(blocks, *span)
     cols = [b for b, _ in spec.header]
     return blocks[:, cols] & np.array([m for _, m in spec.header], dtype=np.uint8)
 
 
-def _pack_blocks(spec: _Spec, codes: np.ndarray, header: np.ndarray, first_block: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """``(blocks, valid)``: the codes packed with the header bits, and which codes were valid
-    (``None``: all)."""
-    out = np.zeros((codes.shape[0], spec.block_bytes), dtype=np.uint8)
-    out[:, [b for b, _ in spec.header]] = header
+_Pass = tuple[np.ndarray, "np.ndarray | None", np.ndarray]  # :func:`_scale_pass`: scales, correction, zero rows
+
+
+def _pack_blocks(spec: _Spec, codes: np.ndarray | None, header: np.ndarray, first_block: int,
+                 packed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None, _Pass | None]:
+    """``(blocks, valid, pass)``: the codes packed with the header bits, which codes were
+    valid (``None``: all), and for types with a ``zero_code`` the :func:`_scale_pass` of the
+    header bits alone (else None).  ``packed`` (a type with ``undirect`` and no ``zero_code``):
+    the codes as stored, moved into the blocks, every one valid."""
+    out = np.zeros((header.shape[0], spec.block_bytes), dtype=np.uint8)
+    span = _header_span(spec)
+    if span is not None:
+        K.scatter_field(out, span[0], header)
+    else:
+        out[:, [b for b, _ in spec.header]] = header
+    if packed is not None:
+        assert spec.undirect is not None and spec.zero_code is None
+        spec.undirect(packed, out)
+        return out, None, None
+    assert codes is not None
+    sp = None
     if spec.zero_code is not None:  # (a code that is not the zero point there fails _compare)
-        zero = _scales(spec, out, first_block)[0] == 0
-        if zero.any():
-            zero = np.repeat(zero, codes.shape[1] // zero.shape[1], axis=1)
-            codes = np.where(zero, np.asarray(spec.zero_code, dtype=codes.dtype), codes)
-    return out, spec.codec.encode(codes, out)
+        sp = _scale_pass(spec, out, first_block)
+        rows = np.flatnonzero(sp[2])
+        if rows.size:
+            zero = np.repeat(sp[0][rows] == 0, codes.shape[1] // sp[0].shape[1], axis=1)
+            codes = codes.copy()
+            codes[rows] = np.where(zero, np.asarray(spec.zero_code, dtype=codes.dtype), codes[rows])
+    return out, spec.codec.encode(codes, out), sp
 
 
 @functools.cache
@@ -892,36 +1010,57 @@ def _reversible(ggml_type: str) -> bool:
     return not np.any(cov & hdr) and bool(np.array_equal(spec.codec.decode(out), zp))
 
 
-def _exceptions(spec: _Spec, codes: np.ndarray, blocks: np.ndarray, candidates: np.ndarray | None = None) -> np.ndarray:
-    """The blocks that packing their (substituted) codes with their header would not restore
-    (among ``candidates`` when given: the others are known to be restored)."""
-    if candidates is not None:
-        return candidates[_exceptions(spec, codes[candidates], blocks[candidates])]
-    packed, _ = _pack_blocks(spec, codes, _header(spec, blocks), 0)
+def _exceptions(spec: _Spec, codes: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """The blocks that packing their (substituted) codes with their header would not restore."""
+    if not blocks.shape[0]:
+        return np.zeros(0, dtype=np.int64)
+    packed = _pack_blocks(spec, codes, _header(spec, blocks), 0)[0]
     return np.flatnonzero((packed != blocks).any(axis=1))
 
 
 def expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0, codes: np.ndarray | None = None) -> Expanded:
     """The expanded form of a chunk of whole ``ggml_type`` blocks (``(n, block_bytes)`` uint8).
-    ``codes``: their decoded codes when already known (:func:`rebuild`; changed in place).
+    ``codes``: their decoded codes when already known (changed in place).
 
     Raises :class:`NonFiniteScale` for a NaN/inf ``d`` or ``dmin``."""
-    spec, f = _specs()[ggml_type], form(ggml_type)
+    spec = _specs()[ggml_type]
     _check_blocks(spec, ggml_type, blocks)
-    codes = spec.codec.decode(blocks) if codes is None else codes
-    scales, corr0 = _scales(spec, blocks, first_block)
-    scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
-    zero_blocks = np.flatnonzero((scales == 0).any(axis=1)) if _dense(ggml_type) else None
-    patch_index, patch = _fix_zeros(codes, scales, f.zero_point or 0, f.sub_block)
+    return _expand(ggml_type, blocks, first_block, spec.codec.decode(blocks) if codes is None else codes)
+
+
+def _expand(ggml_type: str, blocks: np.ndarray, first_block: int, codes: np.ndarray, sp: _Pass | None = None,
+            rows: np.ndarray | None = None, record: bool = True) -> Expanded:
+    """:func:`expand` given the codes of every block, or with ``rows`` (ascending, every block
+    with a zero-scale sub-block among them) the codes of those blocks only -- then ``codes``
+    of the result are theirs, and the record is right only for a dense type (:func:`_dense`;
+    ``record=False``: an empty record).  ``sp``: the blocks' :func:`_scale_pass` when known."""
+    spec, f = _specs()[ggml_type], form(ggml_type)
+    scales, corr0, zero = _scale_pass(spec, blocks, first_block) if sp is None else sp
+    scales = np.asarray(scales, dtype=_SCALE_DTYPE[f.scale])  # (a pass's own array: fixed in place)
+    zb = np.flatnonzero(zero)
+    dense = _dense(ggml_type)
+    r = zb if rows is None and dense else rows  # the rows whose codes are fixed (None: all)
+    sub_codes = codes[r] if rows is None and r is not None else codes
+    if r is None:
+        patch_index, patch = _fix_zeros(codes, scales, f.zero_point or 0, f.sub_block)
+    else:
+        sub, subs = scales[r], scales.shape[1]
+        patch_index, patch = _fix_zeros(sub_codes, sub, f.zero_point or 0, f.sub_block)
+        patch_index = r[patch_index // subs] * subs + patch_index % subs
+        scales[r] = sub
+        if rows is None and zb.size:
+            codes[r] = sub_codes
     correction, correction_codes = _correction(corr0)
-    exc = _exceptions(spec, codes, blocks, zero_blocks)
-    record = Record(
-        ggml_type,
-        _header(spec, blocks),
-        (exc + first_block).astype(np.uint32),
-        np.ascontiguousarray(blocks[exc]),
-    )
-    return Expanded(ggml_type, codes, scales, correction, correction_codes, patch_index, patch, record)
+    if not record:
+        exc = np.zeros(0, dtype=np.int64)
+    elif dense:
+        zc = sub_codes if rows is None else sub_codes[np.searchsorted(rows, zb)]
+        exc = zb[_exceptions(spec, zc, blocks[zb])]
+    else:
+        exc = _exceptions(spec, codes, blocks)
+    rec = Record(ggml_type, _header(spec, blocks) if record else np.zeros((0, f.record_bytes), np.uint8),
+                 (exc + first_block).astype(np.uint32), np.ascontiguousarray(blocks[exc]))
+    return Expanded(ggml_type, codes, scales, correction, correction_codes, patch_index, patch, rec)
 
 
 def _correction(corr0: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -929,37 +1068,31 @@ def _correction(corr0: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray
     0 where it is ±0 (the sign of the zero kept); ``(None, None)`` for other types."""
     if corr0 is None:
         return None, None
-    return np.where(corr0 == 0, _one_like(corr0), corr0).astype(np.float32), (corr0 != 0).astype(np.uint8)
+    zero = corr0 == 0
+    if not zero.any():
+        return np.asarray(corr0, dtype=np.float32), np.ones(corr0.shape, dtype=np.uint8)
+    return np.where(zero, _one_like(corr0), corr0).astype(np.float32), (~zero).astype(np.uint8)
 
 
-def _zero_rows(spec: _Spec, f: Form, blocks: np.ndarray, first_block: int) -> tuple[Expanded, np.ndarray, np.ndarray]:
-    """:func:`expand_scales`, and the blocks that have a zero-scale sub-block with their
-    codes (the only ones decoded; the zero point substituted in those sub-blocks)."""
-    scales, corr0 = _scales(spec, blocks, first_block)
-    scales = np.array(scales, dtype=_SCALE_DTYPE[f.scale])
-    zb = np.flatnonzero((scales == 0).any(axis=1))
-    codes = np.zeros((0, spec.elements), dtype=_STORAGE[f.storage][1])
-    patch_index, patch = np.zeros(0, dtype=np.int64), np.zeros((0, f.sub_block), dtype=np.float32)
-    if zb.size:
-        codes = spec.codec.decode(blocks[zb])
-        sub = scales[zb]
-        patch_index, patch = _fix_zeros(codes, sub, f.zero_point or 0, f.sub_block)
-        subs = scales.shape[1]
-        patch_index = zb[patch_index // subs] * subs + patch_index % subs
-        scales[zb] = sub
-    correction, correction_codes = _correction(corr0)
-    empty = Record(f.type, np.zeros((0, f.record_bytes), np.uint8), np.zeros(0, np.uint32), np.zeros((0, spec.block_bytes), np.uint8))
-    x = Expanded(f.type, None, scales, correction, correction_codes, patch_index, patch, empty)  # type: ignore[arg-type]
-    return x, zb, codes
+def _zero_rows(ggml_type: str, blocks: np.ndarray, first_block: int, record: bool) -> tuple[Expanded, np.ndarray]:
+    """The expansion without the codes but of the blocks that have a zero-scale sub-block
+    (the only ones decoded; ``codes`` of the result are theirs, the zero point substituted)
+    and those blocks."""
+    spec = _specs()[ggml_type]
+    sp = _scale_pass(spec, blocks, first_block)
+    zb = np.flatnonzero(sp[2])
+    f = form(ggml_type)
+    codes = spec.codec.decode(blocks[zb]) if zb.size else np.zeros((0, spec.elements), dtype=_STORAGE[f.storage][1])
+    return _expand(ggml_type, blocks, first_block, codes, sp, zb, record), zb
 
 
 def expand_scales(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded:
     """What :func:`expand` gives for the scales, corrections and zero patches, without the
     codes (``codes`` is ``None``) and the record: cheap, for planning and for writing the
     scale buffers. Codes are decoded only in blocks that have a zero-scale sub-block."""
-    spec, f = _specs()[ggml_type], form(ggml_type)
+    spec = _specs()[ggml_type]
     _check_blocks(spec, ggml_type, blocks)
-    return _zero_rows(spec, f, blocks, first_block)[0]
+    return dataclasses.replace(_zero_rows(ggml_type, blocks, first_block, False)[0], codes=None)
 
 
 def expand_packed(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> tuple[Expanded, np.ndarray]:
@@ -972,13 +1105,11 @@ def expand_packed(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> t
         x = expand(ggml_type, blocks, first_block)
         return dataclasses.replace(x, codes=None), pack(x.codes, f.storage)
     _check_blocks(spec, ggml_type, blocks)
-    x, zb, codes = _zero_rows(spec, f, blocks, first_block)
-    exc = zb[_exceptions(spec, codes, blocks[zb])] if zb.size else zb
+    x, zb = _zero_rows(ggml_type, blocks, first_block, True)
     packed = spec.direct(blocks)
     if zb.size:
-        packed[zb] = pack(codes, f.storage).reshape(zb.size, -1)
-    rec = Record(ggml_type, _header(spec, blocks), (exc + first_block).astype(np.uint32), np.ascontiguousarray(blocks[exc]))
-    return dataclasses.replace(x, record=rec), packed.reshape(-1)
+        packed[zb] = pack(x.codes, f.storage).reshape(zb.size, -1)
+    return dataclasses.replace(x, codes=None), packed.reshape(-1)
 
 
 def values(x: Expanded) -> np.ndarray:
@@ -996,12 +1127,14 @@ def values(x: Expanded) -> np.ndarray:
     return v.reshape(n, subs * f.sub_block)
 
 
-def _shape_checks(x: Expanded, spec: _Spec, f: Form) -> int:
+def _shape_checks(x: Expanded, spec: _Spec, f: Form, packed: np.ndarray | None = None) -> int:
     """The number of blocks of ``x``; a FormatError naming the field whose shape or type is wrong."""
-    n = x.codes.shape[0] if x.codes.ndim == 2 else -1
+    codes = x.codes if packed is None else packed
+    n = codes.shape[0] if codes is not None and codes.ndim == 2 else -1
     subs = spec.elements // f.sub_block
+    width = _STORAGE[f.storage][0] * spec.elements // 8
     want = [
-        ("codes", x.codes, (n, spec.elements), _STORAGE[f.storage][1]),
+        ("codes", x.codes, (n, spec.elements), _STORAGE[f.storage][1]) if packed is None else ("codes", packed, (n, width), np.uint8),
         ("scales", x.scales, (n, subs), _SCALE_DTYPE[f.scale]),
         ("zero_patch", x.zero_patch, (len(x.zero_patch_index), f.sub_block), np.float32),
     ]
@@ -1027,18 +1160,32 @@ def _bits_of(a: np.ndarray) -> np.ndarray:
     return a.view({2: np.uint16, 4: np.uint32}[a.dtype.itemsize]) if a.dtype.kind == "f" else a
 
 
-def _compare(x: Expanded, y: Expanded, first_block: int) -> None:
+def _compare_rows(a: np.ndarray, b: np.ndarray, rows: np.ndarray, first_block: int, field: str, what: str) -> None:
+    """:func:`_first_bad` of the rows ``rows`` of two arrays, given as ``a`` and ``b`` (the other rows equal)."""
+    if rows.size and not np.array_equal(a, b):
+        bad = a != b
+        i, j = divmod(int(np.argmax(bad.reshape(-1))), bad.shape[1])
+        raise FormatError(f"block {first_block + int(rows[i])}: {what.format(j=j)}", field=field)
+
+
+def _compare(x: Expanded, y: Expanded, first_block: int, rows: np.ndarray | None = None,
+             x_codes: np.ndarray | None = None) -> None:
     """FormatError at the first block where the given form ``x`` differs from ``y``, the
-    expansion of the blocks rebuilt from ``x``'s codes and record."""
+    expansion of the blocks rebuilt from ``x``'s codes and record (``rows``: ``y.codes`` are
+    those of these rows only, the others known equal to ``x``'s; ``x_codes``: ``x``'s codes of
+    these rows when ``x.codes`` is None)."""
     subs = x.scales.shape[1]
+    what = "code of element {j} differs from the record's block"
+    if rows is not None:
+        _compare_rows(x.codes[rows] if x_codes is None else x_codes, y.codes, rows, first_block, "codes", what)
     pairs = [
-        ("codes", x.codes, y.codes, "code of element {j} differs from the record's block"),
+        ("codes", x.codes, y.codes if rows is None else None, what),
         ("scales", x.scales, y.scales, "scale of sub-block {j} is not float32(d·sc) of the record"),
         ("correction", x.correction, y.correction, "correction of sub-block {j} is not −dmin·m of the record"),
         ("correction_codes", x.correction_codes, y.correction_codes, "correction code of sub-block {j} is wrong"),
     ]
     for field, a, b, what in pairs:
-        if a is not None and b is not None:
+        if a is not None and b is not None and not np.array_equal(_bits_of(a), _bits_of(b)):
             _first_bad(_bits_of(a) != _bits_of(b), first_block, field, what)
     n = x.scales.shape[0]
     ox, oy = np.argsort(x.zero_patch_index, kind="stable"), np.argsort(y.zero_patch_index, kind="stable")
@@ -1050,47 +1197,73 @@ def _compare(x: Expanded, y: Expanded, first_block: int) -> None:
         common, ix, iy = np.intersect1d(xs, ys, return_indices=True)
         bad[common[(xp[ix] != yp[iy]).any(axis=1)]] = True
         _first_bad(bad.reshape(n, subs), first_block, "zero_patch", "±0 pattern of sub-block {j} is wrong")
-    _first_bad(x.record.header != y.record.header, first_block, "record", "header byte {j} differs from the rebuilt block")
+    if not np.array_equal(x.record.header, y.record.header):
+        _first_bad(x.record.header != y.record.header, first_block, "record", "header byte {j} differs from the rebuilt block")
     exc = np.zeros((2, n), dtype=bool)
     exc[0, x.record.exception_index.astype(np.int64) - first_block] = True
     exc[1, y.record.exception_index.astype(np.int64) - first_block] = True
     _first_bad(exc[0] != exc[1], first_block, "record", "exception block listed wrongly")
 
 
-def _rebuilt_codes(x: Expanded, blocks: np.ndarray, exc: np.ndarray) -> np.ndarray | None:
-    """The codes of the rebuilt ``blocks`` without decoding them all where :func:`_reversible`
-    says they are ``x.codes``: decoded only in the exception blocks and in the blocks that
-    may hold a zero-scale sub-block (a scale of ±1 in ``x``; elsewhere a zero scale makes
-    the scales differ, which :func:`_compare` reports); None: decode them all."""
+def _rebuilt_rows(x: Expanded, sp: _Pass, exc: np.ndarray) -> np.ndarray | None:
+    """The rows of the rebuilt blocks whose codes may differ from ``x.codes`` where
+    :func:`_reversible` says the others are ``x.codes``: the exception blocks and the blocks
+    with a zero-scale sub-block (ascending); None: every row must be decoded."""
     if not _reversible(x.type):
         return None
-    rows = np.zeros(blocks.shape[0], dtype=bool)
-    rows[(np.abs(x.scales) == 1).any(axis=1)] = True
+    rows = sp[2].copy()
     rows[exc] = True
-    codes = x.codes.copy()
-    r = np.flatnonzero(rows)
-    if r.size:
-        codes[r] = _specs()[x.type].codec.decode(blocks[r])
-    return codes
+    return np.flatnonzero(rows)
 
 
-def rebuild(x: Expanded, first_block: int = 0) -> np.ndarray:
+def rebuilds_packed(ggml_type: str) -> bool:
+    """Does :func:`rebuild` take the codes ``packed`` as the form stores them (moved straight
+    into the blocks: Q4_K)?"""
+    spec = _specs()[ggml_type]
+    return spec.undirect is not None and spec.zero_code is None and _reversible(ggml_type)
+
+
+def rebuild(x: Expanded, first_block: int = 0, packed: np.ndarray | None = None) -> np.ndarray:
     """The original ``(n, block_bytes)`` GGML blocks of ``x``, byte for byte.
+
+    ``packed``: where :func:`rebuilds_packed`, the codes as the form stores them, ``(n, bytes
+    per block)`` uint8, instead of ``x.codes`` (then None): unpacked only where blocks are
+    decoded to be compared.
 
     Checked: shapes, codes in range, the record's length and indices, and consistency —
     the rebuilt blocks must expand to exactly ``x`` (codes, scale bits, corrections, zero
     patches, exceptions); else a :class:`FormatError` naming the block and the field."""
     spec, f = _specs()[x.type], form(x.type)
-    n = _shape_checks(x, spec, f)
+    if packed is not None and not rebuilds_packed(x.type):
+        raise ValueError(f"{x.type}: rebuild takes its codes unpacked")
+    n = _shape_checks(x, spec, f, packed)
     x.record.check(n, first_block)
     try:
-        blocks, valid = _pack_blocks(spec, x.codes, x.record.header, first_block)
+        blocks, valid, sp = _pack_blocks(spec, x.codes, x.record.header, first_block, packed)
         if valid is not None:
             _first_bad(~valid, first_block, "codes", f"code of element {{j}} is out of range for {x.type}")
         exc = x.record.exception_index.astype(np.int64) - first_block
         blocks[exc] = x.record.exception_blocks
-        y = expand(x.type, blocks, first_block, _rebuilt_codes(x, blocks, exc))
+        if sp is None or not _reversible(x.type):  # (else the header's pass holds but in exception blocks)
+            sp = _scale_pass(spec, blocks, first_block)
+        elif exc.size:
+            try:
+                e = _scale_pass(spec, blocks[exc], first_block)
+            except NonFiniteScale:
+                _scale_pass(spec, blocks, first_block)  # raises, naming the block in the chunk
+                raise
+            for whole, part in zip(sp, e):
+                if whole is not None:
+                    whole[exc] = part
+        rows = _rebuilt_rows(x, sp, exc)
+        if rows is None:
+            y = _expand(x.type, blocks, first_block, spec.codec.decode(blocks), sp)
+        else:
+            y = _expand(x.type, blocks, first_block, spec.codec.decode(blocks[rows]), sp, rows)
     except NonFiniteScale as e:
         raise FormatError(e.message, field="record") from None
-    _compare(x, y, first_block)
+    x_codes = None
+    if packed is not None:  # (rows is not None: the type is reversible)
+        x_codes = unpack(packed[rows], f.storage, rows.size * spec.elements).reshape(rows.size, spec.elements)
+    _compare(x, y, first_block, rows, x_codes)
     return blocks
