@@ -163,11 +163,12 @@ def _peak(fn: object) -> int:
 
 @pytest.mark.parametrize("direction", ["import", "export"])
 def test_memory_does_not_grow_with_the_tensor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direction: str) -> None:
-    """Python-allocated peak (tracemalloc): the same for a tensor 4× the size (reused chunk
-    buffers, nothing per tensor), and far below the tensor itself."""
+    """Python-allocated peak (tracemalloc): the same for a tensor 8× the size (reused chunk
+    buffers, nothing per tensor), and far below the tensor itself (on both kernel paths:
+    the numpy twins' temporaries are larger than C's, ~2.7 MiB here)."""
     monkeypatch.setattr(cg, "PAR_BLOCKS", 1 << 13)
     peaks = []
-    for n in (1 << 16, 1 << 18):  # 1.1 MiB and 4.5 MiB of Q4_0 (plus as much Q8_0)
+    for n in (1 << 16, 1 << 19):  # 1.1 MiB and 9 MiB of Q4_0 (plus as much Q8_0)
         d = tmp_path / str(n)
         d.mkdir()
         src = _write(d / "m.gguf", {"q4": (_blocks(Q.Q4_0, n, 5), Q.Q4_0), "q8": (_blocks(Q.Q8_0, n // 2, 6), Q.Q8_0)})
@@ -180,5 +181,7 @@ def test_memory_does_not_grow_with_the_tensor(tmp_path: Path, monkeypatch: pytes
             peaks.append(_peak(lambda: hurray_to_gguf(d / "m.hrry", d / "back.gguf", jobs=2)))
             assert (d / "back.gguf").read_bytes() == src.read_bytes()
     small, big = peaks
-    assert big < small + (512 << 10), peaks
-    assert big < (1 << 18) * 18 // 2, peaks  # under half of the 4.5 MiB Q4_0 tensor
+    # the chunks in flight vary with the threads' timing (numpy twins: ~0.6 MiB each); a
+    # peak that followed the tensor would grow by ~8 MiB
+    assert big < small + (3 << 19), peaks
+    assert big < (1 << 19) * 18 // 2, peaks  # under half of the 9 MiB Q4_0 tensor
