@@ -678,3 +678,19 @@ def test_kv_value_streamed_from_a_scratch_file_is_written_byte_identically(tmp_p
     w.abort()
     assert g.closed and not (tmp_path / "aborted.hrry").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.hrry", "streamed.hrry"]
+
+
+def test_kv_value_streamed_from_a_file_without_descriptor_is_read_in_chunks(tmp_path):
+    """The kernel copy needs a file descriptor; a value streamed from an in-memory file is
+    read and written in chunks instead -- the same bytes."""
+    import io
+
+    from hurray_interop.core.kv import StreamedBytes
+
+    data = np.random.default_rng(2).integers(0, 256, (1 << 20) + 7, dtype=np.uint8).tobytes()
+    desc = Descriptor(element_type=element_type("uint8"), shape=(4,), buffers=(BufferHandle.cpu(4),), layout=RowMajor())
+    save(tmp_path / "memory.hrry", {"t": Tensor("t", desc, (b"abcd",))}, kv={"rec": KVValue.bytes(data)})
+    with HrryWriter(tmp_path / "streamed.hrry") as w:
+        w.write("t", desc, [b"abcd"])
+        w.finish(kv={"rec": StreamedBytes(io.BytesIO(b"yz" + data), 2, len(data))})
+    assert (tmp_path / "streamed.hrry").read_bytes() == (tmp_path / "memory.hrry").read_bytes()

@@ -808,6 +808,21 @@ class HrryWriter:
         self._out.write(b)
         self._pos += len(b)
 
+    def _emit_streamed(self, p: StreamedBytes) -> None:
+        """A streamed KV value: copied from its file by the kernel (``copy_file_range``,
+        through :meth:`positional`) when that file has a descriptor, else read in chunks."""
+        try:
+            p.file.flush()
+            fd = p.file.fileno()
+        except (AttributeError, OSError, ValueError):  # not a real file (io.BytesIO: UnsupportedOperation)
+            for b in p.chunks():
+                self._emit(b)
+            return
+        self._out.flush()
+        self.positional().copy(fd, p.offset, p.length, self._pos)
+        self._pos += p.length
+        self._out.seek(self._pos)
+
     def _pad_to(self, a: int) -> None:
         n = _align(self._pos, a) - self._pos
         if n:
@@ -1014,8 +1029,10 @@ class HrryWriter:
                     kvlen, parts = encode_kv_parts(kv)
                     kvoff = self._pos
                     for p in parts:  # a StreamedBytes value is read from its file only now
-                        for b in p.chunks() if isinstance(p, StreamedBytes) else (p,):
-                            self._emit(b)
+                        if isinstance(p, StreamedBytes):
+                            self._emit_streamed(p)
+                        else:
+                            self._emit(p)
                 except UsageError as e:
                     raise e.located(path=self.path) from None
                 self._pad_to(8)
