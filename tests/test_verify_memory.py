@@ -55,7 +55,10 @@ def test_comparison_memory_does_not_grow_with_the_tensor(tmp_path: Path, monkeyp
     large = _peak_of_checks(tmp_path, (2048, 4096), "large")  # 8 Mi values (32 MiB as float32)
     window = (1 << 16) * 4
     assert large < 32 * window  # a few chunk buffers a side (8 MiB), not the 32 MiB tensor
-    assert large < small + 2 * window
+    # the reference decodes on parallel.jobs() threads with up to 2 * jobs chunks in flight,
+    # so the peak moves by a few chunk windows with the threads' timing; a peak that
+    # followed the tensor would grow by ~28 MiB (112 windows)
+    assert large < small + 8 * window
 
 
 def test_a_long_row_is_decoded_one_chunk_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
