@@ -134,3 +134,24 @@ def test_atomic_output_starts_writeback_as_it_writes(tmp_path: Path, monkeypatch
         out.commit()
     assert (tmp_path / "out.bin").read_bytes() == data
     assert ranges == [(0, 1400), (1400, 1400), (2800, 1400), (4200, 1300)]  # the last 1300 bytes: 1000 or more
+
+
+def test_a_long_write_goes_out_in_pieces(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """pwrite hands the kernel at most WRITE_PIECE bytes per call (see its comment), and the
+    pieces land where the whole would have."""
+    sizes: list[int] = []
+    real = os.pwrite
+
+    def counting(fd, data, offset):  # type: ignore[no-untyped-def]
+        sizes.append(len(data))
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", counting)
+    data = os.urandom(3 * P.WRITE_PIECE + 5)
+    with AtomicOutput(tmp_path / "out.bin") as out:
+        w = P.PositionalWriter(out, len(data) + 7)
+        w.pwrite(b"x" * 7, 0)
+        w.pwrite(data, 7)
+        out.commit()
+    assert (tmp_path / "out.bin").read_bytes() == b"x" * 7 + data
+    assert max(sizes) <= P.WRITE_PIECE and sum(sizes) == len(data) + 7
