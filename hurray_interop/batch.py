@@ -31,6 +31,7 @@ only places this module touches the conversion and verification code.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 import time
 from contextlib import contextmanager
@@ -40,9 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from .errors import ConversionRefused, HurrayInteropError, OutputExistsError, UsageError
 
-if TYPE_CHECKING:  # pragma: no cover - concurrent.futures is imported where a batch uses it (start-up)
-    import concurrent.futures as cf
-
+if TYPE_CHECKING:  # pragma: no cover
     from .report import ConversionReport
     from .verification.common import VerifyResult
 
@@ -360,8 +359,6 @@ def _run(executor: cf.Executor | None, task: Callable[..., tuple[FileResult, ...
         for call in calls:
             yield from task(*call)
         return
-    import concurrent.futures as cf
-
     futures = {executor.submit(task, *call): call for call in calls}
     try:
         for fut in cf.as_completed(futures):
@@ -532,7 +529,6 @@ def open_executor(workers: int = 1, scheduler: str | None = None) -> Iterator[cf
     if scheduler is not None:
         executor, client = _dask_executor(scheduler)
     else:
-        import concurrent.futures as cf
         import multiprocessing
 
         executor = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))

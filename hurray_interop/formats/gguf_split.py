@@ -611,7 +611,7 @@ class SplitModel(G.ModelMetadata):
 
     def __init__(self, s: SplitSet) -> None:
         first = s.shards[0]
-        self.set = self.split_set = s
+        self.set = s
         self.path = os.fspath(s.paths[0])
         self.paths, self.shards = s.paths, s.shards
         self.version, self.alignment = first.version, first.alignment
@@ -619,6 +619,10 @@ class SplitModel(G.ModelMetadata):
         self.nonzero_padding = bool(s.nonzero_padding)
         self.kv = s.model_kv()
         self.tensors = [t for _, t in s.tensors]
+
+    @property
+    def split_set(self) -> SplitSet:  # what ModelMetadata.split_set answers for one file (None)
+        return self.set
 
     @property
     def count(self) -> int:
@@ -714,7 +718,7 @@ def borrowed_set(gf: G.GGUFFile) -> Iterator["SplitSet | None"]:
     """The split set the open file ``gf`` is a shard of (:func:`split_set_of`; None for a
     whole model), for the ``with`` block: the other shards it opened are closed on
     leaving, ``gf`` stays the caller's.  A file without split keys opens nothing."""
-    s = split_set_of(gf) if G.has_split_keys(gf) else None
+    s = split_set_of(gf)
     try:
         yield s
     finally:
