@@ -17,6 +17,7 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -86,6 +87,31 @@ static void split16_sse2(const uint8_t *src, hk_stride ss, size_t n, uint8_t *ds
     }
 }
 
+/* hk_split_to_pairs for w a multiple of 32 (Q4_K, Q5_K: 32-byte runs): per 32 bytes g, the
+ * low nibbles' pairs of both 16-byte halves (as in split16_sse2) packed into the 16 bytes
+ * at g/2, the high nibbles' into the 16 bytes at w/2 + g/2. */
+static void split32_sse2(const uint8_t *src, hk_stride ss, size_t n, size_t w, uint8_t *dst, hk_stride ds,
+                         uint8_t x) {
+    const __m128i m4 = _mm_set1_epi8(0x0F), m8 = _mm_set1_epi16(0x00FF), xx = _mm_set1_epi8((char)x);
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *q = src + (hk_stride)r * ss;
+        uint8_t *o = dst + (hk_stride)r * ds;
+        for (size_t g = 0; g < w; g += 32) {
+            __m128i v0 = _mm_loadu_si128((const __m128i *)(const void *)(q + g));
+            __m128i v1 = _mm_loadu_si128((const __m128i *)(const void *)(q + g + 16));
+            __m128i l0 = _mm_and_si128(v0, m4), l1 = _mm_and_si128(v1, m4);
+            __m128i h0 = _mm_and_si128(_mm_srli_epi16(v0, 4), m4), h1 = _mm_and_si128(_mm_srli_epi16(v1, 4), m4);
+            l0 = _mm_and_si128(_mm_or_si128(l0, _mm_srli_epi16(l0, 4)), m8);
+            l1 = _mm_and_si128(_mm_or_si128(l1, _mm_srli_epi16(l1, 4)), m8);
+            h0 = _mm_and_si128(_mm_or_si128(h0, _mm_srli_epi16(h0, 4)), m8);
+            h1 = _mm_and_si128(_mm_or_si128(h1, _mm_srli_epi16(h1, 4)), m8);
+            __m128i lo = _mm_xor_si128(_mm_packus_epi16(l0, l1), xx), hi = _mm_xor_si128(_mm_packus_epi16(h0, h1), xx);
+            _mm_storeu_si128((__m128i *)(void *)(o + g / 2), lo);
+            _mm_storeu_si128((__m128i *)(void *)(o + w / 2 + g / 2), hi);
+        }
+    }
+}
+
 /* hk_pairs_to_split for w == 16: the two 8-byte halves interleaved into lanes
  * l = lo_i | hi_i << 8, and GGML's bytes a_i | b_i << 8 are
  * (l & 0xF00F) | (l >> 4 & 0x00F0) | (l << 4 & 0x0F00). */
@@ -109,6 +135,10 @@ HK_API void hk_split_to_pairs(const uint8_t *src, hk_stride ss, size_t n, size_t
 #if HK_SSE2
     if (w == 16) { /* Q4_0, MXFP4: one 16-byte block row per vector, 3-4x the portable body */
         split16_sse2(src, ss, n, dst, ds, x);
+        return;
+    }
+    if (w % 32 == 0) { /* Q4_K, Q5_K: 32-byte runs */
+        split32_sse2(src, ss, n, w, dst, ds, x);
         return;
     }
 #endif
@@ -356,26 +386,73 @@ static void runs_row(const uint8_t *restrict blk, const int32_t *restrict runs, 
     }
 }
 
+/* A dsc field as per-item tables: item s is lut[s][0][blk[b[s][0]]] | lut[s][1][blk[b[s][1]]],
+ * each table the part's ((byte >> sh) & m) << d for every byte value (a missing second part:
+ * byte 0, a table of zeros).  Built once per call from the runs; returns 0 when some item has
+ * more than two parts (the caller then interprets the runs, runs_row). */
+typedef struct {
+    uint16_t b[64][2];
+    uint8_t lut[64][2][256];
+} field_luts;
+
+static int luts_of(const int32_t *runs, size_t nruns, size_t subs, field_luts *f) {
+    uint8_t count[64] = {0};
+    memset(f->b, 0, sizeof f->b);
+    memset(f->lut, 0, subs * sizeof f->lut[0]);
+    for (size_t r = 0; r < nruns; r++) {
+        const int32_t *R = runs + 6 * r;
+        const unsigned sh = (unsigned)R[3], m = (unsigned)R[4], d = (unsigned)R[5];
+        for (int32_t j = 0; j < R[2]; j++) {
+            size_t it = (size_t)(R[0] + j);
+            unsigned k = count[it]++;
+            if (k > 1) return 0;
+            f->b[it][k] = (uint16_t)(R[1] + j);
+            for (unsigned v = 0; v < 256; v++) f->lut[it][k][v] = (uint8_t)(((v >> sh) & m) << d);
+        }
+    }
+    return 1;
+}
+
+/* One block's field items: by the tables when there are (`f` not NULL), else the runs. */
+static inline void field_row(const uint8_t *blk, const field_luts *f, const int32_t *runs, size_t nruns,
+                             unsigned *items, size_t subs) {
+    if (f) {
+        for (size_t s = 0; s < subs; s++)
+            items[s] = (unsigned)f->lut[s][0][blk[f->b[s][0]]] | f->lut[s][1][blk[f->b[s][1]]];
+    } else {
+        runs_row(blk, runs, nruns, items, subs);
+    }
+}
+
 /* The two-level scales of the K-quants (docs/conversion-rules.md § 9), per block:
  * scales[s] = float32(d) * float32(sc[s] + add) (sc the runs `scr`, read as int8 when
  * sc_signed), and where dmin_off >= 0, corr[s] = -(float32(dmin) * float32(m[s])) (m the
  * runs `mr`).  d and dmin are little-endian float16 at d_off / dmin_off.  flags[i]:
  * bit 0 some scale is +-0, bit 1 d not finite, bit 2 dmin not finite.  Returns how many
- * blocks have a flag.  subs <= 64. */
+ * blocks have a flag.  subs <= 64; items are bytes (the caller checks).  Per call, the runs
+ * become per-item byte tables (every K-quant field has at most two parts per item) and the
+ * items' float32 values one table: a block costs a few loads per item. */
 HK_API size_t hk_dsc_scales(const uint8_t *src, hk_stride ss, size_t n, size_t subs, size_t d_off,
                             const int32_t *scr, size_t nscr, int sc_signed, int add, ptrdiff_t dmin_off,
                             const int32_t *mr, size_t nmr, float *scales, float *corr, uint8_t *flags) {
     unsigned sc[64], m[64];
+    float vsc[256], vm[256];
+    field_luts *t = malloc(2 * sizeof *t); /* 66 KB: off the stack (threads' stacks can be small) */
+    const field_luts *ps = t && luts_of(scr, nscr, subs, t) ? t : NULL;
+    const field_luts *pm = t && dmin_off >= 0 && luts_of(mr, nmr, subs, t + 1) ? t + 1 : NULL;
+    for (unsigned v = 0; v < 256; v++) {
+        vsc[v] = sc_signed ? (float)(int8_t)(uint8_t)v : (float)((int)v + add);
+        vm[v] = (float)v;
+    }
     size_t count = 0;
     for (size_t i = 0; i < n; i++, src += ss, scales += subs) {
         unsigned hd = (unsigned)src[d_off] | (unsigned)src[d_off + 1] << 8;
         float d = half_to_float(hd);
         uint8_t fl = (hd & 0x7C00u) == 0x7C00u ? 2 : 0;
-        runs_row(src, scr, nscr, sc, subs);
+        field_row(src, ps, scr, nscr, sc, subs);
         unsigned zero = 0;
         for (size_t s = 0; s < subs; s++) {
-            float v = sc_signed ? (float)(int8_t)(uint8_t)sc[s] : (float)((int)sc[s] + add);
-            float x = d * v;
+            float x = d * vsc[sc[s] & 255u];
             scales[s] = x;
             zero |= x == 0.0f;
         }
@@ -384,13 +461,14 @@ HK_API size_t hk_dsc_scales(const uint8_t *src, hk_stride ss, size_t n, size_t s
             unsigned hm = (unsigned)src[dmin_off] | (unsigned)src[dmin_off + 1] << 8;
             float dm = half_to_float(hm);
             fl |= (hm & 0x7C00u) == 0x7C00u ? 4 : 0;
-            runs_row(src, mr, nmr, m, subs);
-            for (size_t s = 0; s < subs; s++) corr[s] = -(dm * (float)m[s]);
+            field_row(src, pm, mr, nmr, m, subs);
+            for (size_t s = 0; s < subs; s++) corr[s] = -(dm * vm[m[s] & 255u]);
             corr += subs;
         }
         flags[i] = fl;
         count += fl != 0;
     }
+    free(t);
     return count;
 }
 

@@ -107,10 +107,25 @@ def test_nibble_movers(n: int, seed: int) -> None:
         assert np.array_equal(K.pairs_to_split(K.split_to_pairs(qs)), qs)  # inverses
 
 
+@needs_c
+@pytest.mark.parametrize("w", [32, 48, 64, 128])
+@pytest.mark.parametrize(("n", "seed"), CASES)
+def test_nibble_movers_wide_rows(w: int, n: int, seed: int) -> None:
+    """Rows of several 16-byte groups: Q4_K's and Q5_K's 32-byte runs (an SSE2 body for
+    multiples of 32 on x86-64), and the portable body for the others."""
+    for _, blocks in views(n, 4 + w, seed):
+        qs = blocks[:, 4 : 4 + w]
+        for xor in (0, 0x88):
+            same(*both(lambda: K.split_to_pairs(qs, xor)))
+            same(K.split_to_pairs(qs, xor), B.split_to_pairs(qs, xor))
+        same(*both(lambda: K.pairs_to_split(qs)))
+        assert np.array_equal(K.pairs_to_split(K.split_to_pairs(qs)), qs)
+
+
 
 @needs_c
 def test_nibble_movers_portable_body(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The x86-64 build runs an SSE2 body for 16-byte rows; the portable body (every other
+    """The x86-64 build runs SSE2 bodies for rows of 16 bytes and of multiples of 32 (split_to_pairs); the portable body (every other
     target) is built here with ``__SSE2__`` undefined and checked against numpy the same way."""
     import importlib.util
 
@@ -127,11 +142,12 @@ def test_nibble_movers_portable_body(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert lib is not None
     monkeypatch.setattr(K, "_lib", lib)
     for n, seed in ((1, 0), (33, 1), (8193, 2)):
-        for _, blocks in views(n, 18, seed):
-            qs = blocks[:, 2:18]
-            for xor in (0, 0x88):
-                same(*both(lambda: K.split_to_pairs(qs, xor)))
-            same(*both(lambda: K.pairs_to_split(qs)))
+        for w in (16, 32, 64):
+            for _, blocks in views(n, 2 + w, seed):
+                qs = blocks[:, 2 : 2 + w]
+                for xor in (0, 0x88):
+                    same(*both(lambda: K.split_to_pairs(qs, xor)))
+                same(*both(lambda: K.pairs_to_split(qs)))
 
 @needs_c
 @pytest.mark.parametrize(("n", "seed"), CASES)
@@ -476,6 +492,10 @@ def _dsc_layouts() -> dict[str, tuple[dict, int, tuple[int, ...]]]:
         args = G._fused(spec)
         assert args is not None, t
         out[t] = (args, spec.block_bytes, (args["d_off"],) + ((args["dmin_off"],) if "dmin_off" in args else ()))
+    # items of three parts each (no K-quant has them): the C code interprets the runs
+    # instead of building its per-item tables
+    three = ((0, 4, 8, 0, 3, 0), (0, 4, 8, 2, 3, 2), (0, 12, 8, 0, 15, 4))
+    out["three-part"] = (dict(out["Q4_K"][0], sc=three, m=three), 144, (0, 2))
     return out
 
 
