@@ -50,6 +50,29 @@ def test_inspect_of_a_gguf_imports_no_heavy_module(tmp_path: Path) -> None:
     assert out.split(" ", 1) == ["0", "[]\n"]
 
 
+def test_inspect_of_a_gguf_builds_only_its_own_arguments(tmp_path: Path) -> None:
+    """The command line adds the arguments of the command it runs only: ``inspect`` of a GGUF
+    reads none of the tables that only ``convert``'s options (``--convention``) or the
+    ``--fallback exact`` conversion need."""
+    src = _vocab_gguf(tmp_path / "v.gguf", 10)
+    code = (
+        "import io, contextlib\n"
+        "from hurray_interop import tables\n"
+        "loaded = []\n"
+        "real = tables.load_table\n"
+        "tables.load_table = lambda name: loaded.append(name) or real(name)\n"
+        "from hurray_interop import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    rc = cli.main(['inspect', {str(src)!r}])\n"
+        "print(rc, sorted(set(loaded)))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    rc, loaded = out.split(" ", 1)
+    assert rc == "0" and "ggml_types" in loaded  # the recorder saw the GGUF side's table
+    assert "mx_types" not in loaded and "gguf_expanded" not in loaded
+
+
 def test_inspect_decodes_only_the_strings_it_shows(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     src = _vocab_gguf(tmp_path / "v.gguf", 5000)
     fetched: list[int] = []
