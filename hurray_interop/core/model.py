@@ -19,11 +19,12 @@ Conventions:
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Sequence, Union
 
 import numpy as np
 
+from .dataclass import dataclass
 from .elements import ElementType, element_type
 
 __all__ = [
