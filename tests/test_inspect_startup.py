@@ -23,6 +23,8 @@ HEAVY = ("ml_dtypes", "crc32c", "tqdm", "torch", "torchao", "gguf", "hurray", "s
          "hurray_interop.formats.gguf_split", "hurray_interop.conversions.gguf_exact",
          "hurray_interop.conversions.gguf_expanded", "hurray_interop.core.hrry", "tempfile",
          "importlib.resources", "traceback",
+         # argparse's help layout asks the terminal's width through shutil only when it lays out help
+         "shutil",
          # the model's classes a GGUF never needs (other layouts, NF4, statistics: created on first use)
          "hurray_interop.core.model_extra", "hurray_interop.core.descriptor")
 
@@ -183,3 +185,26 @@ def test_the_command_line_spares_numpy_its_blas_threads(tmp_path: Path, preset: 
         env["OPENBLAS_NUM_THREADS"] = preset
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["0", "True", preset or "1"]
+
+
+@pytest.mark.parametrize("columns", ["24", "60", "200"])
+def test_the_help_is_argparses_at_every_width(monkeypatch, columns: str) -> None:  # type: ignore[no-untyped-def]
+    """The CLI's formatter (terminal width looked up late) lays help and usage out as
+    argparse.HelpFormatter does, for the main parser and every command."""
+    import argparse
+
+    from hurray_interop import cli
+
+    monkeypatch.setenv("COLUMNS", columns)
+
+    def texts(formatter: type) -> list[str]:
+        monkeypatch.setattr(cli, "_Formatter", formatter)
+        p = cli._build_parser()
+        subs = p._subparsers._group_actions[0].choices  # noqa: SLF001
+        out = [p.format_help(), p.format_usage()]
+        for name in ("convert", "verify", "inspect"):
+            out += [subs[name].format_help(), subs[name].format_usage()]
+        return out
+
+    ours, theirs = texts(cli._Formatter), texts(argparse.HelpFormatter)
+    assert ours == theirs and len(set(theirs)) == len(theirs)
