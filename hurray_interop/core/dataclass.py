@@ -4,7 +4,7 @@
 is created (in Python 3.11 even those a class already has): ~0.1 ms per method here,
 ~5 ms of every command's start for the repr, eq and hash of the ~40 classes a GGUF
 ``inspect`` loads.  Those three do the same for every class, so they are written once
-here (closed over each class's fields, as the generated ones are) and put on the class;
+here (closed over each class's fields, as the generated ones are);
 ``dataclasses.dataclass`` then runs with ``repr=False, eq=False`` and generates the rest:
 ``__init__`` and a frozen class's ``__setattr__``/``__delattr__``.  The behaviour is the
 generated methods': ``Cls(a=1, b='x')`` of the fields with ``repr=True`` (``...`` for a
@@ -35,50 +35,48 @@ def _getter(names: list[str]) -> Callable[[Any], tuple[Any, ...]]:
     return get if len(names) > 1 else (lambda self: (get(self),))
 
 
-def _methods(cls: type, fields: dict[str, Any]) -> dict[str, Callable[..., Any]]:
-    """The shared methods of ``cls``; ``fields`` is filled once ``dataclasses`` has processed it."""
+def _add_methods(cls: type, eq: bool, frozen: bool) -> None:
+    """Put the shared methods on ``cls``, which ``dataclasses`` has processed."""
+    fields = dataclasses.fields(cls)
+    shown = tuple(f.name for f in fields if f.repr)
+    compared = _getter([f.name for f in fields if f.compare])
+    hashed = _getter([f.name for f in fields if (f.compare if f.hash is None else f.hash)])
 
     @reprlib.recursive_repr()
     def __repr__(self: Any) -> str:
-        return self.__class__.__qualname__ + "(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in fields["repr"]) + ")"
+        return self.__class__.__qualname__ + "(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in shown) + ")"
 
     def __eq__(self: Any, other: Any) -> Any:
         if other.__class__ is self.__class__:
-            get = fields["compare"]
-            return get(self) == get(other)
+            return compared(self) == compared(other)
         return NotImplemented
 
     def __hash__(self: Any) -> int:
-        return hash(fields["hash"](self))
+        return hash(hashed(self))
 
-    out = {"__repr__": __repr__, "__eq__": __eq__, "__hash__": __hash__}
-    for name, fn in out.items():
-        fn.__qualname__ = f"{cls.__qualname__}.{name}"
-    return out
+    methods: dict[str, Any] = {"__repr__": __repr__}
+    if eq:
+        methods["__eq__"] = __eq__
+        methods["__hash__"] = __hash__ if frozen else None
+    for name, fn in methods.items():
+        if fn is not None:
+            fn.__qualname__ = f"{cls.__qualname__}.{name}"
+        setattr(cls, name, fn)
 
 
 def dataclass(cls: C | None = None, /, *, frozen: bool = False, eq: bool = True) -> Any:
     """``dataclasses.dataclass(cls, frozen=frozen, eq=eq)``, with the shared methods (a class
-    that writes its own ``__repr__``, ``__eq__`` or ``__hash__`` gets the standard one)."""
+    that writes its own ``__repr__``, ``__eq__`` or ``__hash__`` gets the standard ones)."""
 
     def wrap(cls: C) -> C:
         if {"__repr__", "__eq__", "__hash__"} & set(cls.__dict__):
             return dataclasses.dataclass(cls, frozen=frozen, eq=eq)  # type: ignore[no-any-return]
-        fields: dict[str, Any] = {}
-        methods = _methods(cls, fields)
-        cls.__repr__ = methods["__repr__"]  # type: ignore[assignment]
-        if eq:
-            cls.__eq__ = methods["__eq__"]  # type: ignore[assignment]
-            cls.__hash__ = methods["__hash__"] if frozen else None  # type: ignore[assignment]
-        # repr=False, eq=False: dataclasses compiles neither (it builds the methods it would
-        # add even when the class has them); an explicit __hash__ (or None) is kept
+        # repr=False, eq=False: dataclasses compiles neither (in 3.11 it builds the methods it
+        # would add even for a class that has them) and leaves __hash__ alone
         done = dataclasses.dataclass(cls, frozen=frozen, eq=False, repr=False)
         params = done.__dataclass_params__  # type: ignore[attr-defined]
         params.repr, params.eq = True, eq  # what the class is: as dataclass(frozen=frozen, eq=eq) says
-        all_fields = dataclasses.fields(done)
-        fields["repr"] = tuple(f.name for f in all_fields if f.repr)
-        fields["compare"] = _getter([f.name for f in all_fields if f.compare])
-        fields["hash"] = _getter([f.name for f in all_fields if (f.compare if f.hash is None else f.hash)])
+        _add_methods(done, eq, frozen)
         return done
 
     return wrap if cls is None else wrap(cls)
