@@ -34,8 +34,52 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help layout, which looks the terminal's width up (importing shutil: ~3 ms
+    of a start) when help or usage is laid out, not for every parser and argument made."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width=0 if width is None else width)
+        self._asked = (max_help_position, width)
+
+    def format_help(self) -> str:
+        max_help_position, width = self._asked
+        if width is None:  # the width and help position argparse.HelpFormatter.__init__ sets
+            import shutil
+
+            width = shutil.get_terminal_size().columns - 2
+            self._width = width
+            self._max_help_position = min(max_help_position, max(width - 20, self._indent_increment * 2))
+        return super().format_help()
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors as one line and exit status 2."""
+    """argparse that reports usage errors as one line and exit status 2.
+
+    A command's arguments are added when that command is parsed or its help is shown
+    (``fill``): a run builds the arguments of its own command only."""
+
+    def __init__(self, *args: Any, fill: Callable[[argparse.ArgumentParser], None] | None = None, **kw: Any) -> None:
+        kw.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kw)
+        self._fill = fill
+
+    def complete(self) -> "_Parser":
+        """This parser with all its arguments added."""
+        fill, self._fill = self._fill, None
+        if fill is not None:
+            fill(self)
+        return self
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        return super(_Parser, self.complete()).parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        return super(_Parser, self.complete()).format_usage()
+
+    def format_help(self) -> str:
+        return super(_Parser, self.complete()).format_help()
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
@@ -89,9 +133,25 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action=_Version, nargs=0, help="show the version and which kernel runs, then exit")
     p.add_argument("--debug", action="store_true", help="show a traceback on errors")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    # prog: what argparse would compute (the main parser's prog: it has no positionals), without a layout
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, prog=p.prog)
+    sub.add_parser(
+        "convert", fill=_convert_arguments,
+        help="convert SRC into DST (formats from extensions, confirmed by magic bytes)",
+    )
+    sub.add_parser(
+        "verify", fill=_verify_arguments,
+        help="round-trip each FILE through Hurray and back and compare bytes and values; "
+        "with --pair (or two files of different formats) compare the two files",
+    )
+    sub.add_parser(
+        "inspect", fill=_inspect_arguments,
+        help="show tensors, their mapping and metadata of a .hrry, .gguf or .safetensors file",
+    )
+    return p
 
-    c = sub.add_parser("convert", help="convert SRC into DST (formats from extensions, confirmed by magic bytes)")
+
+def _convert_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("paths", nargs="+", metavar="PATH", help="SRC DST, or with --out-dir DIR: SRC [SRC ...]")
     c.add_argument("--from", dest="src_format", choices=format_names(), help="force the source format")
     c.add_argument("--to", dest="dst_format", choices=format_names(), help="force the destination format")
@@ -130,11 +190,8 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_run_options(c, quiet="no progress bar, no summary")
     _add_batch_options(c, out_dir=True)
 
-    v = sub.add_parser(
-        "verify",
-        help="round-trip each FILE through Hurray and back and compare bytes and values; "
-        "with --pair (or two files of different formats) compare the two files",
-    )
+
+def _verify_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument("files", nargs="+", metavar="FILE")
     v.add_argument("--pair", action="store_true", help="compare exactly two files with each other")
     v.add_argument("--each", action="store_true", help="round-trip every file, even two of different formats")
@@ -145,12 +202,12 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_run_options(v, quiet="print summary lines only")
     _add_batch_options(v)
 
-    i = sub.add_parser("inspect", help="show tensors, their mapping and metadata of a .hrry, .gguf or .safetensors file")
+
+def _inspect_arguments(i: argparse.ArgumentParser) -> None:
     i.add_argument("file", metavar="FILE")
     i.add_argument("--fallback", choices=FALLBACK_CHOICES, help="show the plan of convert --fallback CHOICE")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-    return p
 
 
 # ---------------------------------------------------------------------------

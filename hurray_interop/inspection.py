@@ -20,8 +20,7 @@ from typing import Any, Iterator
 
 from .core.kv import KVValue
 from .core.model import (
-    LAYOUT_NAMES, MXFP, NF4, OP_NAMES, RULE_NAMES, CompositeHead, Descriptor, PerBlockAffine, PerChannelAffine,
-    PerTensorAffine,
+    LAYOUT_NAMES, MXFP, OP_NAMES, RULE_NAMES, CompositeHead, Descriptor, PerBlockAffine, PerChannelAffine,
 )
 
 __all__ = ["inspect_hurray", "inspect_gguf", "inspect_safetensors", "describe_quantization", "describe_layout"]
@@ -37,6 +36,8 @@ def describe_layout(d: Descriptor) -> str:
 
 
 def describe_quantization(d: Descriptor) -> dict[str, Any] | None:
+    from .core.model import NF4, PerTensorAffine  # not created for a GGUF's inspect (core/model_extra.py)
+
     q = d.quantization
     if q is None:
         return None

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from .core.dataclass import dataclass
 from .conversions.fallback import CHOICES as FALLBACK_CHOICES  # the --fallback vocabulary (no numpy)
 from .conversions.fallback import EXACT as FALLBACK_EXACT
 from .errors import BadMagicError, FormatError, HurrayInteropError, UsageError

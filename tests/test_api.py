@@ -156,7 +156,7 @@ def test_sniff(head, name):
 def test_cli_format_choices_come_from_the_registry():
     from hurray_interop.cli import _build_parser
 
-    convert = _build_parser()._subparsers._group_actions[0].choices["convert"]  # noqa: SLF001
+    convert = _build_parser()._subparsers._group_actions[0].choices["convert"].complete()  # noqa: SLF001
     choices = {a.dest: a.choices for a in convert._actions if a.dest in ("src_format", "dst_format")}  # noqa: SLF001
     assert choices == {"src_format": registry.format_names(), "dst_format": registry.format_names()}
 

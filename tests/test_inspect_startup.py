@@ -22,7 +22,11 @@ HEAVY = ("ml_dtypes", "crc32c", "tqdm", "torch", "torchao", "gguf", "hurray", "s
          # --fallback exact, scratch files, package resources, the .hrry container
          "hurray_interop.formats.gguf_split", "hurray_interop.conversions.gguf_exact",
          "hurray_interop.conversions.gguf_expanded", "hurray_interop.core.hrry", "tempfile",
-         "importlib.resources", "traceback")
+         "importlib.resources", "traceback",
+         # argparse's help layout asks the terminal's width through shutil only when it lays out help
+         "shutil",
+         # the model's classes a GGUF never needs (other layouts, NF4, statistics: created on first use)
+         "hurray_interop.core.model_extra", "hurray_interop.core.descriptor")
 
 
 def _vocab_gguf(path: Path, n: int) -> Path:
@@ -48,6 +52,48 @@ def test_inspect_of_a_gguf_imports_no_heavy_module(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split(" ", 1) == ["0", "[]\n"]
+
+
+def test_inspect_of_a_gguf_creates_only_the_model_classes_it_needs(tmp_path: Path) -> None:
+    """The layouts, schemes and sections a GGUF never has are created on first use (each
+    dataclass is start-up time); asking for one afterwards gives the class."""
+    src = _vocab_gguf(tmp_path / "v.gguf", 10)
+    code = (
+        "import io, sys, contextlib\n"
+        "from hurray_interop import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    rc = cli.main(['inspect', {str(src)!r}])\n"
+        "model = vars(sys.modules['hurray_interop.core.model'])\n"
+        "print(rc, [n for n in ('Coo', 'Tiled', 'NF4', 'PerTensorAffine', 'Statistics', 'Layout') if n in model])\n"
+        "from hurray_interop.core.model import Coo, Descriptor\n"
+        "print(Coo(3), Descriptor.__module__)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["0 []", "Coo(nnz=3, is_sorted=False) hurray_interop.core.model"]
+
+
+def test_inspect_of_a_gguf_builds_only_its_own_arguments(tmp_path: Path) -> None:
+    """The command line adds the arguments of the command it runs only: ``inspect`` of a GGUF
+    reads none of the tables that only ``convert``'s options (``--convention``) or the
+    ``--fallback exact`` conversion need."""
+    src = _vocab_gguf(tmp_path / "v.gguf", 10)
+    code = (
+        "import io, contextlib\n"
+        "from hurray_interop import tables\n"
+        "loaded = []\n"
+        "real = tables.load_table\n"
+        "tables.load_table = lambda name: loaded.append(name) or real(name)\n"
+        "from hurray_interop import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    rc = cli.main(['inspect', {str(src)!r}])\n"
+        "print(rc, sorted(set(loaded)))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    rc, loaded = out.split(" ", 1)
+    assert rc == "0" and "ggml_types" in loaded  # the recorder saw the GGUF side's table
+    assert "mx_types" not in loaded and "gguf_expanded" not in loaded
 
 
 def test_inspect_decodes_only_the_strings_it_shows(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -139,3 +185,26 @@ def test_the_command_line_spares_numpy_its_blas_threads(tmp_path: Path, preset: 
         env["OPENBLAS_NUM_THREADS"] = preset
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["0", "True", preset or "1"]
+
+
+@pytest.mark.parametrize("columns", ["24", "60", "200"])
+def test_the_help_is_argparses_at_every_width(monkeypatch, columns: str) -> None:  # type: ignore[no-untyped-def]
+    """The CLI's formatter (terminal width looked up late) lays help and usage out as
+    argparse.HelpFormatter does, for the main parser and every command."""
+    import argparse
+
+    from hurray_interop import cli
+
+    monkeypatch.setenv("COLUMNS", columns)
+
+    def texts(formatter: type) -> list[str]:
+        monkeypatch.setattr(cli, "_Formatter", formatter)
+        p = cli._build_parser()
+        subs = p._subparsers._group_actions[0].choices  # noqa: SLF001
+        out = [p.format_help(), p.format_usage()]
+        for name in ("convert", "verify", "inspect"):
+            out += [subs[name].format_help(), subs[name].format_usage()]
+        return out
+
+    ours, theirs = texts(cli._Formatter), texts(argparse.HelpFormatter)
+    assert ours == theirs and len(set(theirs)) == len(theirs)

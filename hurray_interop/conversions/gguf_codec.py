@@ -57,12 +57,13 @@ from __future__ import annotations
 
 import functools
 import threading
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ..core.dataclass import dataclass
 from ..core.elements import ElementType, buffer_size, element_type
 from ..formats import gguf as G
 from ..tables import load_table
