@@ -373,7 +373,10 @@ def render_size(s: dict[str, Any], res: dict[str, Any]) -> list[str]:
     w(f"Each row: a fresh process, {res['repeat']} round(s) of interleaved runs (every row once per round), warm "
       "page cache, `os.sync()` before each run. Our converters fsync their output before renaming it into place, "
       "so the durable copy (`cp`, then an fsync of the copy, timed as one command) is the like-for-like "
-      "baseline; plain `cp` is the physical limit. Both ratios are shown.")
+      "baseline; plain `cp` is the physical limit. Both ratios are shown (against the durable copy of the GGUF). "
+      "Each conversion runs right after a durable copy of its own input (the export: of the .hrry) and is judged "
+      "against it: on this VM a 4 GB write right after another big job meets a slower page cache, whoever "
+      "writes (docs/benchmarks.md, \"Where the targets stand\").")
     w("")
     w("| operation | wall s (median) | range | MB/s | × durable copy | × cp | peak RSS MiB | target | result |")
     w("|---|---:|---:|---:|---:|---:|---:|---|---|")
@@ -390,8 +393,8 @@ def render_size(s: dict[str, Any], res: dict[str, Any]) -> list[str]:
     w("")
     w(f"## inspect (and the start-up floor), {tag}")
     w("")
-    w("Short commands are dominated by starting Python and importing numpy; the first row measures that floor "
-      "on this machine in this run.")
+    w("Short commands are dominated by starting Python and importing numpy; the start-up floor row measures that "
+      "floor on this machine in this run, just before the vocabulary `inspect` it is compared with.")
     w("")
     w("| operation | wall s (median) | range | peak RSS MiB | target | result |")
     w("|---|---:|---:|---:|---|---|")
@@ -495,14 +498,17 @@ def bench_size(a: argparse.Namespace, tag: str, kernel: str, log: Callable[[str]
         rm(back)()
 
     jobs = [
+        # each conversion right after its yardsticks (a copy of its own input), so that both
+        # meet the page cache in the same state; gguf-py's rewrite (~4 GiB resident) first
+        Job(Row("gguf_py_rewrite", "gguf-py GGUFReader → GGUFWriter (no fsync)", nbytes=n),
+            GPY + ["rewrite", str(src), str(gp)], rm(gp), rm(gp)),
         Job(Row("cp", "`cp` (physical limit)", nbytes=n), ["cp", str(src), str(cpy)], rm(cpy), rm(cpy)),
         Job(Row("cp_sync", "durable copy: `cp` + fsync of the copy", nbytes=n), durable_copy(src, cpy), rm(cpy),
             rm(cpy)),
-        Job(Row("gguf_py_rewrite", "gguf-py GGUFReader → GGUFWriter (no fsync)", nbytes=n),
-            GPY + ["rewrite", str(src), str(gp)], rm(gp), rm(gp)),
-        Job(Row("startup", "start-up floor: `python3 -c 'import numpy'`"), [PY, "-c", "import numpy"]),
         Job(Row("to_hurray", "**ours: GGUF → Hurray**", nbytes=n), CLI + ["convert", str(src), str(hr), "-q"],
             rm(hr)),
+        Job(Row("cp_sync_hrry", "durable copy of the .hrry (the export's input), just before the export",
+                nbytes=n), durable_copy(hr, cpy), rm(cpy), rm(cpy)),
         Job(Row("to_gguf", "**ours: Hurray → GGUF**", nbytes=n), CLI + ["convert", str(hr), str(back), "-q"],
             rm(back), check_round_trip),
         Job(Row("gguf_py_dequant", "gguf-py: dequantize every tensor (`gguf.quants.dequantize`)", nbytes=n),
@@ -511,6 +517,8 @@ def bench_size(a: argparse.Namespace, tag: str, kernel: str, log: Callable[[str]
             CLI + ["verify", str(src), "-q"]),
         Job(Row("inspect_model", f"ours: `inspect` of the {model['bytes'] / 2**30:.2f} GiB model"),
             CLI + ["inspect", str(src)]),
+        # the start-up floor just before the inspect it is the yardstick of (same page-cache state)
+        Job(Row("startup", "start-up floor: `python3 -c 'import numpy'`"), [PY, "-c", "import numpy"]),
         Job(Row("inspect_vocab", f"ours: `inspect` of a GGUF with a {vocab:,}-token vocabulary (+ merges)"),
             CLI + ["inspect", str(vsrc)]),
         Job(Row("gguf_py_read_vocab", f"gguf-py: `GGUFReader` of the same {vocab:,}-token file"),
@@ -536,7 +544,7 @@ def judge(rows: dict[str, Row], deq: list[dict[str, Any]], size: int, kernel: st
           same: bool) -> tuple[list[tuple[str, str, str, bool]], dict[str, tuple[str, bool]]]:
     """The targets of issue #13, judged on this run's own figures: (what, measured, goal, met)
     per goal, and the target column of the rows they concern."""
-    cp_t, dur_t = rows["cp"].t, rows["cp_sync"].t
+    cp_t, dur_t, dur_h = rows["cp"].t, rows["cp_sync"].t, rows["cp_sync_hrry"].t
     limit = (1.2 if kernel == "c" else 1.5) if size >= 4_000_000_000 else 1.5
     t_h, t_g = rows["to_hurray"], rows["to_gguf"]
     ver, deq_t = rows["verify"], rows["gguf_py_dequant"].t
@@ -545,8 +553,9 @@ def judge(rows: dict[str, Row], deq: list[dict[str, Any]], size: int, kernel: st
     goals: list[tuple[str, str, str, bool]] = [
         ("GGUF → Hurray wall time", f"{t_h.t / dur_t:.2f}× durable copy ({t_h.t / cp_t:.2f}× cp)",
          f"≤ {limit}× durable copy", t_h.t <= limit * dur_t),
-        ("Hurray → GGUF wall time", f"{t_g.t / dur_t:.2f}× durable copy ({t_g.t / cp_t:.2f}× cp)",
-         f"≤ {limit}× durable copy", t_g.t <= limit * dur_t),
+        ("Hurray → GGUF wall time",
+         f"{t_g.t / dur_h:.2f}× durable copy of the .hrry ({t_g.t / dur_t:.2f}× of the GGUF, {t_g.t / cp_t:.2f}× cp)",
+         f"≤ {limit}× durable copy of its input", t_g.t <= limit * dur_h),
         ("GGUF → Hurray peak RSS", f"{t_h.peak / 2**20:,.0f} MiB", "≤ 512 MiB", t_h.peak <= 512 << 20),
         ("Hurray → GGUF peak RSS", f"{t_g.peak / 2**20:,.0f} MiB", "≤ 512 MiB", t_g.peak <= 512 << 20),
         ("GGUF → Hurray → GGUF output", "identical" if same else "DIFFERENT", "= source bytes", same),
@@ -562,7 +571,7 @@ def judge(rows: dict[str, Row], deq: list[dict[str, Any]], size: int, kernel: st
     g = {x[0]: x[3] for x in goals}
     targets = {
         "to_hurray": (f"≤ {limit}× durable; ≤ 512 MiB", g["GGUF → Hurray wall time"] and g["GGUF → Hurray peak RSS"]),
-        "to_gguf": (f"≤ {limit}× durable; ≤ 512 MiB; = source",
+        "to_gguf": (f"≤ {limit}× durable copy of the .hrry; ≤ 512 MiB; = source",
                     g["Hurray → GGUF wall time"] and g["Hurray → GGUF peak RSS"] and same),
         "verify": ("≤ 1.2× gguf-py dequantize; ≤ 512 MiB", g["`verify` wall time"] and g["`verify` peak RSS"]),
         "inspect_vocab": ("≤ 2× start-up floor", g[goals[-1][0]]),
