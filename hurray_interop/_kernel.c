@@ -72,42 +72,43 @@ static inline uint64_t spread_evens(uint64_t v) {
  * multiple of 16.  With a = qs[2i] and b = qs[2i+1] (the even and odd bytes),
  * Hurray byte i is (a & 15) | (b & 15) << 4 and byte w/2 + i is a >> 4 | (b & 0xF0). */
 #if HK_SSE2
-/* hk_split_to_pairs for w == 16.  In 16-bit lanes l = qs[2i] | qs[2i+1] << 8: the low
- * nibbles' byte (a & 15) | (b & 15) << 4 is the low byte of n | n >> 4 with n = l & 0x0F0F,
- * the high nibbles' likewise with n = l >> 4 & 0x0F0F; a saturating pack then puts the
- * eight low-nibble bytes before the eight high-nibble bytes. */
+/* The SSE2 bodies of hk_split_to_pairs.  In 16-bit lanes l = qs[2i] | qs[2i+1] << 8: the low
+ * nibbles' byte (a & 15) | (b & 15) << 4 is the low byte of n | n >> 4 with n = l & 0x0F0F
+ * (pair_low), the high nibbles' likewise with n = l >> 4 & 0x0F0F (pair_high); a saturating
+ * pack then puts eight such bytes of one vector before eight of the next.  w == 16: the
+ * low-nibble bytes of the row, then its high-nibble bytes. */
+static inline __m128i pair_low(__m128i v) {
+    const __m128i n = _mm_and_si128(v, _mm_set1_epi8(0x0F));
+    return _mm_and_si128(_mm_or_si128(n, _mm_srli_epi16(n, 4)), _mm_set1_epi16(0x00FF));
+}
+static inline __m128i pair_high(__m128i v) {
+    return pair_low(_mm_srli_epi16(v, 4));
+}
+
 static void split16_sse2(const uint8_t *src, hk_stride ss, size_t n, uint8_t *dst, hk_stride ds, uint8_t x) {
-    const __m128i m4 = _mm_set1_epi8(0x0F), m8 = _mm_set1_epi16(0x00FF), xx = _mm_set1_epi8((char)x);
+    const __m128i xx = _mm_set1_epi8((char)x);
     for (size_t r = 0; r < n; r++) {
         __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(src + (hk_stride)r * ss));
-        __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
-        lo = _mm_and_si128(_mm_or_si128(lo, _mm_srli_epi16(lo, 4)), m8);
-        hi = _mm_and_si128(_mm_or_si128(hi, _mm_srli_epi16(hi, 4)), m8);
-        _mm_storeu_si128((__m128i *)(void *)(dst + (hk_stride)r * ds), _mm_xor_si128(_mm_packus_epi16(lo, hi), xx));
+        _mm_storeu_si128((__m128i *)(void *)(dst + (hk_stride)r * ds),
+                         _mm_xor_si128(_mm_packus_epi16(pair_low(v), pair_high(v)), xx));
     }
 }
 
 /* hk_split_to_pairs for w a multiple of 32 (Q4_K, Q5_K: 32-byte runs): per 32 bytes g, the
- * low nibbles' pairs of both 16-byte halves (as in split16_sse2) packed into the 16 bytes
- * at g/2, the high nibbles' into the 16 bytes at w/2 + g/2. */
+ * low nibbles' pairs of both 16-byte halves packed into the 16 bytes at g/2, the high
+ * nibbles' into the 16 bytes at w/2 + g/2. */
 static void split32_sse2(const uint8_t *src, hk_stride ss, size_t n, size_t w, uint8_t *dst, hk_stride ds,
                          uint8_t x) {
-    const __m128i m4 = _mm_set1_epi8(0x0F), m8 = _mm_set1_epi16(0x00FF), xx = _mm_set1_epi8((char)x);
+    const __m128i xx = _mm_set1_epi8((char)x);
     for (size_t r = 0; r < n; r++) {
         const uint8_t *q = src + (hk_stride)r * ss;
         uint8_t *o = dst + (hk_stride)r * ds;
         for (size_t g = 0; g < w; g += 32) {
             __m128i v0 = _mm_loadu_si128((const __m128i *)(const void *)(q + g));
             __m128i v1 = _mm_loadu_si128((const __m128i *)(const void *)(q + g + 16));
-            __m128i l0 = _mm_and_si128(v0, m4), l1 = _mm_and_si128(v1, m4);
-            __m128i h0 = _mm_and_si128(_mm_srli_epi16(v0, 4), m4), h1 = _mm_and_si128(_mm_srli_epi16(v1, 4), m4);
-            l0 = _mm_and_si128(_mm_or_si128(l0, _mm_srli_epi16(l0, 4)), m8);
-            l1 = _mm_and_si128(_mm_or_si128(l1, _mm_srli_epi16(l1, 4)), m8);
-            h0 = _mm_and_si128(_mm_or_si128(h0, _mm_srli_epi16(h0, 4)), m8);
-            h1 = _mm_and_si128(_mm_or_si128(h1, _mm_srli_epi16(h1, 4)), m8);
-            __m128i lo = _mm_xor_si128(_mm_packus_epi16(l0, l1), xx), hi = _mm_xor_si128(_mm_packus_epi16(h0, h1), xx);
-            _mm_storeu_si128((__m128i *)(void *)(o + g / 2), lo);
-            _mm_storeu_si128((__m128i *)(void *)(o + w / 2 + g / 2), hi);
+            _mm_storeu_si128((__m128i *)(void *)(o + g / 2), _mm_xor_si128(_mm_packus_epi16(pair_low(v0), pair_low(v1)), xx));
+            _mm_storeu_si128((__m128i *)(void *)(o + w / 2 + g / 2),
+                             _mm_xor_si128(_mm_packus_epi16(pair_high(v0), pair_high(v1)), xx));
         }
     }
 }

@@ -174,11 +174,15 @@ class PositionalWriter:
         the waiting thread sleep instead; the writeback hint runs outside it."""
         mv = memoryview(data).cast("B")
         self._check(offset, len(mv))
+        self._write_all(mv, offset)
+        self.started(offset, len(mv))
+
+    def _write_all(self, mv: memoryview, offset: int) -> None:
+        """All of ``mv`` at ``offset``, in :data:`WRITE_PIECE` pieces, under the write lock."""
         done = 0
         with self._lock:
             while done < len(mv):
                 done += self._fail(self._pwrite, self.fd, mv[done : done + WRITE_PIECE], offset + done)
-        self.started(offset, len(mv))
 
     def copy(self, src_fd: int, src_offset: int, length: int, offset: int) -> None:
         """Copy ``length`` bytes of the file ``src_fd`` from ``src_offset`` to ``offset``."""
@@ -214,10 +218,7 @@ class PositionalWriter:
             n = self._fail(self._pread, src_fd, mv[:k], src_offset + done)
             if n == 0:
                 raise UsageError(f"the source ends before offset {src_offset + length}", path=self.path)
-            w = 0
-            with self._lock:  # as in pwrite
-                while w < n:
-                    w += self._fail(self._pwrite, self.fd, mv[w:n], offset + done + w)
+            self._write_all(mv[:n], offset + done)
             done += n
 
     def started(self, offset: int, length: int) -> None:
