@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -45,6 +45,8 @@ __all__ = [
     "Unit",
     "ForeignChecks",
     "ForeignVerifier",
+    "run_roundtrip",
+    "scratch_dir",
 ]
 
 #: elements compared per chunk: 1 MiB of float32 a side, so both decoders' chunks and the
@@ -397,11 +399,10 @@ class ForeignVerifier:
     def pair_with_hurray(self, path: str, fmt: Any, hrry_path: str, result: VerifyResult) -> None:
         """Compare a file of this format with a .hrry: export the .hrry, compare files and tensors."""
         c = self.checks
-        with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
+        with scratch_dir() as tmp:
             back = os.path.join(tmp, "export" + fmt.extensions[0])
             try:
-                with transient():  # a temporary export
-                    fmt.from_hurray(hrry_path, back)
+                fmt.from_hurray(hrry_path, back)
             except ConversionRefused as exc:
                 result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have {c.no_exact}")
                 back = ""
@@ -442,6 +443,16 @@ class ForeignVerifier:
             result.problems.append(f"tensors only in {b}: {', '.join(extra[:5])}")
 
 
+@contextmanager
+def scratch_dir() -> Iterator[str]:
+    """A temporary directory for verify's copies (round trips, exports to compare), deleted on
+    leaving; every output written inside the block -- by this thread or a worker started in
+    its context (:func:`~hurray_interop.parallel.in_background`) -- is transient
+    (:func:`~hurray_interop.files.atomic.transient`): never sent to the disk on purpose."""
+    with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp, transient():
+        yield tmp
+
+
 def run_roundtrip(
     path: str,
     result: VerifyResult,
@@ -456,13 +467,12 @@ def run_roundtrip(
     while a worker thread exports the copy back (in a temporary directory) and compares
     the files (``compare(path, exported)``: None when identical): ``first_difference()``
     waits for that and returns its result."""
-    with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
+    with scratch_dir() as tmp:
         mid = os.path.join(tmp, "roundtrip.hrry")
         back = os.path.join(tmp, "roundtrip" + suffix)
         try:
             try:
-                with transient():  # the copies are deleted at the end: never sent to the disk on purpose
-                    to_hurray(path, mid)
+                to_hurray(path, mid)
             except ConversionRefused as exc:
                 for name, typ, reason in exc.reasons:
                     result.tensors.append(TensorCheck(name, typ, "refused", values_equal=False, where=reason))
@@ -470,11 +480,10 @@ def run_roundtrip(
                 return
 
             def export() -> tuple[int, int, int] | None:
-                with transient():
-                    from_hurray(mid, back)
+                from_hurray(mid, back)
                 return compare(path, back)
 
-            with in_background(export) as exported:
+            with in_background(export) as exported:  # (in this context: transient too)
 
                 def first_difference() -> tuple[int, int, int] | None:
                     diff = exported()

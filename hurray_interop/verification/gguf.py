@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import os
-import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -16,11 +15,10 @@ import numpy as np
 from ..conversions.gguf import reference_dequantizer
 from ..core.hrry import HrryFile
 from ..errors import ConversionRefused
-from ..files.atomic import transient
 from ..formats import gguf as G
 from ..formats import gguf_split as S
 from .common import (ForeignChecks, ForeignVerifier, RawEntry, Rows, Unit, VerifyResult, first_byte_diff,
-                     run_roundtrip)
+                     run_roundtrip, scratch_dir)
 
 __all__ = ["VERIFIER"]
 
@@ -189,11 +187,10 @@ class _GGUFVerifier(ForeignVerifier):
     def pair_with_hurray(self, path: str, fmt: Any, hrry_path: str, result: VerifyResult) -> None:
         if _set_count(path) is None:
             return super().pair_with_hurray(path, fmt, hrry_path, result)
-        with tempfile.TemporaryDirectory(prefix="hurray-interop-verify-") as tmp:
+        with scratch_dir() as tmp:
             back = os.path.join(tmp, "export.gguf")
             try:
-                with transient():  # a temporary export
-                    fmt.from_hurray(hrry_path, back)
+                fmt.from_hurray(hrry_path, back)
             except ConversionRefused as exc:
                 result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have {self.checks.no_exact}")
             paths = _exported(back)
