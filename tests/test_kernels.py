@@ -605,3 +605,66 @@ def test_q6k_pack_restores_the_code_fields() -> None:
     out = np.zeros_like(blocks)
     assert K.q6k_pack(K.q6k_codes(blocks), out) == 0
     assert out[:, :192].tobytes() == blocks[:, :192].tobytes() and not out[:, 192:].any()
+
+
+# ---------------------------------------------------------------------------
+# the numpy twins against plain per-byte formulas (these run without the C library too)
+
+
+def _pairs_by_formula(qs: np.ndarray, xor: int) -> np.ndarray:
+    a, b = qs[:, 0::2].astype(np.uint16), qs[:, 1::2].astype(np.uint16)
+    low, high = (a & 15) | ((b & 15) << 4), (a >> 4) | (b & 0xF0)
+    return (np.concatenate([low, high], axis=1) ^ xor).astype(np.uint8)
+
+
+@pytest.mark.parametrize("w", [8, 16, 24, 32, 48])
+@pytest.mark.parametrize("n", [0, 1, 3, 8191, 8193, 16385])
+def test_numpy_split_to_pairs_against_the_formula(w: int, n: int) -> None:
+    """Every output layout the twin stores whole words into, or not: a fresh array, a
+    field inside longer rows (unaligned words), reversed rows, column-major rows."""
+    rng = np.random.default_rng(w * 1000 + n)
+    raw = rng.integers(0, 256, size=(n, w + 6), dtype=np.uint8)
+    qs = raw[:, 3 : 3 + w]
+    for xor in (0, 0x88):
+        want = _pairs_by_formula(qs, xor)
+        assert np.array_equal(B.split_to_pairs(qs, xor), want)
+        for out in (np.full((n, w + 5), 7, np.uint8)[:, 2 : 2 + w],
+                    np.full((2 * n, w), 7, np.uint8)[::-2],
+                    np.asfortranarray(np.full((n, w), 7, np.uint8))):
+            got = B.split_to_pairs(qs, xor, out)
+            assert got is out and np.array_equal(out, want)
+    if n:
+        assert np.array_equal(B.split_to_pairs(qs[::-1], 0), _pairs_by_formula(qs[::-1], 0))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 8])
+def test_numpy_field_u8_against_slicing(size: int) -> None:
+    rng = np.random.default_rng(size)
+    raw = rng.integers(0, 256, size=(2 * 777, 18), dtype=np.uint8)
+    for blocks in (raw[:777], raw[::2], raw[::-1], np.asfortranarray(raw)):
+        for offset in (0, 1, 18 - size):
+            want = blocks[:, offset : offset + size].copy()
+            assert np.array_equal(B.field_u8(blocks, offset, size), want)
+            out = np.zeros((len(blocks) + 1, size + 1), np.uint8)[1:, 1:]
+            assert B.field_u8(blocks, offset, size, out) is out and np.array_equal(out, want)
+    f16 = B.field_f16(raw, 5)
+    assert f16.dtype == np.dtype("<f2") and f16.tobytes() == raw[:, 5:7].tobytes()  # NaNs included
+
+
+def test_scale_class_against_the_definition() -> None:
+    """Each float16 class boundary (±0, subnormals, the largest finite, ±inf, NaNs) and E8M0's
+    0x00 and 0xFF, on both paths."""
+    u = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00,
+                  0x7C01, 0x7E00, 0xFFFF, 0x3C00], dtype="<u2")
+    blocks = np.zeros((len(u), 5), np.uint8)
+    blocks[:, 1:3] = u.view(np.uint8).reshape(-1, 2)
+    blocks[:, 4] = [0, 0xFF, 1, 0x7F, 0xFE, 0, 0xFF, 3, 0, 0, 0xFF, 0xFF, 0, 9]
+    v = u.view("<f2")
+    want_f16 = np.where(~np.isfinite(v), K.SCALE_BAD, np.where(v == 0, K.SCALE_ZERO, K.SCALE_OK))
+    e = blocks[:, 4]
+    want_e8 = np.where(e == 0xFF, K.SCALE_BAD, np.where(e == 0, K.SCALE_ZERO, K.SCALE_OK))
+    for path in (contextlib.nullcontext, numpy_path):
+        with path():
+            assert K.scale_class(blocks, 1, "f16").tolist() == want_f16.tolist()
+            assert K.scale_class(blocks, 4, "e8m0").tolist() == want_e8.tolist()
+            assert K.scale_class(blocks[::-1], 1, "f16").tolist() == want_f16[::-1].tolist()
