@@ -633,8 +633,32 @@ def test_numpy_split_to_pairs_against_the_formula(w: int, n: int) -> None:
                     np.asfortranarray(np.full((n, w), 7, np.uint8))):
             got = B.split_to_pairs(qs, xor, out)
             assert got is out and np.array_equal(out, want)
+        back = B.pairs_to_split(want ^ xor)  # the inverse, into every layout too
+        assert np.array_equal(back, qs)
+        for out in (np.full((n, w + 5), 7, np.uint8)[:, 1 : 1 + w],
+                    np.full((2 * n, w), 7, np.uint8)[::-2],
+                    np.asfortranarray(np.full((n, w), 7, np.uint8))):
+            assert B.pairs_to_split(np.ascontiguousarray(want[::-1] ^ xor), out) is out
+            assert np.array_equal(out, qs[::-1])
     if n:
         assert np.array_equal(B.split_to_pairs(qs[::-1], 0), _pairs_by_formula(qs[::-1], 0))
+        assert np.array_equal(B.pairs_to_split(_pairs_by_formula(qs, 0)[::-1]), qs[::-1])
+
+
+def test_copy_rows_takes_words_only_where_they_fit() -> None:
+    """Aligned word columns, unaligned rows, dtypes other than bytes, few rows: same bytes."""
+    rng = np.random.default_rng(3)
+    raw = rng.integers(0, 256, size=(300, 40), dtype=np.uint8)
+    for lo, hi in ((0, 16), (2, 18), (1, 17), (4, 12), (8, 40), (3, 5), (0, 2)):
+        for rows in (raw, raw[::3], raw[::-1], raw[:5]):
+            dst = np.zeros((len(rows), 41), np.uint8)
+            K._copy_rows(dst[:, lo + 1 : hi + 1], rows[:, lo:hi])
+            assert np.array_equal(dst[:, lo + 1 : hi + 1], rows[:, lo:hi])
+            assert not dst[:, : lo + 1].any() and not dst[:, hi + 1 :].any()
+    signed = raw.view(np.int8)
+    dst = np.zeros((300, 16), np.int8)
+    K._copy_rows(dst, signed[:, 2:18])
+    assert np.array_equal(dst, signed[:, 2:18])
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 8])
