@@ -203,6 +203,7 @@ def numpy_split_to_pairs(qs: np.ndarray, xor: int = 0, out: np.ndarray | None = 
 
 #: rows of at most this many words are copied a column at a time (see :func:`_copy_rows`)
 _COLUMNS = 16
+_WORDS = tuple((size, np.dtype(f"<u{size}")) for size in (8, 4, 2))
 
 
 def _copy_rows(dst: np.ndarray, src: np.ndarray) -> None:
@@ -214,10 +215,12 @@ def _copy_rows(dst: np.ndarray, src: np.ndarray) -> None:
     that both arrays are aligned to, a column at a time when there are few.  Same bytes."""
     n, s = src.shape
     if n >= 64 and dst.strides[1:] == (1,) and src.strides[1:] == (1,) and dst.dtype == src.dtype == np.uint8:
-        for size in (8, 4, 2):
-            if s % size or any(a.strides[0] % size or _at(a) % size for a in (dst, src)):
+        for size, word in _WORDS:
+            if s % size:
                 continue
-            d, r = dst.view(f"<u{size}"), src.view(f"<u{size}")
+            d, r = dst.view(word), src.view(word)
+            if not (d.flags.aligned and r.flags.aligned):  # numpy's test: address and strides
+                continue
             if s // size <= _COLUMNS:
                 for j in range(s // size):
                     np.copyto(d[:, j], r[:, j])
