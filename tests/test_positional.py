@@ -57,7 +57,7 @@ def _expected_with_prefix() -> bytes:
 
 @pytest.mark.parametrize("writeback", ["auto", "fadvise", "sync_file_range", "none"])
 def test_positional_output_equals_a_sequential_writer(tmp_path: Path, src: Path, writeback: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(P, "WRITEBACK_MIN", 1 << 16)  # so every strategy is exercised on these ranges
+    monkeypatch.setattr(P, "WRITEBACK_SPAN", 1 << 16)  # so every strategy is exercised on these ranges
     if P.writeback_function(writeback) is None and writeback != "none":
         pytest.skip(f"{writeback} not available here")
     _write(tmp_path / "out.bin", src, writeback=writeback)
@@ -114,7 +114,7 @@ def test_a_failing_writeback_call_costs_nothing(tmp_path: Path, src: Path, monke
         raise OSError(5, "writeback refused")
 
     monkeypatch.setattr(P, "writeback_function", lambda strategy="auto": broken)
-    monkeypatch.setattr(P, "WRITEBACK_MIN", 1)
+    monkeypatch.setattr(P, "WRITEBACK_SPAN", 1)
     _write(tmp_path / "out.bin", src)
     assert (tmp_path / "out.bin").read_bytes() == _expected_with_prefix()
 
@@ -155,3 +155,24 @@ def test_a_long_write_goes_out_in_pieces(tmp_path: Path, monkeypatch) -> None:  
         out.commit()
     assert (tmp_path / "out.bin").read_bytes() == b"x" * 7 + data
     assert max(sizes) <= P.WRITE_PIECE and sum(sizes) == len(data) + 7
+
+
+def test_writeback_of_the_whole_file_every_span(tmp_path: Path, src: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every WRITEBACK_SPAN bytes written, from any thread and in any order (pwrite and kernel
+    copies alike), the whole file's writeback is started once: (0, 0) is "from the start to
+    the end"; a transient output starts none."""
+    calls: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(P, "writeback_function", lambda strategy="auto": lambda fd, off, n: calls.append((fd, off, n)))
+    monkeypatch.setattr(P, "WRITEBACK_SPAN", 1 << 20)
+    _write(tmp_path / "out.bin", src)
+    assert (tmp_path / "out.bin").read_bytes() == _expected_with_prefix()
+    written = sum(len(d) for _, d in PIECES) + sum(n for _, n, _ in COPIES)  # 2,700,011 bytes
+    assert len(calls) == written // (1 << 20) == 2
+    assert {(off, n) for _, off, n in calls} == {(0, 0)}
+
+    from hurray_interop.files.atomic import transient
+
+    calls.clear()
+    with transient():
+        _write(tmp_path / "t.bin", src)
+    assert calls == [] and (tmp_path / "t.bin").read_bytes() == _expected_with_prefix()
