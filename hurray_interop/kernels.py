@@ -24,6 +24,7 @@ import ctypes
 import functools
 import os
 import struct
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -156,8 +157,13 @@ def _new(out: np.ndarray | None, n: int, width: int) -> np.ndarray:
 # ---------------------------------------------------------------------------
 # the numpy twins: the fallback, and what tests/test_kernels.py compares C with
 
-#: blocks per internal step: small enough that the temporaries stay in the CPU cache
-_STEP = 8192
+#: blocks per internal step of the nibble twins: a whole chunk of the one pass (64 Ki
+#: blocks), in buffers kept per thread (:func:`_scratch`).  Each numpy call holds the GIL
+#: for its set-up, so many small steps make the two workers take turns instead of running
+#: (the 4 GB import took as long with one worker as with two): on the numpy path it took
+#: 4.46 s with 8 Ki-block steps, 3.51 s with 32 Ki, 3.32 s with 64 Ki (medians of 5
+#: alternated rounds; docs/benchmarks.md).
+_STEP = 65536
 _LO4 = np.uint64(0x000F000F000F000F)
 _HI4 = np.uint64(0x00F000F000F000F0)
 _S4 = np.uint64(4)
@@ -177,8 +183,8 @@ def numpy_split_to_pairs(qs: np.ndarray, xor: int = 0, out: np.ndarray | None = 
     h = w // 2
     out = np.empty((n, w), dtype=np.uint8) if out is None else out
     rows = min(n, _STEP)
-    x_, y_, lo_, t_ = (np.empty((rows, w // 8), dtype="<u8") for _ in range(4))
-    half_ = np.empty((rows, h), dtype=np.uint8)
+    x_, y_, lo_, t_ = (_scratch(name, (rows, w // 8), "<u8") for name in ("x", "y", "lo", "t"))
+    half_ = _scratch("half", (rows, h), np.uint8)
     for i in range(0, n, _STEP):
         k = min(_STEP, n - i)
         x, y, lo, t, half = x_[:k], y_[:k], lo_[:k], t_[:k], half_[:k]
@@ -201,6 +207,23 @@ def numpy_split_to_pairs(qs: np.ndarray, xor: int = 0, out: np.ndarray | None = 
     return out
 
 
+_LOCAL = threading.local()
+
+
+def _scratch(name: str, shape: tuple[int, int], dtype: Any) -> np.ndarray:
+    """A work buffer of this thread, kept from call to call (grown when needed): fresh
+    megabyte buffers per call come from ``mmap`` and pay a page fault per 4 KiB page,
+    which made a 64 Ki-block step 3.5x slower than the arithmetic.  Callers never return
+    these buffers, only what they computed into their ``out``."""
+    dt = np.dtype(dtype)
+    size = shape[0] * shape[1] * dt.itemsize
+    bufs = _LOCAL.__dict__.setdefault("bufs", {})
+    b = bufs.get(name)
+    if b is None or b.size < size:
+        b = bufs[name] = np.empty(max(size, 1), dtype=np.uint8)
+    return b[:size].view(dt).reshape(shape)
+
+
 #: rows of at most this many words are copied a column at a time (see :func:`_copy_rows`)
 _COLUMNS = 16
 _WORDS = tuple((size, np.dtype(f"<u{size}")) for size in (8, 4, 2))
@@ -214,7 +237,8 @@ def _copy_rows(dst: np.ndarray, src: np.ndarray) -> None:
     as 2 columns of uint64 3 µs.  So rows are copied as the widest word that tiles them and
     that both arrays are aligned to, a column at a time when there are few.  Same bytes."""
     n, s = src.shape
-    if n >= 64 and dst.strides[1:] == (1,) and src.strides[1:] == (1,) and dst.dtype == src.dtype == np.uint8:
+    if (n >= 64 and dst.shape == src.shape and dst.strides[1:] == (1,) and src.strides[1:] == (1,)
+            and dst.dtype == src.dtype == np.uint8):
         for size, word in _WORDS:
             if s % size:
                 continue
@@ -239,9 +263,9 @@ def numpy_pairs_to_split(hp: np.ndarray, out: np.ndarray | None = None) -> np.nd
     h = w // 2
     out = np.empty((n, w), dtype=np.uint8) if out is None else out
     rows = min(n, _STEP)
-    half_ = np.empty((rows, h), dtype=np.uint8)
-    a16, b16 = (np.empty((rows, h), dtype="<u2") for _ in range(2))
-    lo_, t_ = (np.empty((rows, w // 8), dtype="<u8") for _ in range(2))
+    half_ = _scratch("half", (rows, h), np.uint8)
+    a16, b16 = (_scratch(name, (rows, h), "<u2") for name in ("a16", "b16"))
+    lo_, t_ = (_scratch(name, (rows, w // 8), "<u8") for name in ("lo", "t"))
     for i in range(0, n, _STEP):
         k = min(_STEP, n - i)
         half, lo, t = half_[:k], lo_[:k], t_[:k]

@@ -617,11 +617,14 @@ def _pairs_by_formula(qs: np.ndarray, xor: int) -> np.ndarray:
     return (np.concatenate([low, high], axis=1) ^ xor).astype(np.uint8)
 
 
+@pytest.mark.parametrize("step", [1000, K._STEP])
 @pytest.mark.parametrize("w", [8, 16, 24, 32, 48])
 @pytest.mark.parametrize("n", [0, 1, 3, 8191, 8193, 16385])
-def test_numpy_split_to_pairs_against_the_formula(w: int, n: int) -> None:
+def test_numpy_split_to_pairs_against_the_formula(w: int, n: int, step: int, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Every output layout the twin stores whole words into, or not: a fresh array, a
-    field inside longer rows (unaligned words), reversed rows, column-major rows."""
+    field inside longer rows (unaligned words), reversed rows, column-major rows; in one
+    step and in many (the last one short)."""
+    monkeypatch.setattr(K, "_STEP", step)
     rng = np.random.default_rng(w * 1000 + n)
     raw = rng.integers(0, 256, size=(n, w + 6), dtype=np.uint8)
     qs = raw[:, 3 : 3 + w]
