@@ -177,8 +177,9 @@ def numpy_split_to_pairs(qs: np.ndarray, xor: int = 0, out: np.ndarray | None = 
     Viewing each pair of GGML bytes ``(a, b) = (qs[2i], qs[2i+1])`` as one
     little-endian uint16, Hurray's byte ``i`` is ``(a & 15) | (b & 15) << 4`` and byte
     ``w/2 + i`` is ``a >> 4 | (b & 0xF0)``.  Works on 64-bit words, four pairs at a time,
-    in cache-sized steps, in buffers made once per call; each half is narrowed into a
-    contiguous buffer (one flat loop) before it is stored into the output's rows."""
+    a chunk of :data:`_STEP` blocks per step, in buffers kept per thread; each half is
+    narrowed into a contiguous buffer (one flat loop) before it is stored into the
+    output's rows."""
     n, w = qs.shape
     h = w // 2
     out = np.empty((n, w), dtype=np.uint8) if out is None else out
@@ -257,7 +258,7 @@ def _copy_rows(dst: np.ndarray, src: np.ndarray) -> None:
 def numpy_pairs_to_split(hp: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Inverse of :func:`numpy_split_to_pairs` (without ``xor``; ``out``: an ``(n, w)`` byte
     array to fill): each Hurray byte is widened into a uint16 lane, then four lanes per
-    64-bit word give GGML byte pairs.  Buffers made once per call, rows moved by
+    64-bit word give GGML byte pairs.  Buffers kept per thread, rows moved by
     :func:`_copy_rows`, widening and arithmetic on contiguous buffers."""
     n, w = hp.shape
     h = w // 2
