@@ -158,7 +158,7 @@ def _new(out: np.ndarray | None, n: int, width: int) -> np.ndarray:
 # the numpy twins: the fallback, and what tests/test_kernels.py compares C with
 
 #: blocks per internal step of the nibble twins: a whole chunk of the one pass (64 Ki
-#: blocks), in buffers kept per thread (:func:`_scratch`).  Each numpy call holds the GIL
+#: blocks), in buffers kept per thread (:func:`thread_buffer`).  Each numpy call holds the GIL
 #: for its set-up, so many small steps make the two workers take turns instead of running
 #: (the 4 GB import took as long with one worker as with two): on the numpy path it took
 #: 4.46 s with 8 Ki-block steps, 3.51 s with 32 Ki, 3.32 s with 64 Ki (medians of 5
@@ -184,8 +184,8 @@ def numpy_split_to_pairs(qs: np.ndarray, xor: int = 0, out: np.ndarray | None = 
     h = w // 2
     out = np.empty((n, w), dtype=np.uint8) if out is None else out
     rows = min(n, _STEP)
-    x_, y_, lo_, t_ = (_scratch(name, (rows, w // 8), "<u8") for name in ("x", "y", "lo", "t"))
-    half_ = _scratch("half", (rows, h), np.uint8)
+    x_, y_, lo_, t_ = (thread_buffer("kernels." + k, (rows, w // 8), "<u8") for k in ("x", "y", "lo", "t"))
+    half_ = thread_buffer("kernels.half", (rows, h), np.uint8)
     for i in range(0, n, _STEP):
         k = min(_STEP, n - i)
         x, y, lo, t, half = x_[:k], y_[:k], lo_[:k], t_[:k], half_[:k]
@@ -211,17 +211,19 @@ def numpy_split_to_pairs(qs: np.ndarray, xor: int = 0, out: np.ndarray | None = 
 _LOCAL = threading.local()
 
 
-def _scratch(name: str, shape: tuple[int, int], dtype: Any) -> np.ndarray:
-    """A work buffer of this thread, kept from call to call (grown when needed): fresh
-    megabyte buffers per call come from ``mmap`` and pay a page fault per 4 KiB page,
-    which made a 64 Ki-block step 3.5x slower than the arithmetic.  Callers never return
-    these buffers, only what they computed into their ``out``."""
+def thread_buffer(key: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A work buffer of the calling thread for ``key``, kept from call to call (grown when
+    needed): the workers reuse their chunk buffers instead of allocating them per chunk --
+    fresh megabyte buffers come from ``mmap`` and pay a page fault per 4 KiB page, which
+    made a 64 Ki-block step of the nibble twins 3.5x slower than their arithmetic.  Keys
+    are per caller (``"kernels.…"`` here); a buffer is valid until the same thread asks
+    for the same key again."""
     dt = np.dtype(dtype)
-    size = shape[0] * shape[1] * dt.itemsize
+    size = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     bufs = _LOCAL.__dict__.setdefault("bufs", {})
-    b = bufs.get(name)
+    b = bufs.get(key)
     if b is None or b.size < size:
-        b = bufs[name] = np.empty(max(size, 1), dtype=np.uint8)
+        b = bufs[key] = np.empty(max(size, 1), dtype=np.uint8)
     return b[:size].view(dt).reshape(shape)
 
 
@@ -268,9 +270,9 @@ def numpy_pairs_to_split(hp: np.ndarray, out: np.ndarray | None = None) -> np.nd
     h = w // 2
     out = np.empty((n, w), dtype=np.uint8) if out is None else out
     rows = min(n, _STEP)
-    half_ = _scratch("half", (rows, h), np.uint8)
-    a16, b16 = (_scratch(name, (rows, h), "<u2") for name in ("a16", "b16"))
-    lo_, t_ = (_scratch(name, (rows, w // 8), "<u8") for name in ("lo", "t"))
+    half_ = thread_buffer("kernels.half", (rows, h), np.uint8)
+    a16, b16 = (thread_buffer("kernels." + k, (rows, h), "<u2") for k in ("a16", "b16"))
+    lo_, t_ = (thread_buffer("kernels." + k, (rows, w // 8), "<u8") for k in ("lo", "t"))
     for i in range(0, n, _STEP):
         k = min(_STEP, n - i)
         half, lo, t = half_[:k], lo_[:k], t_[:k]

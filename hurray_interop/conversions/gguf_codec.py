@@ -56,7 +56,6 @@ more than one codec row can say.
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -164,15 +163,9 @@ def _nibbles_into(c: "BlockCodec", blocks: np.ndarray, out: np.ndarray) -> np.nd
     return K.split_to_pairs(_field(blocks, c.fields["qs"], c.block_size // 2), 0x88 if offset else 0, out=out)
 
 
-_SCRATCH = threading.local()
-
-
 def _nibbles_pack(c: "BlockCodec", codes: np.ndarray, out: np.ndarray) -> None:
     if -c.code_offset % 16 == 8 and codes.dtype == np.uint8:  # _nibble_offset's XOR, into a reused buffer
-        buf = getattr(_SCRATCH, "buf", None)
-        if buf is None or buf.size < codes.size:
-            buf = _SCRATCH.buf = np.empty(codes.size, dtype=np.uint8)
-        shifted = np.bitwise_xor(codes, np.uint8(0x88), out=buf[: codes.size].reshape(codes.shape))
+        shifted = np.bitwise_xor(codes, np.uint8(0x88), out=K.thread_buffer("codec.xor", codes.shape, np.uint8))
     else:
         shifted = _nibble_offset(codes.copy(), -c.code_offset)
     K.pairs_to_split(shifted, out=_field(out, c.fields["qs"], c.block_size // 2))

@@ -16,7 +16,6 @@ direction are copied by the kernel (:func:`copy_bytes`).
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
@@ -58,18 +57,8 @@ class Output:
     source_offsets: Callable[[str], list[int]] | None = None
 
 
-_LOCAL = threading.local()
-
-
-def buffer(key: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """A per-thread buffer for ``key``, grown when needed, reused from chunk to chunk."""
-    dt = np.dtype(dtype)
-    size = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    bufs = _LOCAL.__dict__.setdefault("bufs", {})
-    b = bufs.get(key)
-    if b is None or b.size < size:
-        b = bufs[key] = np.empty(max(size, 1), dtype=np.uint8)
-    return b[:size].view(dt).reshape(shape)
+#: a per-thread buffer for a key, grown when needed, reused from chunk to chunk
+buffer = K.thread_buffer
 
 
 def refuse_bad(values: np.ndarray, start: int, c: BlockCodec, what: str) -> None:
