@@ -166,8 +166,9 @@ def test_writeback_of_the_whole_file_every_span(tmp_path: Path, src: Path, monke
     monkeypatch.setattr(P, "WRITEBACK_SPAN", 1 << 20)
     _write(tmp_path / "out.bin", src)
     assert (tmp_path / "out.bin").read_bytes() == _expected_with_prefix()
-    written = sum(len(d) for _, d in PIECES) + sum(n for _, n, _ in COPIES)  # 2,700,011 bytes
-    assert len(calls) == written // (1 << 20) == 2
+    # 1,500,000 and 1,200,000 bytes each complete a span, in whichever order the threads
+    # finish; the 11 bytes of the small writes do not
+    assert len(calls) == 2
     assert {(off, n) for _, off, n in calls} == {(0, 0)}
 
     from hurray_interop.files.atomic import transient

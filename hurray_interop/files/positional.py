@@ -183,7 +183,7 @@ class PositionalWriter:
         mv = memoryview(data).cast("B")
         self._check(offset, len(mv))
         self._write_all(mv, offset)
-        self.started(offset, len(mv))
+        self._written(len(mv))
 
     def _write_all(self, mv: memoryview, offset: int) -> None:
         """All of ``mv`` at ``offset``, in :data:`WRITE_PIECE` pieces, under the write lock."""
@@ -213,7 +213,7 @@ class PositionalWriter:
             done += n
         if done < length:
             self._copy_via_buffer(src_fd, src_offset + done, length - done, offset + done)
-        self.started(offset, length)
+        self._written(length)
 
     def _copy_via_buffer(self, src_fd: int, src_offset: int, length: int, offset: int) -> None:
         buf = getattr(self._local, "buf", None)
@@ -229,10 +229,9 @@ class PositionalWriter:
             self._write_all(mv[:n], offset + done)
             done += n
 
-    def started(self, offset: int, length: int) -> None:
-        """Note a written range; every :data:`WRITEBACK_SPAN` bytes, start the writeback of the
-        whole file (``offset``, ``length``: what was written, for the count).  A failure only
-        costs speed, never bytes."""
+    def _written(self, length: int) -> None:
+        """Count ``length`` bytes written; every :data:`WRITEBACK_SPAN` bytes, start the
+        writeback of the whole file.  A failure only costs speed, never bytes."""
         if self._writeback is None:
             return
         with self._count_lock:
