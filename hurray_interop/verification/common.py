@@ -68,10 +68,13 @@ class TensorCheck:
     values_equal: bool | None = None
     max_abs_diff: float | None = None
     where: str = ""
+    #: the conversion's own report explains the difference (a lossy or value-exact fallback
+    #: the options asked for, proven to be what that conversion writes): e.g. "lossy as reported"
+    reported: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.bytes_equal is not False and self.values_equal is not False
+        return bool(self.reported) or (self.bytes_equal is not False and self.values_equal is not False)
 
 
 @dataclass
@@ -97,7 +100,11 @@ class VerifyResult:
         bad = [t.name for t in self.tensors if not t.ok]
         if self.ok:
             files = "files byte-identical, " if self.file_bytes_equal else ""
-            tensors = f"{n} tensors exact (bytes and values)" if n else "no tensors (metadata only)"
+            reported = [t for t in self.tensors if t.reported]
+            exact = n - len(reported)
+            tensors = f"{exact} tensors exact (bytes and values)" if n else "no tensors (metadata only)"
+            if reported:
+                tensors += f", {len(reported)} {_as_reported(reported)}"
             return f"OK     {what}: {self.kind}, {files}{tensors}"
         parts = []
         refused = [t for t in self.tensors if t.mapping == "refused"]
@@ -115,8 +122,15 @@ class VerifyResult:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["ok"] = self.ok
+        d["reported"] = sum(1 for t in self.tensors if t.reported)
         d["summary"] = self.summary_line()
         return d
+
+
+def _as_reported(reported: list[TensorCheck]) -> str:
+    """"3 lossy as reported (first: NAME, ...)": the tensors the conversion's report explains."""
+    kinds = sorted({t.reported.split(" as reported")[0] for t in reported})
+    return f"{'/'.join(kinds)} as reported (first: {reported[0].name}: {reported[0].reported})"
 
 
 # ---------------------------------------------------------------------------
@@ -275,6 +289,7 @@ class Unit:
     block: int = 1
     signed_zero_equal: bool = False
     row: int = 0  # elements per row of ``reference()`` (0: the last axis; see compare_values)
+    shape: tuple[int, ...] | None = None  # the shape the Hurray tensor must have (None: not checked)
 
 
 @dataclass(frozen=True)
@@ -331,6 +346,10 @@ class ForeignVerifier:
                 continue
             t = hf.tensor(u.name)
             chk.mapping = t.describe()
+            shape = tuple(int(x) for x in t.shape)
+            if u.shape is not None and shape != u.shape:  # another model's tensor of that name
+                chk.values_equal, chk.where = False, f"shape {list(shape)} in the Hurray file, {list(u.shape)} in the source"
+                continue
             ref = u.reference()
             if ref is None:
                 continue
@@ -396,28 +415,48 @@ class ForeignVerifier:
             check=check,
         )
 
-    def pair_with_hurray(self, path: str, fmt: Any, hrry_path: str, result: VerifyResult) -> None:
-        """Compare a file of this format with a .hrry: export the .hrry, compare files and tensors."""
-        c = self.checks
+    def pair_with_hurray(
+        self, path: str, fmt: Any, hrry_path: str, result: VerifyResult, *,
+        export_options: dict[str, Any] | None = None, explained: frozenset[str] = frozenset(),
+    ) -> Any:
+        """Compare a file of this format with a .hrry: export the .hrry (with ``export_options``,
+        those of the conversion that wrote ``path`` from it), compare files and tensors.
+        ``explained``: tensors the import's report says it stored differently (a fallback, proven
+        to be what that import writes): their export refusal and the file difference they make
+        are expected.  Returns the export's report (None when it was refused)."""
         with scratch_dir() as tmp:
-            back = os.path.join(tmp, "export" + fmt.extensions[0])
-            try:
-                fmt.from_hurray(hrry_path, back)
-            except ConversionRefused as exc:
-                result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have {c.no_exact}")
-                back = ""
-            diff = first_byte_diff(path, back) if back else None
-            if back:
-                result.file_bytes_equal = diff is None
-            with ExitStack() as stack:
-                src = stack.enter_context(c.open(path))
-                hf = stack.enter_context(HrryFile(hrry_path))
-                exported = stack.enter_context(c.open(back)) if back else None
-                if diff is not None:
-                    where = self._where(src, diff, "end of file ({sa} vs {sb} bytes)")
-                    result.problems.append(f"the Hurray file exports to {c.exported_as} that differs first at {where}")
-                    result.problems.extend(c.metadata_diffs(src, exported))
-                self.against_hurray(src, hf, result, exported, files_equal=False, hurray_label=hrry_path)
+            back, report = self.export(hrry_path, fmt, os.path.join(tmp, "export" + fmt.extensions[0]),
+                                       result, export_options, explained)
+            self.compare_export(path, back, hrry_path, result, explained)
+        return report
+
+    def export(self, hrry_path: str, fmt: Any, back: str, result: VerifyResult,
+               export_options: dict[str, Any] | None, explained: frozenset[str]) -> tuple[str, Any]:
+        """Export ``hrry_path`` to ``back``: ``(back, report)``, or ``("", None)`` when refused."""
+        try:
+            return back, fmt.from_hurray(hrry_path, back, **(export_options or {}))
+        except ConversionRefused as exc:
+            if not {name for name, _, _ in exc.reasons} <= explained:
+                result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have {self.checks.no_exact}")
+            return "", None
+
+    def compare_export(self, path: str, back: str, hrry_path: str, result: VerifyResult,
+                       explained: frozenset[str] = frozenset()) -> None:
+        """The files ``path`` and ``back`` (the export of ``hrry_path``; "" when refused), and
+        every tensor of ``path`` against the .hrry's and the export's."""
+        c = self.checks
+        diff = first_byte_diff(path, back) if back else None
+        if back and not explained:
+            result.file_bytes_equal = diff is None
+        with ExitStack() as stack:
+            src = stack.enter_context(c.open(path))
+            hf = stack.enter_context(HrryFile(hrry_path))
+            exported = stack.enter_context(c.open(back)) if back else None
+            if diff is not None and not explained:
+                where = self._where(src, diff, "end of file ({sa} vs {sb} bytes)")
+                result.problems.append(f"the Hurray file exports to {c.exported_as} that differs first at {where}")
+                result.problems.extend(c.metadata_diffs(src, exported))
+            self.against_hurray(src, hf, result, exported, files_equal=False, hurray_label=hrry_path)
 
     def pair_same(self, a: str, b: str, result: VerifyResult) -> None:
         """Compare two files of this format: first differing byte, metadata, tensor bytes."""

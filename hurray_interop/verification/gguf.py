@@ -14,7 +14,6 @@ import numpy as np
 
 from ..conversions.gguf import reference_dequantizer
 from ..core.hrry import HrryFile
-from ..errors import ConversionRefused
 from ..formats import gguf as G
 from ..formats import gguf_split as S
 from .common import (ForeignChecks, ForeignVerifier, RawEntry, Rows, Unit, VerifyResult, first_byte_diff,
@@ -122,6 +121,7 @@ def _units(gf: "G.GGUFFile") -> Iterator[Unit]:
             block=info.ggml_type.block_elements,
             signed_zero_equal=info.type_name == "MXFP4",
             row=info.ggml_type.block_elements,  # the reference decodes blocks, bounded for any row length
+            shape=tuple(int(n) for n in reversed(info.ne)),
         )
 
 
@@ -184,20 +184,29 @@ class _GGUFVerifier(ForeignVerifier):
         run_roundtrip(path, result, to_hurray=fmt.to_hurray, from_hurray=fmt.from_hurray, suffix=".gguf",
                       check=check, compare=lambda a, b: _shard_diffs(a, _exported(b)))
 
-    def pair_with_hurray(self, path: str, fmt: Any, hrry_path: str, result: VerifyResult) -> None:
-        if _set_count(path) is None:
-            return super().pair_with_hurray(path, fmt, hrry_path, result)
+    def pair_with_hurray(
+        self, path: str, fmt: Any, hrry_path: str, result: VerifyResult, *,
+        export_options: dict[str, Any] | None = None, explained: frozenset[str] = frozenset(),
+    ) -> Any:
+        """A GGUF (one file or a set) against a .hrry: the export is one file or a set too
+        (as the .hrry recorded, or as ``export_options`` say); a layout that differs from the
+        GGUF's is a difference, and the tensors are still compared one by one."""
         with scratch_dir() as tmp:
-            back = os.path.join(tmp, "export.gguf")
-            try:
-                fmt.from_hurray(hrry_path, back)
-            except ConversionRefused as exc:
-                result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have {self.checks.no_exact}")
-            paths = _exported(back)
-            diffs = _shard_diffs(path, paths) if paths else None
+            back, report = self.export(hrry_path, fmt, os.path.join(tmp, "export.gguf"), result,
+                                       export_options, explained)
+            paths = _exported(back) if back else []
+            count = _set_count(path)
+            if count is None and paths == [Path(back)]:
+                self.compare_export(path, back, hrry_path, result, explained)
+                return report
+            diffs = None
             if paths:
-                result.file_bytes_equal = diffs is None
-            self._against_set(path, paths, hrry_path, result, diffs, hrry_path, files_equal=False)
+                layout = _layout_difference(path, count, hrry_path, len(paths) if back and paths != [Path(back)] else None)
+                diffs = [layout] if layout else _shard_diffs(path, paths)
+                if not explained:
+                    result.file_bytes_equal = diffs is None
+            self._against_set(path, paths, hrry_path, result, None if explained else diffs, hrry_path, files_equal=False)
+        return report
 
     def _against_set(self, path: str, exported: list[Path], hrry_path: str, result: VerifyResult, diffs: Any,
                      label: str, *, files_equal: bool) -> None:
@@ -208,6 +217,17 @@ class _GGUFVerifier(ForeignVerifier):
             for problem in diffs or ():
                 result.problems.append(problem)
             self.against_hurray(src, hf, result, exp, files_equal=files_equal, hurray_label=label)
+
+
+def _layout_difference(path: str, count: int | None, hrry_path: str, exported: int | None) -> str:
+    """The first difference of two GGUF layouts: the set of ``count`` shards ``path`` belongs to
+    (None: one file) and the ``exported`` shards the .hrry exports to (None: one file); "" if equal."""
+    if count == exported:
+        return ""
+    ours = "one file" if exported is None else f"a set of {exported} shards"
+    theirs = "is one file" if count is None else f"is a shard of a set of {count}"
+    hint = " (give the --merge or --split-max-* option it was converted with)" if count is None or exported is None else ""
+    return f"{hrry_path} exports to {ours}, {path} {theirs}{hint}"
 
 
 def _shard_diffs(path: str, exported: list[Path]) -> list[str] | None:

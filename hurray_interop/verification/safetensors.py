@@ -86,9 +86,11 @@ def _units(st: SafetensorsFile) -> Iterator[Unit]:
         p = by_data.get(e.name)
         if p is not None:
             ref = functools.partial(_pair_reference, st, p)
-            yield Unit(p.hurray_name, pair_label(p), (p.data.name, p.scale.name), ref, block=p.block_size)
+            yield Unit(p.hurray_name, pair_label(p), (p.data.name, p.scale.name), ref, block=p.block_size,
+                       shape=tuple(int(n) for n in p.shape))
         elif e.name not in used:  # (the scale half of a pair is checked with its data tensor)
-            yield Unit(e.name, e.dtype, (e.name,), functools.partial(_plain_reference, st, e.name), row=1)
+            yield Unit(e.name, e.dtype, (e.name,), functools.partial(_plain_reference, st, e.name), row=1,
+                       shape=tuple(int(n) for n in e.shape))
 
 
 VERIFIER = ForeignVerifier(
