@@ -18,26 +18,12 @@ from typing import Any, Callable
 from .errors import HurrayInteropError, OutputExistsError, UsageError
 from .files.atomic import transient
 from .parallel import check_jobs
-from .registry import HURRAY, Format, detect_format, formats
+from .registry import HURRAY, Format, detect_format, format_options
 from .report import ConversionReport
 
 __all__ = ["convert"]
 
 Progress = Callable[[int, int], None] | None
-
-
-def _format_options(src: Format, dst: Format, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split the format-specific options between the import (source) and export (destination)
-    step; an option set away from its default for a format that does not take it is refused."""
-    for side, fmt, attr in (("output", dst, "export_options"), ("input", src, "import_options")):
-        for f in formats():
-            for opt, default in getattr(f, attr).items():
-                if f is not fmt and given.get(opt, default) != default:
-                    raise UsageError(f"--{opt.replace('_', '-')} applies to {f.title} {side} only")
-    return (
-        {k: given.get(k, d) for k, d in src.import_options.items()},
-        {k: given.get(k, d) for k, d in dst.export_options.items()},
-    )
 
 
 def convert(
@@ -79,7 +65,7 @@ def convert(
         raise UsageError(f"{src_s} is already {sf.name}; nothing to convert")
     if not force and not dry_run and os.path.exists(dst_s):
         raise OutputExistsError(f"{dst_s}: exists (use --force to overwrite)")
-    import_opts, export_opts = _format_options(sf, df, {
+    import_opts, export_opts = format_options(sf, df, {
         "q4_1": q4_1, "convention": convention, "merge": merge, "split_max_tensors": split_max_tensors,
         "split_max_size": split_max_size,
     })

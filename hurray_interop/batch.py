@@ -106,14 +106,14 @@ def plan_checks(files: Sequence[str], options: "VerifyOptions") -> list[tuple[st
     """The checks ``hurray-interop verify FILE ...`` runs for ``files`` (a pair, or round trips)."""
     from ._verify import plan_checks as plan
 
-    return plan(list(files), pair=options.pair, each=options.each, fallback=options.fallback)
+    return plan(list(files), pair=options.pair, each=options.each, **options.conversion())
 
 
 def verify_check(files: Sequence[str], options: "VerifyOptions") -> "VerifyResult":
     """Run one check of :func:`plan_checks` (two files: a pair; one: a round trip)."""
     from ._verify import verify_check as check
 
-    return check(list(files), jobs=options.jobs, fallback=options.fallback)
+    return check(list(files), jobs=options.jobs, **options.conversion())
 
 
 def output_paths(src: str, dst: str, options: "ConvertOptions") -> list[str]:
@@ -163,6 +163,19 @@ class VerifyOptions:
     each: bool = False
     jobs: int | None = None
     fallback: str | None = None
+    #: the options of the conversion that made the second file of a pair from the first
+    #: (:data:`hurray_interop._verify.CONVERSION_OPTIONS`)
+    src_format: str | None = None
+    dst_format: str | None = None
+    q4_1: str = "overlay"
+    convention: str | None = None
+    merge: bool = False
+    split_max_tensors: int | None = None
+    split_max_size: int | str | None = None
+
+    def conversion(self) -> dict[str, Any]:
+        """The conversion options, by their API names."""
+        return {k: v for k, v in asdict(self).items() if k not in ("pair", "each", "jobs")}
 
 
 @dataclass(frozen=True)
@@ -433,7 +446,7 @@ def convert_many(
 
 def plan_verify(
     files: Sequence[str | os.PathLike[str]], *, pair: bool = False, each: bool = False, jobs: int | None = None,
-    fallback: str | None = None,
+    fallback: str | None = None, **conversion: Any,
 ) -> Batch:
     """The checked :class:`Batch` of :func:`verify_many`: one task per check that
     ``hurray-interop verify`` runs for ``files`` (:func:`hurray_interop._verify.plan_checks`:
@@ -441,7 +454,7 @@ def plan_verify(
     model, a split set once).  Raises :class:`UsageError` on a bad path or option."""
     paths = [os.path.abspath(os.fspath(f)) for f in files]
     check_inputs([tuple(paths)])
-    options = VerifyOptions(pair=pair, each=each, jobs=jobs, fallback=fallback)
+    options = VerifyOptions(pair=pair, each=each, jobs=jobs, fallback=fallback, **conversion)
     return Batch(verify_task, [(check, options) for check in plan_checks(paths, options)])
 
 
@@ -453,6 +466,7 @@ def verify_many(
     each: bool = False,
     jobs: int | None = None,
     fallback: str | None = None,
+    **conversion: Any,
 ) -> Iterator[FileResult]:
     """Verify like ``hurray-interop verify FILE ...``, one task per file; yield a result per file as each finishes.
 
@@ -461,7 +475,7 @@ def verify_many(
     import's exact expanded forms.  Checks every path and option first.  Paths in
     the results are absolute.
     """
-    return plan_verify(files, pair=pair, each=each, jobs=jobs, fallback=fallback).run(executor)
+    return plan_verify(files, pair=pair, each=each, jobs=jobs, fallback=fallback, **conversion).run(executor)
 
 
 # ---------------------------------------------------------------------------

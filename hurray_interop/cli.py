@@ -7,6 +7,7 @@
     hurray-interop convert --to F --out-dir DIR SRC [SRC ...] [convert options] [--workers N | --scheduler ADDRESS]
     hurray-interop verify FILE [FILE ...] [--pair | --each] [--fallback exact] [--json] [--quiet] [--jobs N]
                                           [--workers N | --scheduler ADDRESS]
+    hurray-interop verify SRC DST [the options of the convert SRC DST that wrote DST]
     hurray-interop inspect FILE [--fallback F] [--json]
 
 Exit status: 0 success; 1 refused or inexact conversion, failed verification;
@@ -143,6 +144,10 @@ def _build_parser() -> argparse.ArgumentParser:
         "verify", fill=_verify_arguments,
         help="round-trip each FILE through Hurray and back and compare bytes and values; "
         "with --pair (or two files of different formats) compare the two files",
+        description="Round-trip each FILE, or compare two files. verify SRC DST takes the options of the "
+        "convert SRC DST that wrote DST: the check is that DST is what that conversion writes and true to SRC; "
+        "tensors its report calls lossy pass 'as reported'. --fallback exact and --q4-1 overlay change nothing "
+        "for a pair, --force is ignored (verify writes nothing).",
     )
     sub.add_parser(
         "inspect", fill=_inspect_arguments,
@@ -153,52 +158,58 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _convert_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("paths", nargs="+", metavar="PATH", help="SRC DST, or with --out-dir DIR: SRC [SRC ...]")
-    c.add_argument("--from", dest="src_format", choices=format_names(), help="force the source format")
-    c.add_argument("--to", dest="dst_format", choices=format_names(), help="force the destination format")
-    c.add_argument(
-        "--fallback",
-        choices=FALLBACK_CHOICES,
-        help="store tensors that cannot be converted exactly dequantized as this type (reported per tensor); "
-        "exact: GGUF types without a native mapping (K-quants, IQ, TQ, NVFP4) in their exact expanded form",
-    )
-    c.add_argument(
-        "--q4-1",
-        dest="q4_1",
-        choices=("overlay", "requantize"),
-        default="overlay",
-        help="Q4_1/Q5_1: exact minimum overlay composite (default) or lossy plain per-block affine",
-    )
-    c.add_argument(
-        "--convention",
-        choices=tuple(load_table("mx_types")["conventions"]),
-        help="safetensors output: MX checkpoint convention (default: the one recorded at import)",
-    )
-    c.add_argument(
-        "--merge", action="store_true",
-        help="GGUF output: one file with every tensor of a split set (as gguf-split --merge writes it)",
-    )
-    c.add_argument(
-        "--split-max-tensors", type=int, metavar="N",
-        help="GGUF output: a split set (gguf-split shards) of at most N tensors per shard",
-    )
-    c.add_argument(
-        "--split-max-size", metavar="SIZE",
-        help="GGUF output: a split set of shards of at most SIZE tensor bytes (500M, 2G: 10^6, 10^9 bytes)",
-    )
+    _add_conversion_options(c)
     c.add_argument("--dry-run", action="store_true", help="show the plan per tensor; write nothing")
     c.add_argument("--force", action="store_true", help="overwrite an existing DST")
     _add_run_options(c, quiet="no progress bar, no summary")
     _add_batch_options(c, out_dir=True)
 
 
+def _add_conversion_options(c: argparse.ArgumentParser, *, verify: bool = False) -> None:
+    """The options of a conversion: convert's, and verify's for the pair SRC DST they made."""
+    said = " (as the conversion SRC -> DST was given it)" if verify else ""
+    c.add_argument("--from", dest="src_format", choices=format_names(), help="force the source format" + said)
+    c.add_argument("--to", dest="dst_format", choices=format_names(), help="force the destination format" + said)
+    c.add_argument(
+        "--fallback",
+        choices=FALLBACK_CHOICES,
+        help="store tensors that cannot be converted exactly dequantized as this type (reported per tensor); "
+        "exact: GGUF types without a native mapping (K-quants, IQ, TQ, NVFP4) in their exact expanded form"
+        + ("; verify: of the conversion SRC -> DST (a lossy tensor passes as reported when DST is what that "
+           "conversion writes), or for a round trip --fallback exact" if verify else ""),
+    )
+    c.add_argument(
+        "--q4-1",
+        dest="q4_1",
+        choices=("overlay", "requantize"),
+        default="overlay",
+        help="Q4_1/Q5_1: exact minimum overlay composite (default) or lossy plain per-block affine" + said,
+    )
+    c.add_argument(
+        "--convention",
+        choices=tuple(load_table("mx_types")["conventions"]),
+        help="safetensors output: MX checkpoint convention (default: the one recorded at import)" + said,
+    )
+    c.add_argument(
+        "--merge", action="store_true",
+        help="GGUF output: one file with every tensor of a split set (as gguf-split --merge writes it)" + said,
+    )
+    c.add_argument(
+        "--split-max-tensors", type=int, metavar="N",
+        help="GGUF output: a split set (gguf-split shards) of at most N tensors per shard" + said,
+    )
+    c.add_argument(
+        "--split-max-size", metavar="SIZE",
+        help="GGUF output: a split set of shards of at most SIZE tensor bytes (500M, 2G: 10^6, 10^9 bytes)" + said,
+    )
+
+
 def _verify_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument("files", nargs="+", metavar="FILE")
     v.add_argument("--pair", action="store_true", help="compare exactly two files with each other")
     v.add_argument("--each", action="store_true", help="round-trip every file, even two of different formats")
-    v.add_argument(
-        "--fallback", choices=(FALLBACK_EXACT,),
-        help="round-trip with the import's --fallback exact (GGUF types without a native mapping, expanded)",
-    )
+    _add_conversion_options(v, verify=True)
+    v.add_argument("--force", action="store_true", help="accepted as convert takes it, and ignored: verify writes nothing")
     _add_run_options(v, quiet="print summary lines only")
     _add_batch_options(v)
 
@@ -289,7 +300,7 @@ def _render_verify(result: Any, out: TextIO, quiet: bool) -> None:
                     "yes" if t.bytes_equal else ("n/a" if t.bytes_equal is None else "NO"),
                     "yes" if t.values_equal else ("n/a" if t.values_equal is None else "NO"),
                     "" if t.max_abs_diff is None else f"{t.max_abs_diff:.6g}",
-                    t.where,
+                    "; ".join(x for x in (t.reported, t.where) if x),
                 )
             )
         _table(rows, out)
@@ -371,10 +382,17 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _verify_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The conversion options of ``verify SRC DST`` by their API names (:class:`hurray_interop.batch.VerifyOptions`)."""
+    from ._verify import CONVERSION_OPTIONS
+
+    return {name: getattr(args, name) for name in CONVERSION_OPTIONS}
+
+
 def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     from ._verify import verify_files
 
-    results = verify_files(args.files, pair=args.pair, each=args.each, jobs=args.jobs, fallback=args.fallback)
+    results = verify_files(args.files, pair=args.pair, each=args.each, jobs=args.jobs, **_verify_options(args))
     status = EXIT_OK
     if args.json:
         out.write(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
@@ -440,7 +458,7 @@ def _cmd_verify_any(args: argparse.Namespace, out: TextIO) -> int:
         return _cmd_verify(args, out)
     from .batch import plan_verify
 
-    batch = plan_verify(args.files, pair=args.pair, each=args.each, jobs=args.jobs, fallback=args.fallback)
+    batch = plan_verify(args.files, pair=args.pair, each=args.each, jobs=args.jobs, **_verify_options(args))
     return _run_batch(batch, args, out, "verified exact")
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "SNIFF_BYTES",
     "Format",
     "register_format",
+    "format_options",
     "get_format",
     "format_names",
     "formats",
@@ -117,6 +118,21 @@ def format_names() -> tuple[str, ...]:
 
 def formats() -> tuple[Format, ...]:
     return tuple(_REGISTRY.values())
+
+
+def format_options(src: Format, dst: Format, given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split the format-specific options of a conversion ``src`` -> ``dst`` between its import
+    (source) and export (destination) step; an option set away from its default for a format
+    that does not take it is refused (:class:`UsageError`)."""
+    for side, fmt, attr in (("output", dst, "export_options"), ("input", src, "import_options")):
+        for f in formats():
+            for opt, default in getattr(f, attr).items():
+                if f is not fmt and given.get(opt, default) != default:
+                    raise UsageError(f"--{opt.replace('_', '-')} applies to {f.title} {side} only")
+    return (
+        {k: given.get(k, d) for k, d in src.import_options.items()},
+        {k: given.get(k, d) for k, d in dst.export_options.items()},
+    )
 
 
 def get_format(name: str) -> Format:

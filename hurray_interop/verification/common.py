@@ -130,7 +130,7 @@ class VerifyResult:
 def _as_reported(reported: list[TensorCheck]) -> str:
     """"3 lossy as reported (first: NAME, ...)": the tensors the conversion's report explains."""
     kinds = sorted({t.reported.split(" as reported")[0] for t in reported})
-    return f"{'/'.join(kinds)} as reported (first: {reported[0].name}: {reported[0].reported})"
+    return f"{'/'.join(kinds)} as reported (first: {reported[0].name}, {reported[0].reported.split(': ', 1)[-1]})"
 
 
 # ---------------------------------------------------------------------------
@@ -290,6 +290,8 @@ class Unit:
     signed_zero_equal: bool = False
     row: int = 0  # elements per row of ``reference()`` (0: the last axis; see compare_values)
     shape: tuple[int, ...] | None = None  # the shape the Hurray tensor must have (None: not checked)
+    #: other names the Hurray tensor may have (a convention that renames it on export)
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -338,13 +340,14 @@ class ForeignVerifier:
         known: set[str] = set()
         for u in self.checks.units(src):
             _release_pages(src, hf)
-            known.add(u.name)
+            name = next((n for n in (u.name, *u.aliases) if n in hf), None)
+            known.add(u.name if name is None else name)
             chk = TensorCheck(u.name, u.label, "-")
-            done.append((u, chk, u.name in hf))
-            if u.name not in hf:
+            done.append((u, chk, name is not None))
+            if name is None:
                 chk.values_equal, chk.where = False, "missing from the Hurray file"
                 continue
-            t = hf.tensor(u.name)
+            t = hf.tensor(name)
             chk.mapping = t.describe()
             shape = tuple(int(x) for x in t.shape)
             if u.shape is not None and shape != u.shape:  # another model's tensor of that name
