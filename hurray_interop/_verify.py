@@ -22,9 +22,9 @@ from .parallel import check_jobs, use_jobs
 from .registry import (FALLBACK_CHOICES, FALLBACK_EXACT, HURRAY, Format, detect_format, format_options, get_format,
                        group_models)
 from .report import LOSSY, VALUE_EXACT
-from .verification.common import TensorCheck, VerifyResult, scratch_dir
+from .verification.common import TensorCheck, VerifyResult, reporting, scratch_dir
 
-__all__ = ["CONVERSION_OPTIONS", "TensorCheck", "VerifyResult", "verify_roundtrip", "verify_pair", "plan_checks", "verify_check", "verify_files"]
+__all__ = ["CONVERSION_OPTIONS", "resolve_output", "TensorCheck", "VerifyResult", "verify_roundtrip", "verify_pair", "plan_checks", "verify_check", "verify_files"]
 
 
 def _run(result: VerifyResult, fn: Callable[[], None], jobs: int | None = None) -> VerifyResult:
@@ -164,6 +164,16 @@ def _existing_output(src: str, dst: str, fmt: Format, opts: dict[str, Any]) -> s
     return dst
 
 
+def resolve_output(src: str, dst: str, **options: Any) -> str:
+    """The file that stands for ``dst`` in ``verify SRC DST [options]`` (see :func:`verify_pair`):
+    the first shard of a set named ``PREFIX.gguf``, else ``dst`` (checked when it runs)."""
+    opts = _options(options)
+    try:
+        return _existing_output(src, dst, detect_format(dst, opts["dst_format"], must_exist=False), opts)
+    except HurrayInteropError:
+        return dst
+
+
 def _plans(report: Any) -> dict[str, Any]:
     return {} if report is None else {t.name: t for t in report.tensors if t.status in _EXPLAINED}
 
@@ -269,12 +279,15 @@ def plan_checks(
     return [g[:1] for g in group_models(files)]
 
 
-def verify_check(files: Sequence[str], *, jobs: int | None = None, **options: Any) -> VerifyResult:
-    """Run one check of :func:`plan_checks`: two files compared, or one round-tripped."""
-    if len(files) == 2:
-        return verify_pair(files[0], files[1], jobs=jobs, **options)
-    opts = _options(options)
-    return verify_roundtrip(files[0], jobs=jobs, fallback=opts["fallback"], src_format=opts["src_format"])
+def verify_check(files: Sequence[str], *, jobs: int | None = None,
+                 progress: Callable[[int, int], None] | None = None, **options: Any) -> VerifyResult:
+    """Run one check of :func:`plan_checks`: two files compared, or one round-tripped;
+    ``progress(done, total)`` is called per tensor whose values were compared."""
+    with reporting(progress):
+        if len(files) == 2:
+            return verify_pair(files[0], files[1], jobs=jobs, **options)
+        opts = _options(options)
+        return verify_roundtrip(files[0], jobs=jobs, fallback=opts["fallback"], src_format=opts["src_format"])
 
 
 def verify_files(

@@ -452,9 +452,13 @@ def plan_verify(
     ``hurray-interop verify`` runs for ``files`` (:func:`hurray_interop._verify.plan_checks`:
     exactly two files of different formats are one pair task, otherwise a round trip per
     model, a split set once).  Raises :class:`UsageError` on a bad path or option."""
+    from ._verify import resolve_output
+
     paths = [os.path.abspath(os.fspath(f)) for f in files]
-    check_inputs([tuple(paths)])
     options = VerifyOptions(pair=pair, each=each, jobs=jobs, fallback=fallback, **conversion)
+    if len(paths) == 2:  # DST as convert named it (a set's PREFIX.gguf)
+        paths[1] = resolve_output(paths[0], paths[1], **options.conversion())
+    check_inputs([tuple(paths)])
     return Batch(verify_task, [(check, options) for check in plan_checks(paths, options)])
 
 

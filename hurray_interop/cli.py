@@ -390,9 +390,13 @@ def _verify_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
-    from ._verify import verify_files
+    from ._verify import plan_checks, verify_check
 
-    results = verify_files(args.files, pair=args.pair, each=args.each, jobs=args.jobs, **_verify_options(args))
+    options = _verify_options(args)
+    checks = plan_checks(args.files, pair=args.pair, each=args.each, **options)
+    # one check: a bar over the tensors compared, on a terminal (several: one line each as before)
+    with _progress(len(checks) == 1 and not (args.quiet or args.json), "verify", unit="tensor") as progress:
+        results = [verify_check(c, jobs=args.jobs, progress=progress, **options) for c in checks]
     status = EXIT_OK
     if args.json:
         out.write(json.dumps([r.to_dict() for r in results], indent=2) + "\n")

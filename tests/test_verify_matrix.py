@@ -174,3 +174,12 @@ def test_a_round_trip_takes_no_conversion_options(opts: list[str], fixtures_dir:
     rc, out, err = cli(["verify", fixtures_dir / "tiny-llama.gguf", *opts], capsys)
     assert (rc, out) == (2, "") and err.startswith("hurray-interop: error: ") and err.count("\n") == 1
     assert "verify SRC DST" in err
+
+
+@pytest.mark.parametrize("case", ["split-resplit", "kquant-fallback-float16", "st-convention-compressed-tensors"])
+def test_the_same_in_a_batch(case: str, root: Path, fixtures_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--workers``: the options reach the worker processes; DST named as convert took it."""
+    src, dst, opts = _made(case, root, fixtures_dir, capsys)
+    rc, out, err = cli(["verify", "--workers", "2", src, dst, *opts], capsys)
+    assert (rc, err) == (0, ""), out
+    assert out.startswith("OK ") and out.splitlines()[-1] == "1 of 1 files verified exact"

@@ -23,6 +23,7 @@ import functools
 import os
 import tempfile
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -47,7 +48,22 @@ __all__ = [
     "ForeignVerifier",
     "run_roundtrip",
     "scratch_dir",
+    "reporting",
 ]
+
+#: the ``progress(done, total)`` callback of the check running in this context (tensors
+#: compared), set by :func:`reporting`
+_PROGRESS: ContextVar[Callable[[int, int], None] | None] = ContextVar("verify_progress", default=None)
+
+
+@contextmanager
+def reporting(progress: Callable[[int, int], None] | None) -> Iterator[None]:
+    """Inside the block, the value checks report ``progress(done, total)`` per tensor compared."""
+    token = _PROGRESS.set(progress)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
 
 #: elements compared per chunk: 1 MiB of float32 a side, so both decoders' chunks and the
 #: comparison's temporaries stay in the L2 cache, and memory is bounded for any tensor
@@ -87,6 +103,8 @@ class VerifyResult:
     problems: list[str] = field(default_factory=list)
     file_bytes_equal: bool | None = None
     error: str | None = None
+    #: what to do about the refused tensors (e.g. the option that checks them exactly), or ""
+    hint: str = ""
 
     @property
     def ok(self) -> bool:
@@ -109,7 +127,8 @@ class VerifyResult:
         parts = []
         refused = [t for t in self.tensors if t.mapping == "refused"]
         if refused:
-            parts.append(f"{len(refused)} tensor(s) refused: no exact Hurray mapping (first: {refused[0].name}, {refused[0].source_type})")
+            parts.append(f"{len(refused)} tensor(s) refused: no exact Hurray mapping (first: {refused[0].name}, "
+                         f"{refused[0].source_type})" + (f" ({self.hint})" if self.hint else ""))
             bad = [t.name for t in self.tensors if not t.ok and t.mapping != "refused"]
         if self.file_bytes_equal is False:
             parts.append("files differ")
@@ -306,6 +325,8 @@ class ForeignChecks:
     metadata_diffs: Callable[[Any, Any], list[str]]  # metadata differences of two opened files
     entries: Callable[[Any], dict[str, RawEntry]]  # stored tensors by name, in file order
     units: Callable[[Any], Iterator[Unit]]  # the tensors as imported to Hurray
+    #: the hint for tensors a round trip's import refused, from their source types ("": none)
+    refusal_hint: Callable[[list[str]], str] = lambda types: ""
 
 
 def _release_pages(*files: Any) -> None:
@@ -338,7 +359,10 @@ class ForeignVerifier:
         export, so it runs while the export is written.  Also the names only ``hf`` has."""
         done: list[tuple[Unit, TensorCheck, bool]] = []
         known: set[str] = set()
-        for u in self.checks.units(src):
+        units, step = list(self.checks.units(src)), _PROGRESS.get()
+        for i, u in enumerate(units):
+            if step is not None:
+                step(i, len(units))
             _release_pages(src, hf)
             name = next((n for n in (u.name, *u.aliases) if n in hf), None)
             known.add(u.name if name is None else name)
@@ -360,6 +384,8 @@ class ForeignVerifier:
                 u.name, t, ref, block=u.block, signed_zero_equal=u.signed_zero_equal, row=u.row,
                 release=functools.partial(_release_pages, src, hf),
             )
+        if step is not None:
+            step(len(units), len(units))
         return done, [n for n in hf.top_level_names() if n not in known]
 
     def finish(
@@ -416,6 +442,7 @@ class ForeignVerifier:
             from_hurray=fmt.from_hurray,
             suffix=fmt.extensions[0],
             check=check,
+            hint=c.refusal_hint,
         )
 
     def pair_with_hurray(
@@ -504,11 +531,13 @@ def run_roundtrip(
     suffix: str,
     check: Callable[[str, str, Callable[[], tuple[int, int, int] | None]], None],
     compare: Callable[[str, str], Any] = first_byte_diff,
+    hint: Callable[[list[str]], str] = lambda types: "",
 ) -> None:
     """Import ``path`` to Hurray, then ``check(hurray_copy, exported_copy, first_difference)``
     while a worker thread exports the copy back (in a temporary directory) and compares
     the files (``compare(path, exported)``: None when identical): ``first_difference()``
-    waits for that and returns its result."""
+    waits for that and returns its result.  A refused import gives one refused row per tensor,
+    and ``hint(source types)`` says what to do about them."""
     with scratch_dir() as tmp:
         mid = os.path.join(tmp, "roundtrip.hrry")
         back = os.path.join(tmp, "roundtrip" + suffix)
@@ -519,6 +548,7 @@ def run_roundtrip(
                 for name, typ, reason in exc.reasons:
                     result.tensors.append(TensorCheck(name, typ, "refused", values_equal=False, where=reason))
                 result.problems.append(f"{len(exc.reasons)} tensor(s) cannot be converted exactly")
+                result.hint = hint([typ for _, typ, _ in exc.reasons])
                 return
 
             def export() -> tuple[int, int, int] | None:

@@ -12,6 +12,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from ..conversions import fallback as fallbacks
+from ..conversions import gguf_exact
 from ..conversions.gguf import reference_dequantizer
 from ..core.hrry import HrryFile
 from ..formats import gguf as G
@@ -182,7 +184,7 @@ class _GGUFVerifier(ForeignVerifier):
             self._against_set(path, _exported(back), mid, result, diffs, "the Hurray file", files_equal=diffs is None)
 
         run_roundtrip(path, result, to_hurray=fmt.to_hurray, from_hurray=fmt.from_hurray, suffix=".gguf",
-                      check=check, compare=lambda a, b: _shard_diffs(a, _exported(b)))
+                      check=check, hint=self.checks.refusal_hint, compare=lambda a, b: _shard_diffs(a, _exported(b)))
 
     def pair_with_hurray(
         self, path: str, fmt: Any, hrry_path: str, result: VerifyResult, *,
@@ -255,6 +257,14 @@ def _file_diffs(files: list[tuple[Path, "G.GGUFFile"]], others: Sequence[Path], 
     return out
 
 
+def _refusal_hint(types: list[str]) -> str:
+    """The conversion summary's advice: types with an exact expanded form are checked by
+    ``--fallback exact`` (docs/conversion-rules.md § 9)."""
+    if any(gguf_exact.has_form(t) for t in types):
+        return f"choose --fallback {fallbacks.EXACT} to verify them in their exact expanded form"
+    return ""
+
+
 VERIFIER = _GGUFVerifier(
     ForeignChecks(
         title="GGUF",
@@ -265,5 +275,6 @@ VERIFIER = _GGUFVerifier(
         metadata_diffs=_kv_diffs,
         entries=_entries,
         units=_units,
+        refusal_hint=_refusal_hint,
     )
 )
