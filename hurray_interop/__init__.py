@@ -55,11 +55,15 @@ def convert(src: str | _os.PathLike[str], dst: str | _os.PathLike[str], **option
 
 
 def verify(
-    path: str | _os.PathLike[str], other: str | _os.PathLike[str] | None = None, *, jobs: int | None = None
+    path: str | _os.PathLike[str], other: str | _os.PathLike[str] | None = None, *, jobs: int | None = None,
+    **options: Any,
 ) -> "VerifyResult":
     """Prove that nothing changes: with one file, convert it to Hurray and back in a temporary
     directory and compare bytes, and values against the source ecosystem's own decoder; with
     ``other``, compare the two files (a foreign file with a .hrry, or two of one format).
+    ``options``: those of the :func:`convert` that wrote ``other`` from ``path`` (``fallback``,
+    ``q4_1``, ``convention``, ``merge``, ``split_max_tensors``, ``split_max_size``, ``src_format``,
+    ``dst_format``; see ``verify SRC DST`` in the README); a round trip takes ``fallback="exact"``.
     Failures are in the result (``ok``, ``tensors``, ``problems``, ``error``), not raised.
 
     >>> import hurray_interop
@@ -72,8 +76,8 @@ def verify(
     from ._verify import verify_pair, verify_roundtrip
 
     if other is None:
-        return verify_roundtrip(path, jobs=jobs)
-    return verify_pair(path, other, jobs=jobs)
+        return verify_roundtrip(path, jobs=jobs, **options)
+    return verify_pair(path, other, jobs=jobs, **options)
 
 
 def inspect(path: str | _os.PathLike[str]) -> dict[str, Any]:

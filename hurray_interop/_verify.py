@@ -93,13 +93,16 @@ def _check_roundtrip_options(opts: dict[str, Any]) -> None:
 
 
 def verify_roundtrip(
-    path: str | os.PathLike[str], *, jobs: int | None = None, fallback: str | None = None, src_format: str | None = None,
+    path: str | os.PathLike[str], *, jobs: int | None = None, fallback: str | None = None, **options: Any,
 ) -> VerifyResult:
     """Round-trip one source file through Hurray and back; compare bytes and values.
     ``jobs``: threads for the conversions and the dequantizer (default: up to two).
     ``fallback="exact"``: the import stores types without a native mapping in their exact
-    expanded form (docs/conversion-rules.md § 9), so they are checked too."""
-    _check_roundtrip_options(_options({"fallback": fallback, "src_format": src_format}))
+    expanded form (docs/conversion-rules.md § 9), so they are checked too; ``src_format``
+    forces the format.  The other conversion options are a :class:`UsageError` here."""
+    opts = _options({**options, "fallback": fallback})
+    _check_roundtrip_options(opts)
+    src_format = opts["src_format"]
     p = os.fspath(path)
     result = VerifyResult(kind="round-trip", source=p)
 
@@ -243,10 +246,9 @@ def _through_hurray(path: str, fmt: Format, dst: str, dst_fmt: Format, result: V
         if result.file_bytes_equal:
             plans = {**_plans(report), **plans}
             _mark_reported(result, plans)
-    result.problems[:0] = [f"{path} -> Hurray: {p}".replace(mid, "the intermediate .hrry") for p in first.problems]
-    result.problems[len(first.problems):len(first.problems)] = [
-        f"{path} -> Hurray: tensor {t.name!r} differs ({t.where or 'values'})" for t in first.tensors if not t.ok
-    ]
+    imported = first.problems + [f"tensor {t.name!r} differs ({t.where or 'values'})" for t in first.tensors if not t.ok]
+    result.problems = [p.replace(mid, "the intermediate .hrry") for p in [f"{path} -> Hurray: {p}" for p in imported]
+                       + result.problems]
 
 
 def plan_checks(
@@ -286,8 +288,7 @@ def verify_check(files: Sequence[str], *, jobs: int | None = None,
     with reporting(progress):
         if len(files) == 2:
             return verify_pair(files[0], files[1], jobs=jobs, **options)
-        opts = _options(options)
-        return verify_roundtrip(files[0], jobs=jobs, fallback=opts["fallback"], src_format=opts["src_format"])
+        return verify_roundtrip(files[0], jobs=jobs, **options)
 
 
 def verify_files(

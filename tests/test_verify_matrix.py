@@ -183,3 +183,17 @@ def test_the_same_in_a_batch(case: str, root: Path, fixtures_dir: Path, capsys: 
     rc, out, err = cli(["verify", "--workers", "2", src, dst, *opts], capsys)
     assert (rc, err) == (0, ""), out
     assert out.startswith("OK ") and out.splitlines()[-1] == "1 of 1 files verified exact"
+
+
+def test_the_python_verb_takes_the_same_options(root: Path, fixtures_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import hurray_interop
+    from hurray_interop.errors import UsageError
+
+    src, dst, _ = _made("kquant-fallback-float16", root, fixtures_dir, capsys)
+    r = hurray_interop.verify(src, dst, fallback="float16")
+    assert r.ok and sum(1 for t in r.tensors if t.reported) == 2
+    assert not hurray_interop.verify(src, dst).ok
+    src, dst, _ = _made("split-merge", root, fixtures_dir, capsys)
+    assert hurray_interop.verify(src, dst, merge=True).ok and not hurray_interop.verify(src, dst).ok
+    with pytest.raises(UsageError, match="verify SRC DST --merge"):
+        hurray_interop.verify(src, merge=True)
