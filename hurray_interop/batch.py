@@ -476,7 +476,9 @@ def verify_many(
 
     ``pair`` (or two files of different formats without ``each``) compares the
     files with each other in one task; ``fallback="exact"`` round-trips with the
-    import's exact expanded forms.  Checks every path and option first.  Paths in
+    import's exact expanded forms; for a pair, ``fallback`` and ``conversion`` (the other
+    options of the conversion that wrote the second file, as for
+    :func:`hurray_interop._verify.verify_pair`) pass through.  Checks every path and option first.  Paths in
     the results are absolute.
     """
     return plan_verify(files, pair=pair, each=each, jobs=jobs, fallback=fallback, **conversion).run(executor)
