@@ -210,9 +210,11 @@ def safetensors_to_hurray(
                 plan.plain(st, e)
         plan.mark_fallback_scales()
         _check_unique([n for n, _ in plan.items], "two source tensors map to the Hurray name", src)
+        if plan.refusals:
+            rep.hint = report.fallback_hint(False, fallbacks.DTYPE_CHOICES)
         if plan.refusals and not dry_run and dst is not None:
             raise ConversionRefused(
-                f"{len(plan.refusals)} tensor(s) not exactly representable (choose a fallback to store them dequantized): "
+                f"{len(plan.refusals)} tensor(s) not exactly representable ({rep.hint}): "
                 + "; ".join(f"{t}: {r}" for t, _, r in plan.refusals),
                 path=src, reasons=plan.refusals, report=rep,
             )
@@ -488,11 +490,11 @@ def hurray_to_safetensors(
             if hname not in done:
                 ex.unrecorded(hname)
         if ex.refused:
+            rep.hint = report.fallback_hint(False, fallbacks.DTYPE_CHOICES)
             if dry_run or dst is None:
                 return rep
             raise ConversionRefused(
-                f"{len(ex.refused)} tensor(s) have no exact safetensors form; nothing was written "
-                "(choose --fallback float32|float16|bfloat16 to write them dequantized)",
+                f"{len(ex.refused)} tensor(s) have no exact safetensors form; nothing was written ({rep.hint})",
                 path=src, reasons=ex.refused, report=rep,
             )
         _check_unique([o[0] for o in ex.out], "two tensors would be written as", src)

@@ -1,0 +1,145 @@
+"""Command-line paths and messages (issue #20): options among the paths, what a refused run
+and a dry run say, the zero-block note, sizes that agree between directions, output
+directories, ``--skip-existing``, the truncated-.hrry message and ``dequantize`` of a GGUF tensor."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fuzzing import assert_cli_contract, run_cli
+from hurray_interop import convert
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, fixtures_dir) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("inputs")
+    out = {"gguf": d / "tiny.gguf", "kquant": d / "kquant.gguf"}
+    shutil.copyfile(fixtures_dir / "tiny-llama.gguf", out["gguf"])
+    shutil.copyfile(fixtures_dir / "tiny-llama-kquant.gguf", out["kquant"])
+    out["hrry"] = d / "tiny.hrry"
+    convert(out["gguf"], out["hrry"])
+    out["khrry"] = d / "kquant-exact.hrry"
+    convert(out["kquant"], out["khrry"], fallback="exact")
+    return out
+
+
+def _cli(*argv: object) -> tuple[int, str, str]:
+    return run_cli([os.fspath(a) for a in argv])
+
+
+# -- options anywhere among the paths -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["convert", "{src}", "--force", "{dst}"],
+    ["convert", "--force", "{src}", "{dst}"],
+    ["convert", "{src}", "{dst}", "--force"],
+    ["convert", "{src}", "--to", "gguf", "--force", "{dst}"],
+])
+def test_options_may_come_between_the_paths(files, tmp_path, argv):
+    dst = tmp_path / "back.gguf"
+    dst.write_bytes(b"old")  # --force is needed: it must have been seen wherever it stood
+    status, _, err = _cli(*(a.format(src=files["hrry"], dst=dst) for a in argv))
+    assert status == 0, err
+    assert dst.read_bytes() == files["gguf"].read_bytes()
+
+
+def test_verify_options_may_come_between_the_files(files):
+    status, out, err = _cli("verify", files["gguf"], "--quiet", files["hrry"])
+    assert status == 0, err
+    assert len(out.splitlines()) == 1 and out.startswith("OK")
+
+
+def test_an_unknown_option_among_the_paths_is_still_a_usage_error(files, tmp_path):
+    status, _, err = _cli("convert", files["hrry"], "--frobnicate", tmp_path / "x.gguf")
+    assert status == 2 and "unrecognized arguments: --frobnicate" in err
+    assert_cli_contract(status, err, output=tmp_path / "x.gguf")
+
+
+# -- what a refused run, a dry run and an exact run say ------------------------------------------
+
+HINT = "choose --fallback exact to store them exactly, larger, or --fallback float32|float16|bfloat16"
+
+
+def test_a_refused_run_says_it_wrote_nothing_with_counts_and_the_hint(files, tmp_path):
+    dst = tmp_path / "k.hrry"
+    status, out, err = _cli("convert", files["kquant"], dst)
+    assert status == 1 and not dst.exists()
+    last = out.splitlines()[-1]
+    assert last.startswith("refused: nothing written; ") and "converted" not in last
+    assert "27 tensors (25 exact, 2 refused)" in last and HINT in last
+    assert_cli_contract(status, err, output=dst)
+
+
+def test_a_refused_run_in_json_carries_the_hint(files, tmp_path):
+    status, out, _ = _cli("convert", files["kquant"], tmp_path / "k.hrry", "--json")
+    assert status == 1
+    assert HINT in json.loads(out)["hint"]
+
+
+def test_a_dry_run_suggests_fallback_exact_per_refused_tensor_and_in_its_summary(files, tmp_path):
+    status, out, _ = _cli("convert", files["kquant"], tmp_path / "k.hrry", "--dry-run")
+    assert status == 1
+    refused = [line for line in out.splitlines() if " refused " in line]
+    assert {line.split()[1] for line in refused} == {"Q4_K", "Q6_K"}
+    assert all(line.endswith("--fallback exact stores it exactly") for line in refused)
+    assert out.splitlines()[-1].startswith("would convert ") and HINT in out.splitlines()[-1]
+
+
+def test_inspect_plan_suggests_fallback_exact(files):
+    from hurray_interop import inspect
+
+    rows = {r["name"]: r for r in inspect(files["kquant"])["tensors"]}
+    assert rows["blk.0.ffn_down.weight"]["reason"].endswith("--fallback exact stores it exactly")
+
+
+def test_a_type_without_an_exact_form_is_not_told_to_use_fallback_exact():
+    from hurray_interop.conversions.gguf import _plan  # the planner of every import row
+    from hurray_interop.formats import gguf as G
+
+    q8k = G.ggml_type("Q8_K")  # refused, with no expanded form
+    info = G.GGUFTensorInfo("t", q8k.id, (256,), 0, 0, q8k.block_bytes, 0, np.zeros(q8k.block_bytes, np.uint8))
+    job = _plan(info, fallback=None, q4_1="overlay")
+    assert job.plan.status == "refused" and "--fallback exact stores it" not in job.plan.reason
+
+
+def test_zero_block_substitutions_are_one_note_not_a_warning_per_row(files, tmp_path):
+    status, out, _ = _cli("convert", files["gguf"], tmp_path / "t.hrry")
+    assert status == 0
+    assert "substituted" not in "".join(line for line in out.splitlines() if not line.startswith("note: "))
+    notes = [line for line in out.splitlines() if "all-zero block" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: ") and "exact" in notes[0]
+    status, out, _ = _cli("convert", files["gguf"], tmp_path / "u.hrry", "--json")
+    counts = {t["name"]: t["substituted_blocks"] for t in json.loads(out)["tensors"]}
+    assert sum(counts.values()) == int(notes[0].split()[1]) > 0
+
+
+# -- sizes agree between the two directions ------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["hrry", "khrry"])
+def test_bytes_of_one_file_agree_whichever_way_it_is_converted(files, tmp_path, key):
+    src = files["kquant" if key == "khrry" else "gguf"]
+    imp = convert(src, tmp_path / "a.hrry", fallback="exact" if key == "khrry" else None)
+    exp = convert(files[key], tmp_path / "b.gguf")
+    assert (exp.bytes_in, exp.bytes_out) == (imp.bytes_out, imp.bytes_in)
+    assert {t.name: t.bytes_in for t in exp.tensors} == {t.name: t.bytes_out for t in imp.tensors}
+
+
+@pytest.mark.parametrize("command", ["convert", "verify", "inspect"])
+def test_help_among_the_paths_is_the_commands_whole_help(command, capsys):
+    """Intermixed parsing hides the positionals during its first pass; help shown then still
+    names them, as ``COMMAND --help`` does."""
+    from hurray_interop import cli
+
+    assert cli.main([command, "--help"]) == 0
+    alone = capsys.readouterr().out
+    assert cli.main([command, "some.gguf", "--help"]) == 0
+    assert capsys.readouterr().out == alone
+    assert ("PATH [PATH ...]" if command == "convert" else "FILE") in alone
