@@ -143,3 +143,19 @@ def test_help_among_the_paths_is_the_commands_whole_help(command, capsys):
     assert cli.main([command, "some.gguf", "--help"]) == 0
     assert capsys.readouterr().out == alone
     assert ("PATH [PATH ...]" if command == "convert" else "FILE") in alone
+
+
+# -- a truncated .hrry ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cut", [1, 4096])
+def test_a_truncated_hrry_says_it_looks_truncated_with_file_offset_and_what_was_found(files, tmp_path, cut):
+    raw = files["hrry"].read_bytes()
+    bad = tmp_path / "cut.hrry"
+    bad.write_bytes(raw[:-cut])
+    found = raw[-cut - 4 : -cut]
+    status, _, err = _cli("inspect", bad)
+    assert status == 2
+    assert_cli_contract(status, err)
+    assert err.startswith(f"hurray-interop: error: {bad}: trailer_magic at offset {len(raw) - cut - 4}: ")
+    assert f"trailer magic is {found!r}, expected b'HRRY'" in err and "looks truncated or incomplete" in err
