@@ -284,10 +284,9 @@ def group_sources(sources: Sequence[str]) -> list[Group]:
 
 def _stem(path: str) -> str:
     """The output stem of a source: a split set's prefix, or the file's stem."""
-    from .registry import member_of
+    from .registry import output_stem
 
-    member = member_of(path)
-    return member[2] if member is not None else Path(path).stem
+    return output_stem(path)
 
 
 def check_inputs(groups: Iterable[Group]) -> None:
@@ -333,15 +332,27 @@ def check_outputs(groups: Sequence[Group], outputs: Sequence[str], options: Conv
         raise OutputExistsError(f"{len(existing)} output(s) exist already (--force overwrites them): {shown}")
 
 
-def _create_out_dir(out_dir: str | os.PathLike[str], *, create: bool = True) -> None:
+def _create_out_dir(out_dir: str | os.PathLike[str], *, create: bool = True) -> bool:
+    """Check ``out_dir`` (and, with ``create``, make it): only its last component is created,
+    as ``mkdir`` does, so a typo in a parent fails instead of growing a tree.  True when it
+    was created here."""
+    from .files.atomic import missing_directory
+
     p = Path(out_dir)
     if p.exists() and not p.is_dir():
         raise UsageError("the output directory is a file", path=p)
+    parent = p.parent  # as the user spelled it ("." for a bare name)
+    if not p.exists() and not parent.is_dir():
+        raise missing_directory(parent, "--out-dir creates only its last directory")
+    if not create or p.is_dir():
+        return False
     try:
-        if create:
-            p.mkdir(parents=True, exist_ok=True)
+        p.mkdir()
+    except FileExistsError:  # made meanwhile
+        return False
     except OSError as exc:
         raise UsageError(f"cannot create the output directory: {exc.strerror or exc}", path=p) from None
+    return True
 
 
 # ---------------------------------------------------------------------------
@@ -379,6 +390,7 @@ class Batch:
     task: Callable[..., tuple[FileResult, ...]]
     calls: list[tuple[Any, ...]]
     out_dir: str | None = None  # created when the batch runs
+    created: bool = False  # whether :meth:`run` created ``out_dir``
 
     @property
     def files(self) -> int:
@@ -389,7 +401,7 @@ class Batch:
     def run(self, executor: cf.Executor | None = None) -> Iterator[FileResult]:
         """Submit the tasks to ``executor`` (None: run them here, in order); yield results as each finishes."""
         if self.out_dir is not None:
-            _create_out_dir(self.out_dir)
+            self.created = _create_out_dir(self.out_dir)
         return _run(executor, self.task, self.calls)
 
 

@@ -187,7 +187,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _convert_arguments(c: argparse.ArgumentParser) -> None:
-    c.add_argument("paths", nargs="+", metavar="PATH", help="SRC DST, or with --out-dir DIR: SRC [SRC ...]")
+    c.add_argument(
+        "paths", nargs="+", metavar="PATH",
+        help="SRC DST, or with --out-dir DIR: SRC [SRC ...]; a DST that is a directory (DIR/, or an existing DIR) "
+        "gets DIR/<stem>.<ext> as with cp: the extension of --to, else the source's counterpart "
+        "(GGUF and safetensors -> .hrry, .hrry -> .gguf; a split set's shards)",
+    )
     c.add_argument("--from", dest="src_format", choices=format_names(), help="force the source format")
     c.add_argument("--to", dest="dst_format", choices=format_names(), help="force the destination format")
     c.add_argument(
@@ -319,6 +324,8 @@ def _substitution_note(report: ConversionReport) -> list[str]:
     blocks, tensors = report.substitutions()
     if not blocks:
         return []
+    if report.destination_format != "hurray":  # an export: the recorded originals come back
+        return [f"{blocks} all-zero block(s) in {tensors} tensor(s) get back their recorded original scale (exact)"]
     return [f"{blocks} all-zero block(s) in {tensors} tensor(s) stored with the rules' substitute for their "
             "forbidden scale and recorded: converting back restores the original bytes (normal; exact)"]
 
@@ -499,7 +506,10 @@ def _run_batch(batch: Any, args: argparse.Namespace, out: TextIO, verb: str) -> 
     try:
         with open_executor(args.workers, args.scheduler) as executor, \
                 _progress(show and batch.files > 1, "files", unit="file") as progress:
-            for result in batch.run(executor):
+            results = batch.run(executor)
+            if batch.created and show:
+                _write_line(out, f"created the output directory {batch.out_dir}")
+            for result in results:
                 summary.add(result)
                 _write_result(result, args, out)
                 if progress is not None:

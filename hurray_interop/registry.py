@@ -49,6 +49,8 @@ __all__ = [
     "format_for_extension",
     "detect_format",
     "member_of",
+    "output_stem",
+    "output_in_directory",
     "group_models",
 ]
 
@@ -94,6 +96,9 @@ class Format:
     #: lists the files converting ``src`` into ``dst`` would write or find in its way, as far
     #: as names and records tell before converting (None: ``dst`` alone); batches check them
     outputs: Callable[..., list[str]] | None = None
+    #: the format a file of this one converts to when only a directory is given
+    #: (``convert SRC DIR/``, without ``--to``)
+    counterpart: str = "hurray"
 
 
 _REGISTRY: dict[str, Format] = {}
@@ -157,6 +162,20 @@ def member_of(path: str | os.PathLike[str]) -> tuple[str, int, str] | None:
     """Where the file's name places it in a multi-file model (see :attr:`Format.member_of`)."""
     fmt = format_for_extension(path)
     return fmt.member_of(os.fspath(path)) if fmt is not None and fmt.member_of is not None else None
+
+
+def output_stem(path: str | os.PathLike[str]) -> str:
+    """The name an output made from ``path`` takes before its extension: a multi-file
+    model's prefix (a split set's ``PREFIX``), or the file's stem."""
+    member = member_of(path)
+    return member[2] if member is not None else Path(os.fspath(path)).stem
+
+
+def output_in_directory(src: str, directory: str, src_format: Format, dst_format: str | None) -> str:
+    """``directory/<stem>.<ext>``, as ``cp SRC DIR/`` names its copy: the extension of
+    ``dst_format``, or of the source format's counterpart (GGUF -> .hrry, .hrry -> .gguf)."""
+    fmt = get_format(dst_format if dst_format is not None else src_format.counterpart)
+    return os.path.join(directory, output_stem(src) + fmt.extensions[0])
 
 
 def group_models(paths: Sequence[str]) -> list[tuple[str, ...]]:
@@ -364,7 +383,7 @@ register_format(Format(
 ))
 register_format(Format(
     name=HURRAY, title="Hurray", extensions=(".hrry",), sniff=_sniff_hurray, open=_open_hurray,
-    inspect=_inspect_hurray, verifier=_hurray_verifier,
+    inspect=_inspect_hurray, verifier=_hurray_verifier, counterpart="gguf",
 ))
 register_format(Format(
     name="safetensors", title="safetensors", extensions=(".safetensors",), sniff=_sniff_safetensors,

@@ -159,3 +159,88 @@ def test_a_truncated_hrry_says_it_looks_truncated_with_file_offset_and_what_was_
     assert_cli_contract(status, err)
     assert err.startswith(f"hurray-interop: error: {bad}: trailer_magic at offset {len(raw) - cut - 4}: ")
     assert f"trailer magic is {found!r}, expected b'HRRY'" in err and "looks truncated or incomplete" in err
+
+
+# -- output directories ---------------------------------------------------------------------------
+
+MISSING = "the output directory does not exist"
+
+
+@pytest.fixture
+def split_hrry(tmp_path_factory, fixtures_dir) -> Path:
+    out = tmp_path_factory.mktemp("split") / "tiny-split.hrry"
+    convert(fixtures_dir / "tiny-split-00001-of-00003.gguf", out)
+    return out
+
+
+@pytest.mark.parametrize("case", ["file", "split-set", "dir-slash"])
+def test_a_missing_output_directory_is_one_message_everywhere(files, split_hrry, tmp_path, monkeypatch, case):
+    monkeypatch.chdir(tmp_path)
+    src, dst = {
+        "file": (files["hrry"], "nodir/x.gguf"),
+        "split-set": (split_hrry, "nodir/tiny-split-00001-of-00003.gguf"),
+        "dir-slash": (files["hrry"], "nodir/"),
+    }[case]
+    status, _, err = _cli("convert", src, dst)
+    assert status == 2
+    assert_cli_contract(status, err)
+    assert err == f"hurray-interop: error: nodir: {MISSING}\n"
+    assert os.listdir(tmp_path) == []
+
+
+def test_out_dir_creates_only_its_last_directory_and_says_so(files, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    status, _, err = _cli("convert", "--to", "gguf", "--out-dir", "a/b", files["hrry"])
+    assert status == 2 and err == f"hurray-interop: error: a: {MISSING} (--out-dir creates only its last directory)\n"
+    assert os.listdir(tmp_path) == []
+    status, out, err = _cli("convert", "--to", "gguf", "--out-dir", "a", files["hrry"])
+    assert status == 0, err
+    assert out.splitlines()[0] == "created the output directory a"
+    assert (tmp_path / "a" / "tiny.gguf").read_bytes() == files["gguf"].read_bytes()
+    status, out, err = _cli("convert", "--to", "gguf", "--out-dir", "a", files["hrry"], "--force")
+    assert status == 0 and "created" not in out  # it exists now: nothing to say
+
+
+def test_out_dir_with_a_missing_parent_fails_before_a_dry_run_too(files, tmp_path):
+    status, _, err = _cli("convert", "--to", "gguf", "--out-dir", tmp_path / "a" / "b", files["hrry"], "--dry-run")
+    assert status == 2 and MISSING in err
+
+
+@pytest.mark.parametrize("spelling", ["slash", "existing"])
+@pytest.mark.parametrize("src_key,to,want", [
+    ("gguf", None, "tiny.hrry"), ("hrry", None, "tiny.gguf"), ("hrry", "safetensors", None),
+])
+def test_a_directory_destination_gets_the_sources_name_like_cp(files, tmp_path, spelling, src_key, to, want):
+    d = tmp_path / "out"
+    d.mkdir()
+    dst = os.fspath(d) + ("/" if spelling == "slash" else "")
+    argv = ["convert", files[src_key], dst] + (["--to", to] if to else [])
+    status, out, err = _cli(*argv)
+    if want is None:  # a refusal names the file it would have written
+        assert status == 1 and f"{d / 'tiny.safetensors'}" in out.splitlines()[-1]
+        return
+    assert status == 0, err
+    assert sorted(os.listdir(d)) == [want]
+    back = files["gguf"] if want.endswith(".gguf") else None
+    if back is not None:
+        assert (d / want).read_bytes() == back.read_bytes()
+    status, _, err = _cli(*argv)  # a second time: the file in the directory exists
+    assert status == 2 and err == f"hurray-interop: error: {d / want}: exists (use --force to overwrite)\n"
+    assert _cli(*argv, "--force")[0] == 0
+
+
+def test_a_split_set_hrry_to_a_directory_writes_its_shards_there(split_hrry, fixtures_dir, tmp_path):
+    d = tmp_path / "shards"
+    d.mkdir()
+    status, _, err = _cli("convert", split_hrry, d)
+    assert status == 0, err
+    names = sorted(os.listdir(d))
+    assert names == [f"tiny-split-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    for n in names:
+        assert (d / n).read_bytes() == (fixtures_dir / n).read_bytes()
+
+
+def test_the_api_converts_into_a_directory_too(files, tmp_path):
+    report = convert(files["hrry"], tmp_path)
+    assert report.destination == os.path.join(tmp_path, "tiny.gguf")
+    assert (tmp_path / "tiny.gguf").read_bytes() == files["gguf"].read_bytes()
