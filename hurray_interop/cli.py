@@ -227,6 +227,11 @@ def _convert_arguments(c: argparse.ArgumentParser) -> None:
     )
     c.add_argument("--dry-run", action="store_true", help="show the plan per tensor; write nothing")
     c.add_argument("--force", action="store_true", help="overwrite an existing DST")
+    c.add_argument(
+        "--skip-existing", action="store_true",
+        help="with --out-dir: skip the sources whose output exists (outputs are atomic: an existing one is "
+        "complete), so that an interrupted batch resumes; not with --force",
+    )
     _add_run_options(c, quiet="no progress bar, no summary")
     _add_batch_options(c, out_dir=True)
 
@@ -461,13 +466,15 @@ def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
 # ---------------------------------------------------------------------------
 # batches: many files, one result line (or JSON object) each as it finishes
 
-_BATCH_LABELS = {"ok": "OK", "refused": "REFUSED", "verification failed": "FAILED", "bad input": "ERROR", "error": "ERROR"}
+_BATCH_LABELS = {"ok": "OK", "skipped": "SKIPPED", "refused": "REFUSED", "verification failed": "FAILED", "bad input": "ERROR", "error": "ERROR"}
 
 
 def _cmd_convert_any(args: argparse.Namespace, out: TextIO) -> int:
     """``convert SRC DST``, or a batch: ``convert --to F --out-dir DIR SRC [SRC ...]``."""
     if args.out_dir is not None:
         return _cmd_convert_batch(args, out)
+    if args.skip_existing:
+        raise UsageError("--skip-existing resumes batches: give --out-dir DIR")
     if args.workers != 1 or args.scheduler is not None:
         raise UsageError("--workers and --scheduler run batches: give --out-dir DIR")
     if len(args.paths) != 2:
@@ -483,7 +490,7 @@ def _cmd_convert_batch(args: argparse.Namespace, out: TextIO) -> int:
 
     if args.dst_format is None:
         raise UsageError("--out-dir needs --to FORMAT (the format of the outputs)")
-    batch = plan_convert(args.paths, args.out_dir, **_convert_options(args))
+    batch = plan_convert(args.paths, args.out_dir, skip_existing=args.skip_existing, **_convert_options(args))
     return _run_batch(batch, args, out, "would convert" if args.dry_run else "converted")
 
 

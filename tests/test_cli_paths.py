@@ -244,3 +244,72 @@ def test_the_api_converts_into_a_directory_too(files, tmp_path):
     report = convert(files["hrry"], tmp_path)
     assert report.destination == os.path.join(tmp_path, "tiny.gguf")
     assert (tmp_path / "tiny.gguf").read_bytes() == files["gguf"].read_bytes()
+
+
+# -- --skip-existing: resuming a batch ------------------------------------------------------------
+
+
+@pytest.fixture
+def two_sources(files, tmp_path) -> list[Path]:
+    d = tmp_path / "src"
+    d.mkdir()
+    out = [d / "a.gguf", d / "b.gguf"]
+    for p in out:
+        shutil.copyfile(files["gguf"], p)
+    return out
+
+
+def test_skip_existing_resumes_an_interrupted_batch(two_sources, tmp_path):
+    out = tmp_path / "out"
+    assert _cli("convert", "--to", "hurray", "--out-dir", out, two_sources[0])[0] == 0  # "interrupted" after one
+    first = (out / "a.hrry").stat().st_mtime_ns
+    status, _, err = _cli("convert", "--to", "hurray", "--out-dir", out, *two_sources)
+    assert status == 2 and "exist already" in err  # without the option: refused, before anything runs
+    status, text, err = _cli("convert", "--to", "hurray", "--out-dir", out, *two_sources, "--skip-existing")
+    assert status == 0, err
+    lines = text.splitlines()
+    assert lines[0] == f"SKIPPED {two_sources[0]} -> {out / 'a.hrry'}: exists, skipped"
+    assert lines[1].startswith(f"OK      {two_sources[1]} -> {out / 'b.hrry'}")
+    assert lines[-1] == "1 of 2 files converted (1 skipped)"
+    assert (out / "a.hrry").stat().st_mtime_ns == first  # untouched
+    assert (out / "b.hrry").read_bytes() == (out / "a.hrry").read_bytes()
+
+
+def test_skip_existing_in_json_lines(two_sources, tmp_path):
+    out = tmp_path / "out"
+    assert _cli("convert", "--to", "hurray", "--out-dir", out, *two_sources)[0] == 0
+    status, text, _ = _cli("convert", "--to", "hurray", "--out-dir", out, *two_sources, "--skip-existing", "--json")
+    rows = [json.loads(line) for line in text.splitlines()]
+    assert status == 0
+    assert [(r["status"], r["exit_code"], r["output"]) for r in rows[:2]] == [("skipped", 0, None)] * 2
+    assert rows[-1] == {"type": "summary", "files": 2, "counts": {"skipped": 2}, "exit_code": 0}
+
+
+def test_skip_existing_counts_a_split_sets_shards(split_hrry, tmp_path):
+    out = tmp_path / "out"
+    assert _cli("convert", "--to", "gguf", "--out-dir", out, split_hrry)[0] == 0
+    assert len(os.listdir(out)) == 3
+    status, text, _ = _cli("convert", "--to", "gguf", "--out-dir", out, split_hrry, "--skip-existing")
+    assert status == 0 and text.startswith("SKIPPED ") and "tiny-split-00001-of-00003.gguf: exists" in text
+
+
+def test_skip_existing_from_python(two_sources, tmp_path):
+    from hurray_interop.batch import convert_many, summarize
+
+    out = tmp_path / "out"
+    list(convert_many(two_sources[:1], out, dst_format="hurray"))
+    results = list(convert_many(two_sources, out, dst_format="hurray", skip_existing=True))
+    assert [r.status for r in results] == ["skipped", "ok"]
+    assert summarize(results).exit_code == 0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--out-dir", "{out}", "--force", "--skip-existing"], "--skip-existing and --force exclude each other"),
+    (["{dst}", "--skip-existing"], "--skip-existing resumes batches: give --out-dir DIR"),
+])
+def test_skip_existing_usage_errors(two_sources, tmp_path, argv, message):
+    argv = [a.format(out=tmp_path / "out", dst=tmp_path / "x.hrry") for a in argv]
+    status, _, err = _cli("convert", "--to", "hurray", two_sources[0], *argv)
+    assert status == 2 and message in err
+    assert_cli_contract(status, err)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "x.hrry").exists()
