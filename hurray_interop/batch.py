@@ -32,7 +32,6 @@ only places this module touches the conversion and verification code.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import itertools
 import os
 import time
 from contextlib import contextmanager
@@ -386,6 +385,12 @@ def _run(executor: cf.Executor | None, task: Callable[..., tuple[FileResult, ...
             fut.cancel()
 
 
+def _after(first: list[FileResult], results: Iterator[FileResult]) -> Iterator[FileResult]:
+    """``first``, then ``results`` (closing this closes ``results``: its tasks are cancelled)."""
+    yield from first
+    yield from results
+
+
 @dataclass
 class Batch:
     """Checked work, ready to run: ``task(*call)`` for every call, one call per model (or pair)."""
@@ -407,7 +412,7 @@ class Batch:
         finishes (the skipped files' first)."""
         if self.out_dir is not None:
             self.created = _create_out_dir(self.out_dir)
-        return itertools.chain(self.skipped, _run(executor, self.task, self.calls))
+        return _after(self.skipped, _run(executor, self.task, self.calls))
 
 
 def plan_convert(
