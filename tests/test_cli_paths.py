@@ -313,3 +313,64 @@ def test_skip_existing_usage_errors(two_sources, tmp_path, argv, message):
     assert status == 2 and message in err
     assert_cli_contract(status, err)
     assert not (tmp_path / "out").exists() and not (tmp_path / "x.hrry").exists()
+
+
+# -- dequantize: the same verb for a GGUF tensor ------------------------------------------------
+
+
+@pytest.mark.parametrize("gguf_key,hrry_key", [("gguf", "hrry"), ("kquant", "khrry")])
+def test_dequantize_takes_a_gguf_tensor_and_gives_what_the_hrry_gives(files, gguf_key, hrry_key):
+    """Every tensor of a GGUF from ``open()`` dequantizes, bit for bit, to the values of its
+    .hrry counterpart (the shared dequantizer), K-quants included; signed zeros too."""
+    import hurray_interop
+
+    with hurray_interop.open(files[gguf_key]) as g, hurray_interop.open(files[hrry_key]) as h:
+        for info in g.tensors:
+            got = hurray_interop.dequantize(g.tensor(info.name))
+            want = hurray_interop.dequantize(h.tensor(info.name))
+            assert got.dtype == np.float32 and got.shape == want.shape == info.shape, info.name
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), info.name
+
+
+def test_dequantize_of_a_gguf_tensor_fills_out_and_checks_it(files):
+    import hurray_interop
+    from hurray_interop.errors import UsageError
+
+    with hurray_interop.open(files["gguf"]) as g:
+        t = g.tensor("blk.0.attn_k.weight")
+        out = np.full(t.shape, np.nan, dtype=np.float32)
+        assert hurray_interop.dequantize(t, out=out) is out and not np.isnan(out).any()
+        with pytest.raises(UsageError, match="out must be a writeable C-contiguous float32 array"):
+            hurray_interop.dequantize(t, out=np.empty(t.shape, dtype=np.float64))
+
+
+def test_dequantize_of_a_split_sets_tensor(fixtures_dir):
+    import hurray_interop
+    from hurray_interop.conversions.gguf import reference_dequantizer
+
+    with hurray_interop.open(fixtures_dir / "tiny-split-00002-of-00003.gguf") as m:
+        last = m.tensors[-1]
+        values = hurray_interop.dequantize(m.tensor(last.name))
+        assert values.shape == last.shape
+        decode = reference_dequantizer(last.ggml_type)
+        want = last.array().astype(np.float32) if decode is None else decode(last.array())
+        assert np.array_equal(values, np.asarray(want, dtype=np.float32).reshape(last.shape))
+
+
+def test_dequantize_of_a_gguf_type_without_a_decoder_names_it():
+    import hurray_interop
+    from hurray_interop.errors import UnsupportedError
+    from hurray_interop.formats import gguf as G
+
+    q8k = G.ggml_type("Q8_K")
+    info = G.GGUFTensorInfo("t", q8k.id, (256,), 0, 0, q8k.block_bytes, 0, np.zeros(q8k.block_bytes, np.uint8))
+    with pytest.raises(UnsupportedError, match="tensor 't': gguf-py has no decoder for Q8_K"):
+        hurray_interop.dequantize(info)
+
+
+def test_dequantize_of_something_else_still_says_what_it_got():
+    import hurray_interop
+    from hurray_interop.errors import UsageError
+
+    with pytest.raises(UsageError, match="expected a hurray_interop Tensor, got list"):
+        hurray_interop.dequantize([1.0])

@@ -88,7 +88,7 @@ if TYPE_CHECKING:  # the .hrry container, the split sets and --fallback exact ar
     from ..core.hrry import HrryWriter  # when used, so that planning (inspect, --dry-run) starts fast
     from ..formats import gguf_split as S
 
-__all__ = ["gguf_to_hurray", "hurray_to_gguf", "plan_gguf", "KEY_PREFIX"]
+__all__ = ["gguf_to_hurray", "hurray_to_gguf", "plan_gguf", "dequantize_gguf", "KEY_PREFIX"]
 
 KEY_PREFIX = "hurray_interop."
 K_SOURCE = "hurray_interop.source_format"
@@ -655,6 +655,35 @@ def reference_dequantizer(t: "G.GGMLType") -> Callable[[np.ndarray], np.ndarray]
     except (KeyError, NotImplementedError, ValueError):
         return None
     return lambda raw: gq.dequantize(raw, qt)
+
+
+def dequantize_gguf(info: "G.GGUFTensorInfo", *, out: np.ndarray | None = None, strict: bool = True,
+                    threads: int | None = None) -> np.ndarray:
+    """The float32 values of a GGUF tensor (numpy order, shape ``info.shape``) as gguf-py decodes
+    them: its reference dequantizer for block types (the oracle ``verify`` holds the shared
+    dequantizer to, bit for bit, for every exactly mapped type), numpy's cast for plain
+    types.  ``out`` as for :func:`hurray_interop.dequant.dequantize`; ``strict`` and ``threads``
+    change nothing here (every GGUF value is defined; gguf-py decodes in this thread).
+    :class:`UnsupportedError` for a type gguf-py has no decoder for."""
+    t, shape = info.ggml_type, _shape(info)
+    if out is None:
+        out = np.empty(shape, dtype=np.float32)
+    elif (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != shape
+          or not out.flags.c_contiguous or not out.flags.writeable):
+        got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise UsageError(f"out must be a writeable C-contiguous float32 array of shape {shape}, got {got}", tensor=info.name)
+    flat = out.reshape(-1)
+    if t.dtype() is not None:
+        flat[...] = info.data.view(t.dtype())
+        return out
+    decode = reference_dequantizer(t)
+    if decode is None:
+        raise UnsupportedError(f"gguf-py has no decoder for {t.name}: its values cannot be given", tensor=info.name)
+    blocks = _blocks(info)
+    per = t.block_elements
+    for sl in _chunks(blocks.shape[0], 1 << 14):  # bounded temporaries for any tensor size
+        flat[sl.start * per : sl.stop * per] = decode(blocks[sl].reshape(1, -1)).reshape(-1)
+    return out
 
 
 def _plan_fallback(job: _Job, fallback: str, reason: str, out: P.Output | None) -> None:
