@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 __all__ = ["EXACT", "VALUE_EXACT", "LOSSY", "REFUSED", "TensorPlan", "ConversionReport", "fallback_hint",
-           "EXACT_FORM_HINT", "SIZES"]
+           "EXACT_FORM_HINT"]
 
 #: every code and scale bit preserved
 EXACT = "exact"
@@ -22,10 +22,6 @@ REFUSED = "refused"
 
 #: what a refused tensor whose GGML type has an exact expanded form is told (a plan's row)
 EXACT_FORM_HINT = "--fallback exact stores it exactly"
-
-#: what ``bytes_in`` / ``bytes_out`` count, in both directions alike
-SIZES = ("bytes in / bytes out: each tensor's data in the source and in the destination (with the restore "
-         "record of an exact expanded form); headers, metadata and padding are not counted")
 
 
 def fallback_hint(expandable: bool, dtypes: Sequence[str]) -> str:
@@ -80,6 +76,11 @@ class ConversionReport:
     @property
     def exact(self) -> bool:
         return all(t.status in (EXACT, VALUE_EXACT) for t in self.tensors)
+
+    # bytes_in / bytes_out, per tensor and in total: each tensor's data in the source and in the
+    # destination (an exact expanded form's restore record included), by the same rule in both
+    # directions, so a file shows one figure whichever way it is converted; headers, metadata
+    # and padding are not counted.
 
     @property
     def bytes_in(self) -> int:
