@@ -7,7 +7,8 @@ told by its magic bytes, through :mod:`hurray_interop.registry`):
 * :func:`verify` — a round trip through Hurray, or two files compared;
 * :func:`inspect` — what a file holds, as plain data;
 * :func:`open` — a file's reader (a context manager);
-* :func:`dequantize` — a tensor's float32 values (Hurray: the one shared dequantizer; GGUF: gguf-py's decoding).
+* :func:`dequantize` — a tensor's float32 values (Hurray and safetensors: the one shared
+  dequantizer; GGUF: gguf-py's decoding).
 
 Each imports what it needs when first called, so ``import hurray_interop`` stays cheap.
 The examples run from the repository root (``python -m pytest`` runs them).
@@ -124,7 +125,10 @@ def dequantize(tensor: "Tensor | Any", **options: Any) -> "np.ndarray":
     Hurray tensor's computed by the one dequantizer every check shares (``options``: ``out``,
     ``strict``, ``threads`` -- see :func:`hurray_interop.dequant.dequantize`); a GGUF tensor's
     as llama.cpp's gguf-py decodes them (the values ``verify`` holds the shared dequantizer
-    to, bit for bit; :func:`hurray_interop.conversions.gguf.dequantize_gguf`).
+    to, bit for bit; :func:`hurray_interop.conversions.gguf.dequantize_gguf`); a safetensors
+    tensor's (``SafetensorsFile.tensor(name)``; an MX pair by its data tensor) by the import's
+    mapping and the shared dequantizer
+    (:func:`hurray_interop.conversions.safetensors.dequantize_safetensors`).
 
     >>> import os, tempfile, hurray_interop
     >>> with tempfile.TemporaryDirectory() as tmp:

@@ -251,7 +251,8 @@ def convert_task(group: Group, output: str, options: ConvertOptions) -> tuple[Fi
     line = f"{src} -> {output}: {len(report.tensors)} tensors ({counts})"
     if options.dry_run:
         status = REFUSED if report.refused else OK
-        return (FileResult(src, status, f"{line}, dry run: nothing written", seconds=seconds),)
+        hint = f"; {report.hint}" if report.refused and report.hint else ""
+        return (FileResult(src, status, f"{line}, dry run: nothing written{hint}", seconds=seconds),)
     return (FileResult(src, OK, line, output=output, seconds=seconds),)
 
 

@@ -345,6 +345,15 @@ def _dequantize_gguf(tensor: Any, **options: Any) -> Any:
     return dequantize_gguf(tensor, **options)
 
 
+def _dequantize_safetensors(tensor: Any, **options: Any) -> Any:
+    S = sys.modules.get("hurray_interop.formats.safetensors")  # loaded: such a tensor exists only then
+    if S is None or not isinstance(tensor, S.STTensor):
+        return None
+    from .conversions.safetensors import dequantize_safetensors
+
+    return dequantize_safetensors(tensor, **options)
+
+
 def _open_gguf(path: str) -> Any:
     from .formats.gguf_split import open_model
 
@@ -414,4 +423,5 @@ register_format(Format(
     name="safetensors", title="safetensors", extensions=(".safetensors",), sniff=_sniff_safetensors,
     open=_open_safetensors, inspect=_inspect_safetensors, verifier=_safetensors_verifier,
     to_hurray=_safetensors_to_hurray, from_hurray=_hurray_to_safetensors, export_options={"convention": None},
+    dequantize=_dequantize_safetensors,
 ))

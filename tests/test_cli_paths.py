@@ -374,3 +374,41 @@ def test_dequantize_of_something_else_still_says_what_it_got():
 
     with pytest.raises(UsageError, match="expected a hurray_interop Tensor, got list"):
         hurray_interop.dequantize([1.0])
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-tiny", "ct-mxfp4-tiny", "mxfp8-tiny"])
+def test_dequantize_takes_a_safetensors_tensor_and_gives_what_the_hrry_gives(fixtures_dir, tmp_path, name):
+    """By the import's mapping: an MX pair's data tensor gives the values of the Hurray MXFP
+    tensor made of the pair, a plain tensor those of its Hurray copy, bit for bit."""
+    import hurray_interop
+    from hurray_interop.errors import UnsupportedError, UsageError
+    from hurray_interop.formats.safetensors import detect_pairs
+
+    src, hrry = fixtures_dir / f"{name}.safetensors", tmp_path / f"{name}.hrry"
+    convert(src, hrry)
+    with hurray_interop.open(src) as s, hurray_interop.open(hrry) as h:
+        pairs = detect_pairs(s)[0]
+        hurray_name = {p.data.name: p.hurray_name for p in pairs}
+        scales = {p.scale.name for p in pairs}
+        checked = 0
+        for e in s.entries:
+            if e.name in scales:
+                with pytest.raises(UsageError, match="is the scale tensor of the MX pair"):
+                    hurray_interop.dequantize(s.tensor(e.name))
+                continue
+            try:
+                got = hurray_interop.dequantize(s.tensor(e.name))
+            except UnsupportedError as exc:  # bytes without values (BOOL, a lone E8M0 tensor)
+                assert "travels as bytes" in str(exc)
+                continue
+            want = hurray_interop.dequantize(h.tensor(hurray_name.get(e.name, e.name)))
+            assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), e.name
+            checked += 1
+        assert checked > len(pairs) > 0
+
+
+def test_a_batch_dry_runs_refused_line_carries_the_hint(files, tmp_path):
+    status, out, _ = _cli("convert", "--to", "hurray", "--dry-run", "--out-dir", tmp_path / "o", files["kquant"])
+    assert status == 1
+    line = out.splitlines()[0]
+    assert line.startswith("REFUSED ") and line.endswith(HINT + " to store them dequantized")
