@@ -93,6 +93,8 @@ def convert(
 
     # foreign -> foreign: through a temporary .hrry next to the destination
     dst_dir = os.path.dirname(os.path.abspath(dst_s))
+    if not os.path.isdir(dst_dir):  # before the intermediate's directory is made there
+        raise missing_directory(os.path.dirname(dst_s))
     with tempfile.TemporaryDirectory(dir=dst_dir, prefix=".hurray-interop-") as tmp:
         mid = os.path.join(tmp, "intermediate.hrry")
         first_opts, second_opts = {**common, **import_opts}, {**common, **export_opts}

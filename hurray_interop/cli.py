@@ -146,7 +146,8 @@ def _add_batch_options(p: argparse.ArgumentParser, *, out_dir: bool = False) -> 
     if out_dir:
         p.add_argument(
             "--out-dir", metavar="DIR",
-            help="convert every SRC into DIR/<stem>.<extension of --to> (a batch; --to is required)",
+            help="convert every SRC into DIR/<stem>.<extension of --to> (a batch; --to is required); "
+            "DIR is created if its parent exists",
         )
     p.add_argument(
         "--workers", type=int, default=1, metavar="N",

@@ -173,15 +173,16 @@ def split_hrry(tmp_path_factory, fixtures_dir) -> Path:
     return out
 
 
-@pytest.mark.parametrize("case", ["file", "split-set", "dir-slash"])
+@pytest.mark.parametrize("case", ["file", "split-set", "dir-slash", "through-hurray"])
 def test_a_missing_output_directory_is_one_message_everywhere(files, split_hrry, tmp_path, monkeypatch, case):
     monkeypatch.chdir(tmp_path)
-    src, dst = {
+    src, dst, *more = {
         "file": (files["hrry"], "nodir/x.gguf"),
         "split-set": (split_hrry, "nodir/tiny-split-00001-of-00003.gguf"),
         "dir-slash": (files["hrry"], "nodir/"),
+        "through-hurray": (files["gguf"], "nodir/x.safetensors", "--fallback", "float32"),
     }[case]
-    status, _, err = _cli("convert", src, dst)
+    status, _, err = _cli("convert", src, dst, *more)
     assert status == 2
     assert_cli_contract(status, err)
     assert err == f"hurray-interop: error: nodir: {MISSING}\n"
