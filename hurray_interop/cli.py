@@ -64,6 +64,7 @@ class _Parser(argparse.ArgumentParser):
         kw.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kw)
         self._fill = fill
+        self._intermixing = False
 
     def complete(self) -> "_Parser":
         """This parser with all its arguments added."""
@@ -73,7 +74,18 @@ class _Parser(argparse.ArgumentParser):
         return self
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        return super(_Parser, self.complete()).parse_known_args(args, namespace)
+        """A command's options may come anywhere among its paths (``convert SRC --force DST``,
+        as ``cp`` takes them): argparse's intermixed parsing, for every command parser."""
+        parser = self.complete()
+        if self._subparsers is not None or self._intermixing:  # the main parser; or the passes inside
+            return super(_Parser, parser).parse_known_args(args, namespace)
+        self._intermixing, usage = True, self.usage
+        if usage is None:  # argparse would lay the usage out now, for messages we never print
+            self.usage = _LazyUsage(self)  # type: ignore[assignment]
+        try:
+            return super(_Parser, parser).parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing, self.usage = False, usage
 
     def format_usage(self) -> str:
         return super(_Parser, self.complete()).format_usage()
@@ -83,6 +95,29 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
+
+
+class _LazyUsage:
+    """A parser's usage while intermixed parsing runs: argparse's intermixed parsing lays the
+    usage out before parsing (looking the terminal's width up); this lays it out only when
+    help or usage is shown (argparse formats ``usage % {prog}``)."""
+
+    def __init__(self, parser: "_Parser") -> None:
+        self._parser = parser
+
+    def __mod__(self, values: object) -> str:
+        p = self._parser
+        # the first pass hides the positionals (nargs SUPPRESS, the real one kept in save_nargs)
+        hidden = [a for a in p._get_positional_actions() if a.nargs == argparse.SUPPRESS and hasattr(a, "save_nargs")]
+        saved, p.usage = p.usage, None
+        for a in hidden:
+            a.nargs = a.save_nargs  # type: ignore[attr-defined]
+        try:
+            return p.format_usage()[len("usage: "):].rstrip("\n")
+        finally:
+            p.usage = saved  # type: ignore[assignment]
+            for a in hidden:
+                a.nargs = argparse.SUPPRESS
 
 
 class _Version(argparse.Action):
@@ -111,7 +146,8 @@ def _add_batch_options(p: argparse.ArgumentParser, *, out_dir: bool = False) -> 
     if out_dir:
         p.add_argument(
             "--out-dir", metavar="DIR",
-            help="convert every SRC into DIR/<stem>.<extension of --to> (a batch; --to is required)",
+            help="convert every SRC into DIR/<stem>.<extension of --to> (a batch; --to is required); "
+            "DIR is created if its parent exists",
         )
     p.add_argument(
         "--workers", type=int, default=1, metavar="N",
@@ -152,7 +188,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _convert_arguments(c: argparse.ArgumentParser) -> None:
-    c.add_argument("paths", nargs="+", metavar="PATH", help="SRC DST, or with --out-dir DIR: SRC [SRC ...]")
+    c.add_argument(
+        "paths", nargs="+", metavar="PATH",
+        help="SRC DST, or with --out-dir DIR: SRC [SRC ...]; a DST that is a directory (DIR/, or an existing DIR) "
+        "gets DIR/<stem>.<ext> as with cp: the extension of --to, else the source's counterpart "
+        "(GGUF and safetensors -> .hrry, .hrry -> .gguf; a split set's shards)",
+    )
     c.add_argument("--from", dest="src_format", choices=format_names(), help="force the source format")
     c.add_argument("--to", dest="dst_format", choices=format_names(), help="force the destination format")
     c.add_argument(
@@ -187,6 +228,11 @@ def _convert_arguments(c: argparse.ArgumentParser) -> None:
     )
     c.add_argument("--dry-run", action="store_true", help="show the plan per tensor; write nothing")
     c.add_argument("--force", action="store_true", help="overwrite an existing DST")
+    c.add_argument(
+        "--skip-existing", action="store_true",
+        help="with --out-dir: skip the sources whose output exists (outputs are atomic: an existing one is "
+        "complete), so that an interrupted batch resumes; not with --force",
+    )
     _add_run_options(c, quiet="no progress bar, no summary")
     _add_batch_options(c, out_dir=True)
 
@@ -260,21 +306,34 @@ def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
 def _render_conversion(report: ConversionReport, out: TextIO) -> None:
     rows = [("tensor", "source", "hurray mapping" if report.destination_format == "hurray" else "mapping", "status", "bytes in", "bytes out", "note")]
     for t in report.tensors:
-        note = t.reason
+        note = t.note
         if t.max_abs_error is not None:
             note = (note + "; " if note else "") + f"max abs error {t.max_abs_error:.6g}"
-        if t.substituted_blocks:
-            note = (note + "; " if note else "") + f"{t.substituted_blocks} zero-block scale(s) substituted and recorded"
         rows.append((t.name, t.source_type, t.mapping, t.status, _fmt_bytes(t.bytes_in), _fmt_bytes(t.bytes_out), note))
     _table(rows, out)
-    for n in report.notes:
+    for n in report.notes + _substitution_note(report):
         out.write(f"note: {n}\n")
     counts = ", ".join(f"{v} {k}" for k, v in sorted(report.counts().items()))
-    verb = "would convert" if report.dry_run else "converted"
-    out.write(
-        f"{verb} {report.source} ({report.source_format}) -> {report.destination} ({report.destination_format}): "
-        f"{len(report.tensors)} tensors ({counts}), {_fmt_bytes(report.bytes_in)} -> {_fmt_bytes(report.bytes_out)}\n"
-    )
+    what = (f"{report.source} ({report.source_format}) -> {report.destination} ({report.destination_format}): "
+            f"{len(report.tensors)} tensors ({counts})")
+    hint = f"; {report.hint}" if report.refused and report.hint else ""
+    if report.refused and not report.dry_run:  # the conversion stopped before writing anything
+        out.write(f"refused: nothing written; {what}{hint}\n")
+        return
+    sizes = f", {_fmt_bytes(report.bytes_in)} -> {_fmt_bytes(report.bytes_out)} of tensor data"
+    out.write(f"{'would convert' if report.dry_run else 'converted'} {what}{sizes}{hint}\n")
+
+
+def _substitution_note(report: ConversionReport) -> list[str]:
+    """All-zero blocks whose source scale the destination forbids: one note for the run
+    (normal and exact; ``--json`` has the count per tensor)."""
+    blocks, tensors = report.substitutions()
+    if not blocks:
+        return []
+    if report.destination_format != "hurray":  # an export: the recorded originals come back
+        return [f"{blocks} all-zero block(s) in {tensors} tensor(s) get back their recorded original scale (exact)"]
+    return [f"{blocks} all-zero block(s) in {tensors} tensor(s) stored with the rules' substitute for their "
+            "forbidden scale and recorded: converting back restores the original bytes (normal; exact)"]
 
 
 def _render_verify(result: Any, out: TextIO, quiet: bool) -> None:
@@ -408,13 +467,15 @@ def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
 # ---------------------------------------------------------------------------
 # batches: many files, one result line (or JSON object) each as it finishes
 
-_BATCH_LABELS = {"ok": "OK", "refused": "REFUSED", "verification failed": "FAILED", "bad input": "ERROR", "error": "ERROR"}
+_BATCH_LABELS = {"ok": "OK", "skipped": "SKIPPED", "refused": "REFUSED", "verification failed": "FAILED", "bad input": "ERROR", "error": "ERROR"}
 
 
 def _cmd_convert_any(args: argparse.Namespace, out: TextIO) -> int:
     """``convert SRC DST``, or a batch: ``convert --to F --out-dir DIR SRC [SRC ...]``."""
     if args.out_dir is not None:
         return _cmd_convert_batch(args, out)
+    if args.skip_existing:
+        raise UsageError("--skip-existing resumes batches: give --out-dir DIR")
     if args.workers != 1 or args.scheduler is not None:
         raise UsageError("--workers and --scheduler run batches: give --out-dir DIR")
     if len(args.paths) != 2:
@@ -430,7 +491,7 @@ def _cmd_convert_batch(args: argparse.Namespace, out: TextIO) -> int:
 
     if args.dst_format is None:
         raise UsageError("--out-dir needs --to FORMAT (the format of the outputs)")
-    batch = plan_convert(args.paths, args.out_dir, **_convert_options(args))
+    batch = plan_convert(args.paths, args.out_dir, skip_existing=args.skip_existing, **_convert_options(args))
     return _run_batch(batch, args, out, "would convert" if args.dry_run else "converted")
 
 
@@ -453,7 +514,10 @@ def _run_batch(batch: Any, args: argparse.Namespace, out: TextIO, verb: str) -> 
     try:
         with open_executor(args.workers, args.scheduler) as executor, \
                 _progress(show and batch.files > 1, "files", unit="file") as progress:
-            for result in batch.run(executor):
+            results = batch.run(executor)
+            if batch.created and show:
+                _write_line(out, f"created the output directory {batch.out_dir}")
+            for result in results:
                 summary.add(result)
                 _write_result(result, args, out)
                 if progress is not None:

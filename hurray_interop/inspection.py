@@ -205,7 +205,7 @@ def _add_plan(info: dict[str, Any], plan: Any, source_key: str) -> None:
             "bytes_in": t.bytes_in,
             "bytes_out": t.bytes_out,
             "substituted_blocks": t.substituted_blocks,
-            "reason": t.reason,
+            "reason": t.note,  # with the hint of a refused tensor
         }
         for t in plan.tensors
     ]

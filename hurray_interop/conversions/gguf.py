@@ -78,7 +78,7 @@ from ..core.records import encode_scale_record, restore_scales, scale_record_key
 from ..errors import ConversionRefused, FormatError, UnsupportedError, UsageError, errors_name_source
 from ..formats import gguf as G
 from ..parallel import pmap, use_jobs
-from ..report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan
+from ..report import EXACT, EXACT_FORM_HINT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan, fallback_hint
 from ..tables import load_table
 from . import fallback as fallbacks
 from . import gguf_pass as P
@@ -88,7 +88,7 @@ if TYPE_CHECKING:  # the .hrry container, the split sets and --fallback exact ar
     from ..core.hrry import HrryWriter  # when used, so that planning (inspect, --dry-run) starts fast
     from ..formats import gguf_split as S
 
-__all__ = ["gguf_to_hurray", "hurray_to_gguf", "plan_gguf", "KEY_PREFIX"]
+__all__ = ["gguf_to_hurray", "hurray_to_gguf", "plan_gguf", "dequantize_gguf", "KEY_PREFIX"]
 
 KEY_PREFIX = "hurray_interop."
 K_SOURCE = "hurray_interop.source_format"
@@ -657,6 +657,35 @@ def reference_dequantizer(t: "G.GGMLType") -> Callable[[np.ndarray], np.ndarray]
     return lambda raw: gq.dequantize(raw, qt)
 
 
+def dequantize_gguf(info: "G.GGUFTensorInfo", *, out: np.ndarray | None = None, strict: bool = True,
+                    threads: int | None = None) -> np.ndarray:
+    """The float32 values of a GGUF tensor (numpy order, shape ``info.shape``) as gguf-py decodes
+    them: its reference dequantizer for block types (the oracle ``verify`` holds the shared
+    dequantizer to, bit for bit, for every exactly mapped type), numpy's cast for plain
+    types.  ``out`` as for :func:`hurray_interop.dequant.dequantize`; ``strict`` and ``threads``
+    change nothing here (every GGUF value is defined; gguf-py decodes in this thread).
+    :class:`UnsupportedError` for a type gguf-py has no decoder for."""
+    t, shape = info.ggml_type, _shape(info)
+    if out is None:
+        out = np.empty(shape, dtype=np.float32)
+    elif (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != shape
+          or not out.flags.c_contiguous or not out.flags.writeable):
+        got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise UsageError(f"out must be a writeable C-contiguous float32 array of shape {shape}, got {got}", tensor=info.name)
+    flat = out.reshape(-1)
+    if t.dtype() is not None:
+        flat[...] = info.data.view(t.dtype())
+        return out
+    decode = reference_dequantizer(t)
+    if decode is None:
+        raise UnsupportedError(f"gguf-py has no decoder for {t.name}: its values cannot be given", tensor=info.name)
+    blocks = _blocks(info)
+    per = t.block_elements
+    for sl in _chunks(blocks.shape[0], 1 << 14):  # bounded temporaries for any tensor size
+        flat[sl.start * per : sl.stop * per] = decode(blocks[sl].reshape(1, -1)).reshape(-1)
+    return out
+
+
 def _plan_fallback(job: _Job, fallback: str, reason: str, out: P.Output | None) -> None:
     info = job.info
     deq = reference_dequantizer(info.ggml_type)
@@ -740,14 +769,14 @@ def _refusal_reason(type_name: str, family: str) -> str:
 
 def _plan_only(report: ConversionReport, src: str, refusal: str, dst: Any, dry_run: bool) -> bool:
     """After planning: raise if anything is refused (unless dry run); True when nothing is to be written."""
-    if report.refused and not dry_run:
+    if report.refused:
         from . import gguf_exact
 
         exact = any(gguf_exact.has_form(t.source_type) for t in report.refused)
-        hint = f"--fallback {fallbacks.EXACT} to store them exactly, larger, or " if exact else ""
+        report.hint = fallback_hint(exact, fallbacks.DTYPE_CHOICES)
+    if report.refused and not dry_run:
         raise ConversionRefused(
-            f"{len(report.refused)} tensor(s) {refusal}; nothing was written "
-            f"(choose {hint}--fallback {'|'.join(fallbacks.DTYPE_CHOICES)} to store them dequantized)",
+            f"{len(report.refused)} tensor(s) {refusal}; nothing was written ({report.hint})",
             path=src,
             reasons=[(t.name, t.source_type, t.reason) for t in report.refused],
             report=report,
@@ -780,7 +809,10 @@ def _plan(info: "G.GGUFTensorInfo", *, fallback: str | None, q4_1: str, out: P.O
         elif fallback:
             _plan_fallback(job, fallback, r.reason, out)
         else:
+            from . import gguf_exact
+
             job.plan.status, job.plan.reason, job.plan.mapping = REFUSED, r.reason, "-"
+            job.plan.hint = EXACT_FORM_HINT if gguf_exact.has_form(t.name) else ""
     return job
 
 
@@ -1108,6 +1140,16 @@ def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tu
     return c.name, _BlockSource(c, codes, lambda: _scales_of(t, kv, c), nb)
 
 
+def _record_bytes(kv: dict[str, KVValue], name: str, gtype: str | None, nbytes: int) -> int:
+    """The restore record of an exact expanded form rebuilt as ``gtype`` (``nbytes`` GGML bytes):
+    counted with the tensor's data, as the import counted it (0 for any other tensor)."""
+    from . import gguf_exact
+
+    if gtype is None or not gguf_exact.has_form(gtype) or gguf_exact.record_key(name) not in kv:
+        return 0
+    return gguf_exact.record_bytes(gtype, nbytes)
+
+
 def _layout_name(d: Descriptor) -> str:
     return {RowMajor: "row-major"}.get(type(d.layout), type(d.layout).__name__)
 
@@ -1410,6 +1452,7 @@ def _hurray_to_gguf(
                 ex.ne = tuple(int(x) for x in reversed(shape)) or (1,)  # type: ignore[arg-type]
             if ex.type_name:
                 plan.bytes_out = G.tensor_nbytes(ex.type_name, ex.ne)
+            plan.bytes_in += _record_bytes(kv, name, ex.type_name, plan.bytes_out)
             exports.append(ex)
             hf.release_pages()  # planning reads codes (overlay checks): keep resident memory bounded
         report.tensors = [e.plan for e in exports]

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..errors import FormatError, SplitSetError, UnsupportedError, UsageError
-from ..files.atomic import AtomicOutputSet
+from ..files.atomic import AtomicOutputSet, missing_directory
 from . import gguf as G
 
 __all__ = [
@@ -959,6 +959,8 @@ def write_set(
 
 
 def _refuse_other_sets(first: Path, count: int) -> None:
+    if not first.parent.is_dir():  # the message every output gives (AtomicOutputSet checks the rest)
+        raise missing_directory(first.parent)
     prefix = _prefix_of(first)
     for other, p in _shards_beside(first.parent, prefix):
         if other.count != count:
