@@ -262,11 +262,11 @@ def _gguf_value_from_record_unchecked(key: str, value: KVValue, type_str: str, p
         items = list(value.value)
         if et == VT.STRING:
             return G.GGUFValue.of(VT.ARRAY, [s.encode("utf-8") for s in items], VT.STRING)
-        return G.GGUFValue.of(VT.ARRAY, _wide_array(items, et), et)  # type: ignore[arg-type]
+        return G.GGUFValue.of(VT.ARRAY, _wide_array(items, et), et, exact=True)  # type: ignore[arg-type]
     v = value.value
     if vt == VT.STRING:
         v = v.encode("utf-8")
-    return G.GGUFValue.of(vt, v)
+    return G.GGUFValue.of(vt, v, exact=True)  # a recorded FLOAT32 must be one (ints: in range)
 
 
 def _wide_array(items: list[Any], et: "G.ValueType") -> np.ndarray:
