@@ -185,3 +185,184 @@ def test_gguf_value_constructor_refuses_overflow_and_rounds_otherwise() -> None:
             G.GGUFValue.of(VT.FLOAT32, 2**60 + 1, exact=True)
         assert G.GGUFValue.of(VT.FLOAT32, 2**60, exact=True).value == np.float32(2.0**60)
         assert G.GGUFValue.of(VT.FLOAT64, 0.1, exact=True).value == np.float64(0.1)
+
+
+# ---------------------------------------------------------------------------
+# 2. stored stand-in scales of recorded all-zero blocks
+
+from hurray_interop.conversions import gguf_exact  # noqa: E402
+from hurray_interop.core.records import decode_scale_record, scale_record_key  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def imported(fixtures_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("imp") / "m.hrry"
+    gguf_to_hurray(fixtures_dir / "tiny-llama.gguf", out)
+    return out
+
+
+def scale_buffer(hf: HrryFile, name: str) -> tuple[int, np.dtype]:
+    """File offset and dtype of the scale buffer of tensor (or member) ``name``."""
+    q = hf.descriptor(name).quantization
+    dt = np.dtype("u1") if q.__class__.__name__ == "MXFP" else np.dtype(f"<f{q.scale_type.bits // 8}")
+    return hf.buffer_offsets(name)[q.scale_buffer_index], dt
+
+
+def patch_scale(src: Path, dst: Path, name: str, block: int, value) -> Path:
+    """Copy ``src`` with the stored scale of ``block`` of ``name`` set to ``value`` (bytes on disk)."""
+    with HrryFile(src) as hf:
+        off, dt = scale_buffer(hf, name)
+    raw = bytearray(src.read_bytes())
+    new = np.array([value], dtype=dt).tobytes()
+    at = off + block * dt.itemsize
+    assert raw[at : at + dt.itemsize] != new, "the tampering must change the stored scale"
+    raw[at : at + dt.itemsize] = new
+    dst.write_bytes(bytes(raw))
+    return dst
+
+
+def recorded(hf: HrryFile, name: str) -> tuple[np.ndarray, np.ndarray]:
+    return decode_scale_record(hf.kv[scale_record_key(name)].value)
+
+
+#: (recorded tensor or member, its GGML type, a stored scale that is not the stand-in)
+NATIVE = {
+    "Q8_0 f16 1.0 -> 7.0": ("token_embd.weight", 7.0),
+    "Q8_0 f16 +1.0 -> -1.0": ("blk.0.attn_q.weight", -1.0),
+    "Q4_0 f16 -1.0 (for -0) -> +1.0": ("blk.0.attn_k.weight", 1.0),
+    "Q5_0 f16 -1.0 -> 7.0": ("blk.0.attn_output.weight", 7.0),
+    "Q4_1 overlay base f16 -> 7.0": ("blk.0.attn_v.weight.base", 7.0),
+    "Q5_1 overlay base f16 -> 0.5": ("blk.0.ffn_gate.weight.base", 0.5),
+    "MXFP4 E8M0 0x7F -> 0x7B": ("blk.0.ffn_up.weight", 0x7B),
+    "MXFP4 E8M0 0x7F -> 0x80": ("extra.experts_mxfp4", 0x80),
+}
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+@pytest.mark.parametrize("case", sorted(NATIVE))
+def test_stored_stand_in_that_the_rules_do_not_write_is_refused(imported: Path, tmp_path: Path, case: str,
+                                                                where: str) -> None:
+    name, value = NATIVE[case]
+    with HrryFile(imported) as hf:
+        blocks, _ = recorded(hf, name)
+        assert blocks.size >= 2
+        block = int(blocks[0] if where == "first" else blocks[-1])
+    bad = patch_scale(imported, tmp_path / "bad.hrry", name, block, value)
+    out = tmp_path / "o.gguf"
+    with pytest.raises(FormatError, match=f"block {block}: stored scale .* is not the stand-in") as e:
+        hurray_to_gguf(bad, out)
+    tensor = name.removesuffix(".base")
+    assert str(bad) in str(e.value) and repr(tensor)[:-1] in str(e.value)
+    assert not out.exists()
+
+
+def test_untampered_stand_ins_export_byte_identical(imported: Path, fixtures_dir: Path, tmp_path: Path) -> None:
+    hurray_to_gguf(imported, tmp_path / "o.gguf")
+    assert (tmp_path / "o.gguf").read_bytes() == (fixtures_dir / "tiny-llama.gguf").read_bytes()
+
+
+def test_recorded_original_that_is_not_a_forbidden_scale_is_refused(imported: Path, tmp_path: Path) -> None:
+    key = scale_record_key("token_embd.weight")
+
+    def edit(kv):
+        raw = bytearray(kv[key].value)
+        count = struct.unpack_from("<Q", raw, 4)[0]
+        raw[12 + 8 * count : 12 + 8 * count + 2] = np.float16(5.0).tobytes()  # the first original: 5.0, not ±0
+        return {**kv, key: KVValue.bytes(bytes(raw))}
+
+    bad = rewrite_hrry(imported, tmp_path / "bad.hrry", edit)
+    with pytest.raises(FormatError, match="block 0: the recorded original scale 5.0 is not one the import replaces"):
+        hurray_to_gguf(bad, tmp_path / "o.gguf")
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_overlay_correction_of_a_zero_minimum_must_have_the_scale_one(imported: Path, tmp_path: Path) -> None:
+    """Q4_1's m = ±0 is stored as correction codes 0 with scale ±1 (not recorded: the form says it)."""
+    name = "blk.0.attn_v.weight.min"
+    with HrryFile(imported) as hf:
+        codes = hf.tensor(name).data[0].reshape(-1, 8)
+        zero = np.flatnonzero((codes == 0).all(axis=1))
+        assert zero.size >= 2
+    for block in (int(zero[0]), int(zero[-1])):
+        bad = patch_scale(imported, tmp_path / f"bad{block}.hrry", name, block, 7.0)
+        with pytest.raises(FormatError, match=f"block {block}: overlay correction with codes 0 .* scale 7.0"):
+            hurray_to_gguf(bad, tmp_path / "o.gguf")
+        assert not (tmp_path / "o.gguf").exists()
+    ok = patch_scale(imported, tmp_path / "ok.hrry", name, int(zero[0]), -1.0)  # the other stand-in: m = -0
+    hurray_to_gguf(ok, tmp_path / "ok.gguf")
+
+
+def test_cli_convert_and_verify_of_a_changed_stand_in_exit_2(imported: Path, fixtures_dir: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The hostile-input campaign's case: ``verify`` passed ("files byte-identical") because the
+    export restored the recorded original whatever was stored."""
+    for name, value in (("token_embd.weight", 7.0), ("blk.0.ffn_up.weight", 0x7B)):
+        bad = patch_scale(imported, tmp_path / "bad.hrry", name, 1, value)
+        out = tmp_path / "o.gguf"
+        assert main(["convert", str(bad), str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err and not out.exists()
+        assert str(bad) in err and repr(name) in err and "block 1" in err
+        assert main(["verify", str(fixtures_dir / "tiny-llama.gguf"), str(bad)]) == 2
+        assert "is not the stand-in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fixture", ["gpt-oss-tiny.safetensors", "ct-mxfp4-tiny.safetensors", "mxfp8-tiny.safetensors"])
+def test_mx_safetensors_stand_in_is_checked_on_export(fixtures_dir: Path, tmp_path: Path, fixture: str) -> None:
+    from hurray_interop.conversions.safetensors import hurray_to_safetensors, safetensors_to_hurray
+
+    h = tmp_path / "m.hrry"
+    safetensors_to_hurray(fixtures_dir / fixture, h)
+    with HrryFile(h) as hf:
+        key = next(k for k in hf.kv if k.startswith("hurray_interop.scale_substitutions."))
+        name = key.removeprefix("hurray_interop.scale_substitutions.")
+        blocks, _ = recorded(hf, name)
+    hurray_to_safetensors(h, tmp_path / "ok.safetensors")  # untampered: exports
+    bad = patch_scale(h, tmp_path / "bad.hrry", name, int(blocks[-1]), 0x7E)
+    with pytest.raises(FormatError, match=f"block {int(blocks[-1])}: stored scale 0x7e is not the stand-in 0x7f"):
+        hurray_to_safetensors(bad, tmp_path / "bad.safetensors")
+    assert not (tmp_path / "bad.safetensors").exists()
+
+
+@pytest.fixture(scope="module")
+def expanded(fixtures_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("exact") / "x.hrry"
+    gguf_to_hurray(fixtures_dir / "ggml-quantized-types.gguf", out, fallback="exact")
+    return out
+
+
+def _expanded_names(path: Path) -> list[tuple[str, str]]:
+    with HrryFile(path) as hf:
+        out = []
+        for n in hf.top_level_names():
+            if gguf_exact.record_key(n) in hf.kv:
+                t = hf.tensor(n)
+                out.append((n, (t.members[0] if t.members else t).name))
+        return out
+
+
+def test_expanded_forms_refuse_a_changed_stand_in(expanded: Path, tmp_path: Path) -> None:
+    """``--fallback exact``: a zero-scale sub-block is stored with the scale ±1 (docs/conversion-rules.md
+    § 9); any other stored scale there is refused, for every expanded type (the export proves every
+    stored scale against the record's headers)."""
+    names = _expanded_names(expanded)
+    assert len(names) >= 17
+    wrong = []
+    for top, name in names:
+        with HrryFile(expanded) as hf:
+            t = hf.tensor(name)
+            q = t.descriptor.quantization
+            s = t.data[q.scale_buffer_index].view(f"<f{q.scale_type.bits // 8}")
+            ones = np.flatnonzero(np.abs(s) == 1)
+            assert ones.size, name
+            block, value = int(ones[-1]), float(-s[ones[-1]])  # the stand-in of the other sign
+        bad = patch_scale(expanded, tmp_path / "bad.hrry", name, block, value)
+        try:
+            hurray_to_gguf(bad, tmp_path / "o.gguf")
+            wrong.append(f"{top}: accepted")
+        except FormatError as e:
+            if top not in str(e) or "block" not in str(e):
+                wrong.append(f"{top}: {e}")
+        assert not (tmp_path / "o.gguf").exists()
+        bad.unlink()
+    assert not wrong, "\n".join(wrong)

@@ -959,8 +959,9 @@ class _Export:
 def _scales_of(t: Tensor, kv: dict[str, KVValue], c: BlockCodec, buffer_index: int = 1) -> np.ndarray:
     """The scales of ``t`` as ``c`` stores them, with recorded substitutions undone."""
     s = t.data[buffer_index].view(c.scale.view)
-    rec = kv.get(scale_record_key(t.name, buffer_index))
-    return restore_scales(s, rec.value, key=t.name) if rec is not None else s
+    key = scale_record_key(t.name, buffer_index)
+    rec = kv.get(key)
+    return restore_scales(s, rec.value, key=key, rule=c.scale.stand_in, tensor=t.name) if rec is not None else s
 
 
 def _fits(d: Descriptor, c: BlockCodec, *, storage: str | None = None, symmetric: bool | None = None) -> bool:
@@ -1151,6 +1152,19 @@ def _overlay_members(t: Tensor) -> tuple[Tensor, Tensor] | str:
     return base, corr
 
 
+def _check_zero_minimum(cs: np.ndarray, zero: np.ndarray, start: int, name: str) -> None:
+    """A minimum m = ±0 is stored as correction codes 0 with the scale ±1 (the sign of m,
+    docs/conversion-rules.md § 3a): any other scale on such a block contradicts the form."""
+    if not zero.any():
+        return
+    s = cs[zero]
+    bad = np.abs(s) != 1
+    if bad.any():
+        b = start + int(np.flatnonzero(zero)[int(np.argmax(bad))])
+        raise FormatError(f"block {b}: overlay correction with codes 0 (minimum ±0) has the scale {float(s[bad][0])!r}, "
+                          "not the ±1 the import writes", tensor=name, field="correction scale")
+
+
 def _export_overlay(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tuple[str, Chunks] | str:
     members = _overlay_members(t)
     if isinstance(members, str):
@@ -1169,11 +1183,13 @@ def _export_overlay(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> 
     if problem:
         return problem
     ccodes = corr.data[0].reshape(nb, buffer_size(CORRECTION_STORAGE, c.block_size))
+    cs = corr.data[1].view(c.scale.view)
     for sl in _chunks(nb):  # the one pre-scan of an export: what decides the GGML type (the header comes first)
-        const = _rows_all(ccodes[sl], _CORRECTION_ONES) | _rows_all(ccodes[sl], 0x00)
+        zero = _rows_all(ccodes[sl], 0x00)
+        const = _rows_all(ccodes[sl], _CORRECTION_ONES) | zero
         if not const.all():
             return f"block {sl.start + int(np.argmin(const))}: overlay correction is not a constant minimum"
-    cs = corr.data[1].view(c.scale.view)
+        _check_zero_minimum(cs[sl], zero, sl.start, corr.name)
 
     def mins(sl: slice) -> np.ndarray:
         ones = _rows_all(ccodes[sl], _CORRECTION_ONES)
