@@ -16,12 +16,15 @@ the scale buffer before writing it out, with the importer's rule for the legal
 stand-in (``stand_in``): a recorded block whose stored scale is not the stand-in
 of its recorded original, or whose original is not a scale the rule replaces,
 contradicts the record and is refused, located by tensor and block.
+
+Byte runs (:func:`encode_byte_runs`): bytes of a source file outside every tensor
+that are not zero (GGUF padding and gaps), by part and offset, written back on export.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -29,7 +32,7 @@ from ..errors import FormatError
 
 __all__ = [
     "SCALE_RECORD_PREFIX", "scale_record_key", "encode_scale_record", "decode_scale_record", "check_stand_ins",
-    "restore_scales",
+    "restore_scales", "encode_byte_runs", "decode_byte_runs",
 ]
 
 #: the importer's rule, given original scales: (which of them it replaces, the stand-ins it stores)
@@ -132,3 +135,48 @@ def restore_scales(scales: np.ndarray, raw_record: bytes, *, key: str = "", rule
         check_stand_ins(out, raw_record, rule, key=key, tensor=tensor)
     out.view(np.uint8).reshape(out.size, -1)[blocks] = orig
     return out
+
+
+# ---------------------------------------------------------------------------
+# byte runs: bytes of a source file that no tensor holds (GGUF padding and gaps that are
+# not zero), kept so that an export writes them back::
+#
+#     value = bytes: entries of  u32 part | u64 offset | u64 length | length bytes
+#
+# ``part`` is the file of a set (a GGUF shard; 0 for one file), ``offset`` absolute in it;
+# entries ascend by (part, offset) and never overlap or touch an empty run.
+
+_RUN = struct.Struct("<IQQ")
+
+
+def encode_byte_runs(runs: Iterable[tuple[int, int, Any]]) -> bytes:
+    """``runs``: ``(part, offset, bytes-like)`` in ascending (part, offset) order."""
+    out = bytearray()
+    for part, offset, data in runs:
+        mv = memoryview(data).cast("B")
+        out += _RUN.pack(part, offset, mv.nbytes)
+        out += mv
+    return bytes(out)
+
+
+def decode_byte_runs(raw: bytes, *, key: str = "") -> list[tuple[int, int, memoryview]]:
+    """The runs of a record, checked: complete entries, non-empty, ascending, disjoint."""
+    field = key or "byte runs record"
+    mv = memoryview(raw).cast("B")
+    runs: list[tuple[int, int, memoryview]] = []
+    pos, prev = 0, (-1, -1)
+    while pos < mv.nbytes:
+        if mv.nbytes - pos < _RUN.size:
+            raise FormatError(f"entry {len(runs)} at byte {pos} is truncated ({mv.nbytes - pos} of {_RUN.size} header bytes)",
+                              field=field)
+        part, offset, length = _RUN.unpack_from(mv, pos)
+        pos += _RUN.size
+        if length == 0 or length > mv.nbytes - pos:
+            raise FormatError(f"entry {len(runs)} claims {length} bytes, {mv.nbytes - pos} remain", field=field)
+        if (part, offset) < prev:
+            raise FormatError(f"entry {len(runs)} (part {part}, offset {offset}) overlaps or precedes the one before",
+                              field=field)
+        runs.append((part, offset, mv[pos : pos + length]))
+        pos += length
+        prev = (part, offset + length)
+    return runs

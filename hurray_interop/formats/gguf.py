@@ -49,6 +49,7 @@ where ``string`` is ``u64 length, bytes`` and an array value is
 
 from __future__ import annotations
 
+import bisect
 import enum
 import functools
 import math
@@ -132,6 +133,9 @@ class ValueType(enum.IntEnum):
 
 
 _VALUE_TYPE_IDS = frozenset(int(t) for t in ValueType)
+
+#: how the writer's refusal of a misplaced ``padding`` override starts
+PADDING_MISPLACED = "padding override at"
 
 #: exact little-endian dtype of each fixed-size value type; BOOL keeps its raw byte
 _SCALAR_DTYPE: dict[ValueType, np.dtype] = {
@@ -1238,6 +1242,7 @@ class GGUFWriterStream:
                 raise UsageError(f"pad_end={pad_end}: must be between 0 and {pad}")
         self._data_end = data_end
         self._tail = tail
+        self._pad_at = self._check_padding()
 
         if isinstance(dst, (str, os.PathLike)):
             self._fh: BinaryIO = open(dst, "wb")
@@ -1254,6 +1259,27 @@ class GGUFWriterStream:
         except BaseException:
             self.abort()
             raise
+
+    def _check_padding(self) -> list[int]:
+        """The padding overrides, sorted: each must lie inside one padding region of this
+        layout (before the first tensor, between two, or in the end padding)."""
+        starts = sorted(self._padding)
+        regions, pos = [], self.metadata_end
+        for i in self._order:
+            _, _, _, off, nb = self._specs[i]
+            if nb:
+                regions.append((pos, self.data_offset + off))
+                pos = self.data_offset + off + nb
+        regions.append((pos, self._data_end + self._tail))
+        ends = [b for _, b in regions]
+        prev = -1
+        for o in starts:
+            n = len(self._padding[o])
+            r = bisect.bisect_right(ends, o)
+            if not n or o < prev or r == len(regions) or not regions[r][0] <= o or o + n > regions[r][1]:
+                raise UsageError(f"{PADDING_MISPLACED} {o} ({n} bytes) is not inside the padding of this layout")
+            prev = o + n
+        return starts
 
     def _file_order(self) -> list[int]:
         """Tensor indices by offset; data ranges must not overlap (empty tensors occupy nothing)."""
@@ -1297,7 +1323,8 @@ class GGUFWriterStream:
                     raise UsageError(f"padding override at {start} ({len(override)} bytes) runs past {target}")
                 self._write(override)
                 continue
-            nxt = min([o for o in self._padding if start < o < target], default=target)
+            i = bisect.bisect_right(self._pad_at, start)
+            nxt = min(self._pad_at[i], target) if i < len(self._pad_at) else target
             n = nxt - start
             while n:
                 k = min(n, 1 << 20)
