@@ -103,6 +103,11 @@ def check_stand_ins(scales: np.ndarray, raw_record: bytes, rule: StandIn, *, key
     the stand-in the rule writes for it.  One vectorized compare of the recorded blocks only."""
     s = np.asarray(scales).reshape(-1)
     blocks, orig = _checked_record(s, raw_record, key)
+    _check_stand_ins(s, blocks, orig, rule, key, tensor)
+
+
+def _check_stand_ins(s: np.ndarray, blocks: np.ndarray, orig: np.ndarray, rule: StandIn, key: str,
+                     tensor: str | None) -> None:
     if not blocks.size:
         return
     originals = np.ascontiguousarray(orig).view(s.dtype).reshape(-1)
@@ -132,7 +137,7 @@ def restore_scales(scales: np.ndarray, raw_record: bytes, *, key: str = "", rule
     out = np.array(scales, copy=True).reshape(-1)
     blocks, orig = _checked_record(out, raw_record, key)
     if rule is not None:
-        check_stand_ins(out, raw_record, rule, key=key, tensor=tensor)
+        _check_stand_ins(out, blocks, orig, rule, key, tensor)
     out.view(np.uint8).reshape(out.size, -1)[blocks] = orig
     return out
 
