@@ -136,6 +136,8 @@ def test_junk_at_the_record_limit(tmp_path: Path, length: int, capsys: pytest.Ca
     assert err.count("\n") == 1 and "Traceback" not in err and "more than the" in err and not h.exists()
     assert main(["convert", "--dry-run", str(src), str(h)]) == 0  # the plan shows it, as a note
     assert "a conversion is refused" in capsys.readouterr().out
+    assert main(["verify", str(src)]) == 1  # the round trip fails, saying why
+    assert f"FAILED {src}: round-trip, {length} bytes of padding" in capsys.readouterr().out
 
 
 def test_split_set_shard_padding_round_trips(fixtures_dir: Path, tmp_path: Path) -> None:
