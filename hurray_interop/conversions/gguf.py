@@ -1513,8 +1513,9 @@ def _hurray_to_gguf(
         if _plan_only(report, src, "have no exact GGML equivalent", dst, dry_run):
             return report
         if split is not None:
-            same = records is not None and not out_shape.split and all(e.type_name == rec_by_name[e.name][1] for e in exports)
-            padding = records.padding if same and records is not None else {}
+            # the recorded padding belongs to the recorded layout: not to a new split, nor to changed tensor sizes
+            same = not out_shape.split and all(e.type_name == rec_by_name[e.name][1] for e in exports)
+            padding = records.padding if records is not None and same else {}
             _write_set(hf, src, dst, exports, split, _export_kv(kv, records, src, alignment), out_shape.merge, force,
                        progress, padding)
             return report
