@@ -95,7 +95,10 @@ def _value_text(item: dict[str, Any], limit: int | None, top: bool = True) -> st
     if "count" not in item:
         s = _cell(v)
         return s if limit is None or len(s) <= limit else s[: limit - 1] + "…"
-    items = [_value_text(x, limit, False) if isinstance(x, dict) else _cell([x])[1:-1] for x in v]
+    if any(isinstance(x, dict) for x in v):  # an array of arrays
+        items = [_value_text(x, limit, False) for x in v]
+    else:  # one dump of the whole list: a --full vocabulary is 10^5 items
+        items = [terminal_safe(json.dumps(v, ensure_ascii=False, default=str)[1:-1])] if v else []
     n = item["count"]
     if len(v) == n:
         return f"[{', '.join(items)}] ({_plural(n, 'item')})"
@@ -111,6 +114,8 @@ def summary_text(info: dict[str, Any]) -> str:
     """The closing line: tensors, elements, bytes, the plan's counts and the ``--fallback exact`` hint."""
     s = info.get("summary") or {}
     parts = [_plural(s.get("tensors", info.get("tensor_count", 0)), "tensor")]
+    if s.get("top_level", s.get("tensors")) != s.get("tensors"):
+        parts[0] += f" ({s['top_level']:,} top-level)"
     if s.get("elements") is not None:
         parts.append(f"{s['elements']:,} elements")
     if "stored_bytes" in s:

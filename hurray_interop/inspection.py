@@ -185,8 +185,10 @@ def inspect_hurray(path: str, *, max_items: int | None = MAX_ITEMS) -> dict[str,
             "tensor_columns": ["name", "shape", "elements", "type", "layout", "quantization", "stored_bytes"],
             "metadata": [_kv_item(k, v, max_items) for k, v in hf.kv.items()],
         }
-    known = [t["elements"] for t in tensors if t["elements"] is not None]
-    info["summary"] = {"tensors": len(tensors), "elements": sum(known) if len(known) == len(tensors) else None,
+    top = [t for t in tensors if not t["member_of_composite"]]  # a composite's members are its elements
+    known = [t["elements"] for t in top if t["elements"] is not None]
+    info["summary"] = {"tensors": len(tensors), "top_level": len(top),
+                       "elements": sum(known) if len(known) == len(top) else None,
                        "stored_bytes": sum(t["stored_bytes"] for t in tensors)}
     return info
 
@@ -353,5 +355,4 @@ def inspect_safetensors(path: "str | os.PathLike[str]", *, max_items: int | None
             ],
         }
     _add_plan(info, safetensors_to_hurray(p, None, dry_run=True), "source_type")
-    info["summary"]["elements"] = sum(t["elements"] for t in info["source_tensors"])
     return info
