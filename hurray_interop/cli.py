@@ -377,25 +377,29 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    from ._inspect import inspect_file
-
-    from ._inspect import render_markdown, render_text, terminal_safe
+    from ._inspect import inspect_file, render_markdown, render_text, terminal_safe
 
     shown = {"max_items": None} if args.full else {} if args.max_items is None else {"max_items": args.max_items}
     info = inspect_file(args.file, fallback=args.fallback, **shown)
-    if args.json:  # the whole text is made before any of it is written: an error leaves no half output
-        text = terminal_safe(json.dumps(info, indent=2, ensure_ascii=False, default=str)) + "\n"
-    elif args.markdown:
-        text = render_markdown(info, full=args.full)
-    else:
-        text = render_text(info, width=_columns(out), full=args.full)
+    # the whole text is made before any of it is written: an error leaves no half output
     enc = getattr(out, "encoding", None) or "utf-8"
-    try:
-        text.encode(enc)
-    except UnicodeEncodeError:  # a terminal that cannot show some text: escapes instead
-        text = text.encode(enc, "backslashreplace").decode(enc)
+    if args.json:  # UTF-8 as text; \uXXXX escapes where the output cannot encode it
+        text = terminal_safe(json.dumps(info, indent=2, ensure_ascii=not _encodes(enc), default=str)) + "\n"
+    else:
+        text = render_markdown(info, full=args.full) if args.markdown else render_text(info, width=_columns(out), full=args.full)
+        if not _encodes(enc, text):  # a terminal that cannot show some text: escapes instead
+            text = text.encode(enc, "backslashreplace").decode(enc)
     out.write(text)
     return EXIT_OK
+
+
+def _encodes(encoding: str, text: str = "\u2581\U0001f600") -> bool:
+    """Can ``encoding`` write ``text`` (by default: does it write any Unicode)?"""
+    try:
+        text.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
 
 
 def _columns(out: TextIO) -> int | None:

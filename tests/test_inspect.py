@@ -216,6 +216,8 @@ def test_utf8_is_text_and_other_bytes_are_escaped(text_gguf: Path) -> None:
 def test_a_terminal_that_cannot_show_utf8_gets_escapes(text_gguf: Path) -> None:
     r = child(["inspect", text_gguf], PYTHONIOENCODING="ascii")
     assert r.returncode == 0 and r.stderr == b"" and b"\\u2581w0" in r.stdout
+    r = child(["inspect", text_gguf, "--json"], PYTHONIOENCODING="ascii")
+    assert r.returncode == 0 and r.stderr == b"" and json.loads(r.stdout)["metadata"] == api_inspect(text_gguf)["metadata"]
 
 
 # ---------------------------------------------------------------------------
