@@ -10,6 +10,14 @@ For a .gguf file: header facts, metadata with exact GGUF types, and the
 conversion plan per tensor (what ``convert --dry-run`` would do).
 For a .safetensors file: its tensors, the MX convention detected, metadata.
 Only headers, indexes and (for the GGUF plan) scales are read.
+
+Every result has a ``summary`` (tensors, elements, bytes; for a plan its counts and the
+``--fallback exact`` hint).  A metadata item is ``{"key", "type", "value"}``; an array's
+``value`` is its first ``max_items`` items (:data:`MAX_ITEMS`; ``None``: all) and its
+``count`` is apart, so the items are always of the array's element type (a ``bytes`` value
+or item is shown as ``"<N bytes>"``).  Text is ``str``
+that any UTF-8 output can write: bytes that are not UTF-8 are ``\\xNN`` (the item has
+``"utf8": false``), a lone surrogate is ``\\uXXXX`` (:func:`safe_text`).
 """
 
 from __future__ import annotations
