@@ -369,3 +369,36 @@ def test_nothing_is_written_before_the_whole_text_is_made(fixtures_dir: Path, ca
     monkeypatch.setattr(_inspect, "summary_text", failing)
     status, out, err = run(["inspect", fixtures_dir / KQUANT], capsys)
     assert (status, out) == (2, "") and err.startswith("hurray-interop: internal error: UnicodeEncodeError")
+
+
+_ESCAPES = ["\\ud800", "\\udfff", "\\udbff\\udc00", "\\u0000", "\\u001b[2J", "\\u007f", "\\u009b", "\\u202e", "\\u2066",
+            "\\u2028", "\\u2581", "\\u00e9", "\\n", "\\t", "\\\\", "\\\"", "|", "<s>", "`", "*"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_seeded_header_escapes_never_break_the_output(tmp_path: Path, capsys, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """Safetensors headers whose metadata keys, values and tensor names are random runs of
+    JSON escapes (surrogates, controls, bidirectional marks, Markdown and HTML characters):
+    every format of ``inspect`` exits 0 with its whole output, or 2 with one line and no
+    output; nothing unsafe reaches the output raw."""
+    import random
+    import re
+
+    rng = random.Random(seed)
+    unsafe = re.compile(_inspect._UNSAFE)
+    for i in range(25):
+        text = ["".join(rng.choice(_ESCAPES + ["a", "b"]) for _ in range(rng.randint(1, 6))) for _ in range(3)]
+        entry = '"dtype": "F32", "shape": [2], "data_offsets": [0, 8]'
+        src = _safetensors(tmp_path / f"{i}.safetensors",
+                           '{"__metadata__": {"%s": "%s"}, "%s": {%s}}' % (text[0], text[1], text[2], entry))
+        for fmt in ([], ["--json"], ["--markdown"]):
+            status, out, err = run(["inspect", src, *fmt], capsys)
+            assert status in (0, 2), err
+            if status == 2:
+                assert out == "" and len(err.splitlines()) == 1 and "internal error" not in err
+                continue
+            assert err == "" and not unsafe.search(out.replace("\n", "")), out
+            if fmt == ["--json"]:
+                assert json.loads(out)["metadata"][0]["key"] == api_inspect(src)["metadata"][0]["key"]
+            else:
+                assert out.splitlines()[-1].startswith("summary: 1 tensor,")
