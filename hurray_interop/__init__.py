@@ -77,10 +77,13 @@ def verify(
     return verify_pair(path, other, jobs=jobs)
 
 
-def inspect(path: str | _os.PathLike[str]) -> dict[str, Any]:
+def inspect(path: str | _os.PathLike[str], *, fallback: str | None = None, max_items: int | None = 16) -> dict[str, Any]:
     """Describe a .hrry, GGUF or safetensors file as plain data (what ``hurray-interop inspect
-    --json`` prints): header facts, tensors and metadata; for a foreign file also the
-    conversion plan per tensor.  Only headers, indexes and scales are read.
+    --json`` prints): header facts, tensors (for GGUF with ``shape``, ``ne`` and ``elements``)
+    and metadata; for a foreign file also the conversion plan per tensor (``fallback``: the
+    plan of ``convert --fallback``) and a ``summary``.  A metadata array is its first
+    ``max_items`` items (``value``; ``None``: every item) and its ``count``.  Only headers,
+    indexes and scales are read.
 
     >>> import hurray_interop
     >>> info = hurray_interop.inspect("fixtures/tiny-llama.gguf")
@@ -89,10 +92,13 @@ def inspect(path: str | _os.PathLike[str]) -> dict[str, Any]:
     >>> row = info["tensors"][0]
     >>> row["name"], row["ggml_type"], row["status"]
     ('token_embd.weight', 'Q8_0', 'exact')
+    >>> tokens = next(m for m in info["metadata"] if m["key"] == "tokenizer.ggml.tokens")
+    >>> len(tokens["value"]), tokens["count"]
+    (16, 300)
     """
     from ._inspect import inspect_file
 
-    return inspect_file(path)
+    return inspect_file(path, fallback=fallback, max_items=max_items)
 
 
 def open(path: str | _os.PathLike[str], format: str | None = None) -> Any:  # noqa: A001 - the verb is the API

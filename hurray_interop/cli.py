@@ -7,7 +7,7 @@
     hurray-interop convert --to F --out-dir DIR SRC [SRC ...] [convert options] [--workers N | --scheduler ADDRESS]
     hurray-interop verify FILE [FILE ...] [--pair | --each] [--fallback exact] [--json] [--quiet] [--jobs N]
                                           [--workers N | --scheduler ADDRESS]
-    hurray-interop inspect FILE [--fallback F] [--json]
+    hurray-interop inspect FILE [--fallback F] [--json | --markdown] [--full | --max-items N]
 
 Exit status: 0 success; 1 refused or inexact conversion, failed verification;
 2 bad input or usage.  One line on stderr for every error; ``--debug`` adds the
@@ -252,8 +252,24 @@ def _verify_arguments(v: argparse.ArgumentParser) -> None:
 def _inspect_arguments(i: argparse.ArgumentParser) -> None:
     i.add_argument("file", metavar="FILE")
     i.add_argument("--fallback", choices=FALLBACK_CHOICES, help="show the plan of convert --fallback CHOICE")
-    i.add_argument("--json", action="store_true", help="machine-readable output")
+    how = i.add_mutually_exclusive_group()
+    how.add_argument("--json", action="store_true", help="machine-readable output")
+    how.add_argument("--markdown", action="store_true", help="Markdown output (as gguf-dump --markdown)")
+    many = i.add_mutually_exclusive_group()
+    many.add_argument("--full", action="store_true", help="whole arrays and strings (default: the first 16 items)")
+    many.add_argument("--max-items", type=_count_arg, metavar="N", help="show the first N items of each array")
     i.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+
+def _count_arg(text: str) -> int:
+    """A count option's value: a non-negative integer."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return n
 
 
 # ---------------------------------------------------------------------------
@@ -357,40 +373,6 @@ def _render_verify(result: Any, out: TextIO, quiet: bool) -> None:
     out.write(result.summary_line() + "\n")
 
 
-def _render_inspect(info: dict[str, Any], out: TextIO) -> None:
-    out.write(f"{info['path']}: {info['format']}")
-    for k in ("version", "alignment", "tensor_count", "file_size"):
-        if k in info:
-            out.write(f", {k.replace('_', ' ')} {info[k]}")
-    out.write("\n")
-    split = info.get("split")
-    if split:
-        out.write(f"split GGUF set {split['prefix']!r}: {split['count']} shards, {split['tensors']} tensors\n")
-        _table([("shard", "tensors", "bytes")] + [(r["file"], r["tensors"], r["file_size"]) for r in split["shards"]], out)
-    tensors = info.get("tensors", [])
-    if tensors:
-        cols = info.get("tensor_columns") or list(tensors[0].keys())
-        rows = [tuple(cols)] + [tuple(_cell(t.get(c)) for c in cols) for t in tensors]
-        _table(rows, out)
-    kv = info.get("metadata", [])
-    if kv:
-        out.write(f"metadata ({len(kv)} keys):\n")
-        for item in kv:
-            out.write(f"  {item['key']} [{item['type']}] = {_cell(item['value'], 100)}\n")
-    for n in info.get("notes", []):
-        out.write(f"note: {n}\n")
-
-
-def _cell(v: Any, limit: int = 60) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, (list, tuple)) and all(isinstance(x, int) for x in v) and len(v) <= 8:
-        return "[" + ", ".join(map(str, v)) + "]"
-    s = v if isinstance(v, str) else json.dumps(v, default=str)
-    s = s.replace("\n", "\\n")
-    return s if len(s) <= limit else s[: limit - 1] + "…"
-
-
 # ---------------------------------------------------------------------------
 # commands
 
@@ -454,14 +436,42 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    from ._inspect import inspect_file
+    from ._inspect import inspect_file, render_markdown, render_text, terminal_safe
 
-    info = inspect_file(args.file, fallback=args.fallback)
-    if args.json:
-        out.write(json.dumps(info, indent=2, default=str) + "\n")
+    shown = {"max_items": None} if args.full else {} if args.max_items is None else {"max_items": args.max_items}
+    info = inspect_file(args.file, fallback=args.fallback, **shown)
+    # the whole text is made before any of it is written: an error leaves no half output
+    enc = getattr(out, "encoding", None) or "utf-8"
+    if args.json:  # UTF-8 as text; \uXXXX escapes where the output cannot encode it
+        text = terminal_safe(json.dumps(info, indent=2, ensure_ascii=not _encodes(enc), default=str)) + "\n"
     else:
-        _render_inspect(info, out)
+        text = render_markdown(info, full=args.full) if args.markdown else render_text(info, width=_columns(out), full=args.full)
+        if not _encodes(enc, text):  # a terminal that cannot show some text: escapes instead
+            text = text.encode(enc, "backslashreplace").decode(enc)
+    out.write(text)
     return EXIT_OK
+
+
+def _encodes(encoding: str, text: str = "\u2581\U0001f600") -> bool:
+    """Can ``encoding`` write ``text`` (by default: does it write any Unicode)?"""
+    try:
+        text.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def _columns(out: TextIO) -> int | None:
+    """The width to wrap ``inspect``'s table on: $COLUMNS, else the terminal's; None (no
+    wrapping: one line per tensor) when writing to a pipe or file."""
+    try:
+        return max(int(os.environ["COLUMNS"]), 1)
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(out.fileno()).columns if out.isatty() else None
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------------------

@@ -84,7 +84,7 @@ class Format:
     extensions: tuple[str, ...]
     sniff: Callable[[bytes], bool]
     open: Callable[[str], Any]
-    inspect: Callable[[str], dict[str, Any]]
+    inspect: Callable[..., dict[str, Any]]  # (path, fallback=None, max_items=16)
     verifier: Callable[[], Any]
     to_hurray: Converter | None = None
     from_hurray: Converter | None = None
@@ -372,22 +372,22 @@ def _open_safetensors(path: str) -> Any:
     return SafetensorsFile(path)
 
 
-def _inspect_gguf(path: str, fallback: str | None = None) -> dict[str, Any]:
+def _inspect_gguf(path: str, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
     from .inspection import inspect_gguf
 
-    return inspect_gguf(path, fallback=fallback)
+    return inspect_gguf(path, fallback=fallback, **shown)
 
 
-def _inspect_hurray(path: str, fallback: str | None = None) -> dict[str, Any]:
+def _inspect_hurray(path: str, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
     from .inspection import inspect_hurray
 
-    return inspect_hurray(path)  # a .hrry has no conversion plan into it
+    return inspect_hurray(path, **shown)  # a .hrry has no conversion plan into it
 
 
-def _inspect_safetensors(path: str, fallback: str | None = None) -> dict[str, Any]:
+def _inspect_safetensors(path: str, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
     from .inspection import inspect_safetensors
 
-    return inspect_safetensors(path)  # no safetensors tensor has an expanded form
+    return inspect_safetensors(path, **shown)  # no safetensors tensor has an expanded form
 
 
 def _gguf_verifier() -> Any:
