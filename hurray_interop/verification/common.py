@@ -547,7 +547,8 @@ def run_roundtrip(
             except ConversionRefused as exc:
                 for name, typ, reason in exc.reasons:
                     result.tensors.append(TensorCheck(name, typ, "refused", values_equal=False, where=reason))
-                result.problems.append(f"{len(exc.reasons)} tensor(s) cannot be converted exactly")
+                result.problems.append(f"{len(exc.reasons)} tensor(s) cannot be converted exactly" if exc.reasons
+                                       else exc.message)  # refused as a whole (e.g. GGUF padding beyond the record limit)
                 result.hint = hint([typ for _, typ, _ in exc.reasons])
                 return
 
