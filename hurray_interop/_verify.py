@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 from .errors import ConversionRefused, HurrayInteropError, UsageError
 from .parallel import check_jobs, use_jobs
 from .registry import (FALLBACK_CHOICES, FALLBACK_EXACT, HURRAY, Format, detect_format, format_options, get_format,
-                       group_models)
+                       group_models, output_in_directory)
 from .report import LOSSY, VALUE_EXACT
 from .verification.common import TensorCheck, VerifyResult, reporting, scratch_dir
 
@@ -132,9 +132,10 @@ def verify_pair(a: str | os.PathLike[str], b: str | os.PathLike[str], *, jobs: i
 
     def go() -> None:
         fa = detect_format(pa, opts["src_format"])
-        fb = detect_format(pb, opts["dst_format"], must_exist=False)
-        b_path = _existing_output(pa, pb, fb, opts)
-        result.source_format = fa.name
+        named = _in_directory(pa, pb, fa, opts)
+        fb = detect_format(named, opts["dst_format"], must_exist=False)
+        b_path = _existing_output(pa, named, fb, opts)
+        result.other, result.source_format = b_path, fa.name  # the file that stands for DST
         if fa is fb:
             _check_same_format_pair(fa, opts)
             fa.verifier().pair_same(pa, b_path, result)
@@ -152,6 +153,14 @@ def _check_same_format_pair(fmt: Format, opts: dict[str, Any]) -> None:
     extra = _given(opts, but=("src_format", "dst_format"))
     if extra:
         raise UsageError(f"{', '.join(extra)}: two {fmt.title} files are not a conversion; give SRC and the file converted from it")
+
+
+def _in_directory(src: str, dst: str, src_fmt: Format, opts: dict[str, Any]) -> str:
+    """A DST that is a directory stands for the file ``convert SRC DIR/`` writes in it
+    (``DIR/<stem>.<ext>``, :func:`~.registry.output_in_directory`)."""
+    if not os.path.isdir(dst):
+        return dst
+    return output_in_directory(src, dst, src_fmt, opts["dst_format"])
 
 
 def _existing_output(src: str, dst: str, fmt: Format, opts: dict[str, Any]) -> str:
@@ -172,7 +181,8 @@ def resolve_output(src: str, dst: str, **options: Any) -> str:
     the first shard of a set named ``PREFIX.gguf``, else ``dst`` (checked when it runs)."""
     opts = _options(options)
     try:
-        return _existing_output(src, dst, detect_format(dst, opts["dst_format"], must_exist=False), opts)
+        named = _in_directory(src, dst, detect_format(src, opts["src_format"]), opts)
+        return _existing_output(src, named, detect_format(named, opts["dst_format"], must_exist=False), opts)
     except HurrayInteropError:
         return dst
 
@@ -270,7 +280,7 @@ def plan_checks(
     if len(files) == 2 and not each:
         try:
             fa = detect_format(files[0], opts["src_format"])
-            fb = detect_format(files[1], opts["dst_format"], must_exist=False)
+            fb = detect_format(_in_directory(files[0], files[1], fa, opts), opts["dst_format"], must_exist=False)
         except HurrayInteropError:
             fa = fb = None  # the check reports the bad file
         if pair and fa is not None and fa is fb:

@@ -44,6 +44,9 @@ CHAIN = {
     "split-export-prefix": ("@split", "out/s.gguf", []),
     "split-merge": ("@split", "merged.gguf", ["--merge"]),
     "split-resplit": ("@split", "out/r.gguf", ["--split-max-tensors", "4"]),
+    # DST an existing directory, as cp takes it: DIR/<stem>.<ext>
+    "gguf-into-directory": ("fixtures/tiny-llama.gguf", "out/", []),
+    "split-export-into-directory": ("@split", "out/", []),
     # safetensors MX checkpoints: import, export in every convention that holds them
     **{f"st-{m}": (f"fixtures/{m}.safetensors", f"{m}.hrry", []) for m in ("gpt-oss-tiny", "ct-mxfp4-tiny", "mxfp8-tiny")},
     "st-export": ("@st-gpt-oss-tiny", "back.safetensors", []),
