@@ -49,7 +49,10 @@ def _verdict(rc: int, out: str, err: str) -> str:
 def test_merged_gguf_against_the_set_hrry_it_came_from(made: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     line = _verdict(*run(["verify", made["merged"], made["set_hrry"]], capsys))
     assert f"{made['set_hrry']} exports to a set of 3 shards, {made['merged']} is one file" in line
-    assert "--merge" in line  # the hint
+    hinted = line.split(": verify ", 1)[1].rstrip(")").split()  # the hint is a command that passes
+    assert hinted == [str(made["set_hrry"]), str(made["merged"]), "--merge"], line
+    rc, out, _ = run(["verify", *hinted], capsys)
+    assert rc == 0 and out.strip().splitlines()[-1].startswith("OK "), out
     rc, out, _ = run(["verify", made["merged"], made["set_hrry"]], capsys)
     assert "8 tensors" not in out.splitlines()[-1] and "differ (first" not in out.splitlines()[-1]  # the tensors agree
 

@@ -228,7 +228,10 @@ def _layout_difference(path: str, count: int | None, hrry_path: str, exported: i
         return ""
     ours = "one file" if exported is None else f"a set of {exported} shards"
     theirs = "is one file" if count is None else f"is a shard of a set of {count}"
-    hint = " (give the --merge or --split-max-* option it was converted with)" if count is None or exported is None else ""
+    hint = ""
+    if count is None or exported is None:  # the options that change the layout, in convert's order
+        option = "--merge" if count is None else "--split-max-tensors N (or --split-max-size S)"
+        hint = f" (if {path} was converted from it with {option}: verify {hrry_path} {path} {option})"
     return f"{hrry_path} exports to {ours}, {path} {theirs}{hint}"
 
 
