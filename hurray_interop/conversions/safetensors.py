@@ -44,11 +44,13 @@ dequantizer against ml_dtypes decoding of the source codes via
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -62,6 +64,7 @@ from . import fallback as fallbacks
 from . import mx
 from ..formats.safetensors import (
     CONVENTIONS,
+    FileRange,
     SafetensorsFile,
     detect_pairs,
     dtype_nbytes,
@@ -298,6 +301,54 @@ def _metadata_ok(md: Any) -> bool:
 _Part = tuple[str, str, tuple[int, ...], Any]
 
 
+#: values per window of a dequantized tensor (16 MiB of float32): the export's memory
+#: does not depend on the tensor's size
+WINDOW_ELEMENTS = 1 << 22
+#: bytes of the source read between two releases of its pages (resident memory stays bounded)
+RELEASE_BYTES = 256 << 20
+
+
+class _Dequantized:
+    """A fallback tensor's bytes, produced window by window when written.
+
+    Calling it validates nothing more (the dequantizer checked the tensor when this was
+    made) and yields the cast values of each window of :data:`WINDOW_ELEMENTS` values
+    (the shared dequantizer's :func:`~hurray_interop.dequant.iter_dequantize`); the max
+    abs error is measured on the way and written into ``plan`` when the last window is
+    out (:meth:`measure` runs it without writing: a dry run)."""
+
+    def __init__(self, hf: HrryFile, t: Tensor, fallback: str, plan: report.TensorPlan) -> None:
+        from ..dequant import iter_dequantize  # the shared dequantizer (float32, exact)
+
+        self.hf, self.fallback, self.plan = hf, fallback, plan
+        self._windows: Any = iter_dequantize(t, max_elements=WINDOW_ELEMENTS)  # validates the tensor now
+        self._lossless = fallbacks.lossless(np.float32, fallback)
+        self._source_per_value = t.nbytes / max(1, plan.bytes_out // fallbacks.dtype(fallback).itemsize)
+
+    def __call__(self) -> Iterator[np.ndarray]:
+        if self._windows is None:
+            raise UsageError(f"tensor {self.plan.name!r} was already dequantized", tensor=self.plan.name)
+        windows, self._windows = self._windows, None
+        meter = fallbacks.ErrorMeter()
+        read = 0
+        for _, vals in windows:
+            stored = fallbacks.cast(vals, self.fallback)
+            if not self._lossless:
+                meter.add(vals, stored)
+            yield stored.reshape(-1).view(np.uint8)
+            read += vals.size * self._source_per_value
+            if read >= RELEASE_BYTES:
+                self.hf.release_pages()
+                read = 0
+        self.hf.release_pages()
+        self.plan.max_abs_error = meter.error
+        self.plan.status = fallbacks.status(meter.error)
+
+    def measure(self) -> None:
+        for _ in self():
+            pass
+
+
 class _Export:
     """The parts of one .hrry → safetensors export, tensor by tensor, with the report."""
 
@@ -305,8 +356,10 @@ class _Export:
                  fallback: str | None) -> None:
         self.hf, self.src, self.rep = hf, src, rep
         self.convention, self.fallback = convention, fallback
+        self.fd: int | None = None  # a read-only descriptor of the .hrry (see stored_bytes)
         self.out: list[_Part] = []
         self.refused: list[tuple[str, str, str]] = []
+        self.dequantized: list[_Dequantized] = []
         self._mx: dict[str, Any] = {}
 
     def refuse(self, hname: str, t: Tensor, why: str) -> None:
@@ -315,23 +368,23 @@ class _Export:
                                                   bytes_in=t.nbytes, reason=why))
 
     def fallback_part(self, hname: str, t: Tensor, why: str) -> _Part | None:
-        """``t`` dequantized and cast to the fallback dtype, or a refusal without one."""
+        """``t`` dequantized and cast to the fallback dtype (streamed: see
+        :class:`_Dequantized`), or a refusal without one."""
         fallback = self.fallback
         if fallback is None:
             self.refuse(hname, t, why)
             return None
-        from ..dequant import dequantize  # the shared dequantizer (float32, exact)
-
-        vals = dequantize(t)
-        et = element_type(fallback)
-        stored = fallbacks.cast(vals, fallback)
-        err = fallbacks.max_abs_error(vals, stored)
-        self.rep.tensors.append(report.TensorPlan(
-            hname, t.describe(), f"{safetensors_dtype_for(et)} (fallback)",
-            fallbacks.status(err), bytes_in=t.nbytes, bytes_out=stored.nbytes,
-            reason=f"{why}; written dequantized as {fallback}", max_abs_error=err,
-        ))
-        return (hname, safetensors_dtype_for(et), tuple(int(x) for x in vals.shape), stored.reshape(-1).view(np.uint8))
+        dtype = safetensors_dtype_for(element_type(fallback))
+        shape = tuple(int(x) for x in t.descriptor.shape)  # type: ignore[arg-type]
+        plan = report.TensorPlan(
+            hname, t.describe(), f"{dtype} (fallback)", report.VALUE_EXACT, bytes_in=t.nbytes,
+            bytes_out=math.prod(shape) * fallbacks.dtype(fallback).itemsize,
+            reason=f"{why}; written dequantized as {fallback}",
+        )
+        self.rep.tensors.append(plan)
+        source = _Dequantized(self.hf, t, fallback, plan)
+        self.dequantized.append(source)
+        return (hname, dtype, shape, source)
 
     def mx_parts(self, hname: str, conv: str) -> Any:
         """An MXFP tensor as ``("pair", data part, scale part, convention)``, as
@@ -359,7 +412,8 @@ class _Export:
             bytes_in=t.nbytes, bytes_out=t.nbytes,
             substituted_blocks=0 if rec is None else int(decode_scale_record(rec, key=scale_record_key(hname))[0].size),
         ))
-        return ("pair", (dname, pair_data_dtype(el.hurray.name, conv), dshape, t.data[0]), (sname, "U8", sshape, scales), conv)
+        data = self.stored_bytes(hname, t)
+        return ("pair", (dname, pair_data_dtype(el.hurray.name, conv), dshape, data), (sname, "U8", sshape, scales), conv)
 
     def plain_part(self, hname: str, dtype: str | None, shape: tuple[int, ...] | None) -> _Part | None:
         """A plain tensor's bytes under the recorded (or its own) dtype; a fallback otherwise."""
@@ -390,7 +444,14 @@ class _Export:
             )
         self.rep.tensors.append(report.TensorPlan(hname, d.element_type.name, dtype, report.EXACT,
                                                   bytes_in=t.nbytes, bytes_out=t.nbytes))
-        return (hname, dtype, tuple(shape or ()), t.data[0])
+        return (hname, dtype, tuple(shape or ()), self.stored_bytes(hname, t))
+
+    def stored_bytes(self, hname: str, t: Tensor) -> Any:
+        """The tensor's one buffer as it is stored: a range of the .hrry file that the
+        writer copies by the kernel, or (no descriptor of the file) the memory-mapped view."""
+        if self.fd is None:
+            return t.data[0]
+        return FileRange(self.fd, self.hf.buffer_offsets(hname)[0], int(t.data[0].size))
 
     def recorded(self, d: dict[str, Any]) -> None:
         """One entry of the layout record, in the record's order."""
@@ -475,11 +536,12 @@ def hurray_to_safetensors(
     rep = report.ConversionReport(
         str(src), None if dst is None else str(dst), "hurray", "safetensors", dry_run=dry_run
     )
-    with HrryFile(src) as hf:
+    with HrryFile(src) as hf, _read_only(src) as fd:
         layout = _json_record(hf.kv, KV_LAYOUT, "layout", _layout_ok, src)
         metadata = _json_record(hf.kv, KV_METADATA, "metadata", _metadata_ok, src)
         header = _kv_value(hf.kv, KV_HEADER, bytes, src)
         ex = _Export(hf, src, rep, convention, fallback)
+        ex.fd = fd
         done: set[str] = set()
         for d in layout["tensors"] if layout else []:
             ex.recorded(d)
@@ -487,35 +549,32 @@ def hurray_to_safetensors(
         for hname in hf.top_level_names():
             if hname not in done:
                 ex.unrecorded(hname)
-        if ex.refused:
-            if dry_run or dst is None:
-                return rep
+        if ex.refused and not (dry_run or dst is None):
             raise ConversionRefused(
                 f"{len(ex.refused)} tensor(s) have no exact safetensors form; nothing was written "
                 "(choose --fallback float32|float16|bfloat16 to write them dequantized)",
                 path=src, reasons=ex.refused, report=rep,
             )
-        _check_unique([o[0] for o in ex.out], "two tensors would be written as", src)
+        if not ex.refused:
+            _check_unique([o[0] for o in ex.out], "two tensors would be written as", src)
         if dry_run or dst is None:
+            for part in ex.dequantized:  # the report's errors: measured, nothing written
+                part.measure()
             return rep
-        _write_safetensors(dst, src, ex.out, metadata, header, force=force, progress=progress)
+        write_safetensors(dst, ex.out, metadata, force=force, header=header, inputs=(src,), progress=progress)
     return rep
 
 
-def _write_safetensors(dst: Any, src: Any, out: list[_Part], metadata: dict[str, str] | None, header: bytes | None,
-                       *, force: bool, progress: Callable[[int, int], None] | None) -> None:
-    """Write the parts, calling ``progress(done_bytes, total_bytes)`` as each one is written."""
-    total = sum(int(np.asarray(o[3]).nbytes) for o in out)
-    state = {"done": 0}
-
-    def counted(src_buf: Any) -> Any:
-        def gen() -> Any:
-            yield src_buf
-            state["done"] += int(np.asarray(src_buf).nbytes)
-            if progress:
-                progress(state["done"], total)
-
-        return gen
-
-    write_safetensors(dst, [(n, d, s, counted(b)) for n, d, s, b in out], metadata,
-                      force=force, header=header, inputs=(src,))
+@contextlib.contextmanager
+def _read_only(path: Any) -> Iterator[int | None]:
+    """A read-only descriptor of ``path`` for kernel copies (None when it cannot be opened:
+    the writer then copies from the memory map)."""
+    try:
+        fd: int | None = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        fd = None
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
