@@ -15,11 +15,11 @@ import os
 import tempfile
 from typing import Any, Callable
 
-from .errors import HurrayInteropError, OutputExistsError, UsageError
+from .errors import ConversionRefused, HurrayInteropError, OutputExistsError, UsageError
 from .files.atomic import transient
 from .parallel import check_jobs
 from .registry import HURRAY, Format, detect_format, formats
-from .report import ConversionReport
+from .report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport
 
 __all__ = ["convert"]
 
@@ -126,7 +126,31 @@ def _through_hurray(
     try:
         second = df.from_hurray(mid, dst_s, **second_opts)  # type: ignore[misc]
     except HurrayInteropError as exc:  # about the source's tensors, read back from the intermediate
-        raise _renamed(exc, mid, src_s) from None
-    second.source, second.source_format = src_s, sf.name
+        exc = _renamed(exc, mid, src_s)
+        if isinstance(exc.details.get("report"), ConversionReport):
+            _as_from_source(exc.details["report"], first, sf.name)
+        if isinstance(exc, ConversionRefused):
+            types = {t.name: t.source_type for t in first.tensors}
+            exc.reasons = [(name, types.get(name, typ), why) for name, typ, why in exc.reasons]
+        raise exc from None
+    _as_from_source(second, first, sf.name)
     second.notes = first.notes + [f"converted through Hurray ({len(first.tensors)} tensors)"] + second.notes
     return second
+
+
+_SEVERITY = (EXACT, VALUE_EXACT, LOSSY, REFUSED)
+
+
+def _as_from_source(second: ConversionReport, first: ConversionReport, source_format: str) -> None:
+    """The export's report of a conversion through Hurray as one of the user's source: its
+    format, and per tensor the source's type and bytes; where the import already lost values
+    (a float fallback), its status, error and reason."""
+    second.source, second.source_format = first.source, source_format
+    by_name = {t.name: t for t in first.tensors}
+    for t in second.tensors:
+        f = by_name.get(t.name)
+        if f is None:
+            continue
+        t.source_type, t.bytes_in = f.source_type, f.bytes_in
+        if _SEVERITY.index(f.status) > _SEVERITY.index(t.status):
+            t.status, t.max_abs_error, t.reason = f.status, f.max_abs_error, f.reason

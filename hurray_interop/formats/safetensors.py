@@ -227,6 +227,16 @@ def _entry_offset(text: str, name: str) -> int:
     return 8
 
 
+def _is_unicode(s: str) -> bool:
+    """False for a string JSON escapes gave a lone surrogate (``"\\ud800"``): no UTF-8 text
+    holds one, and the safetensors package refuses such a header."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _parse_header(raw: bytes, data_size: int, path: Path) -> tuple[dict[str, str] | None, list[STEntry]]:
     try:
         text = raw.decode("utf-8")
@@ -260,8 +270,15 @@ def _parse_header(raw: bytes, data_size: int, path: Path) -> tuple[dict[str, str
         if name == "__metadata__":
             if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
                 raise FormatError("__metadata__ must map strings to strings", path=path, field="__metadata__", offset=at())
+            bad = next((x for kv in info.items() for x in kv if not _is_unicode(x)), None)
+            if bad is not None:
+                raise FormatError(f"__metadata__ string {bad!r} is not valid Unicode (a lone surrogate escape)",
+                                  path=path, field="__metadata__", offset=at())
             metadata = dict(info)
             continue
+        if not _is_unicode(name):
+            raise FormatError(f"tensor name {name!r} is not valid Unicode (a lone surrogate escape)",
+                              path=path, tensor=name, field="header", offset=at())
         if not isinstance(info, dict) or set(info) - {"dtype", "shape", "data_offsets"} or len(info) != 3:
             raise FormatError("entry must have exactly dtype, shape and data_offsets", path=path, tensor=name, field="header", offset=at())
         dtype, shape, offs = info["dtype"], info["shape"], info["data_offsets"]

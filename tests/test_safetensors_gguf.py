@@ -1,0 +1,94 @@
+"""GGUF ⇄ safetensors (issue 20): the report names the real source and its GGML types,
+and hostile safetensors names are located in the input."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from fuzzing import run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "fixtures" / "tiny-llama.gguf"
+
+
+def _safetensors(path: Path, header: str, data: bytes) -> Path:
+    h = header.encode("ascii")
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + data)
+    return path
+
+
+# -- messages: the source is the GGUF, with its own types -----------------------------------
+
+
+def test_gguf_to_safetensors_report_names_the_gguf_and_its_types(tmp_path: Path) -> None:
+    from hurray_interop.formats import gguf as G
+
+    rc, out, err = run_cli(["convert", str(TINY), str(tmp_path / "t.safetensors"), "--fallback", "bfloat16", "--json"])
+    assert rc == 0, err
+    rep = json.loads(out)
+    assert rep["source"] == str(TINY) and rep["source_format"] == "gguf"
+    with G.read_gguf(str(TINY)) as gf:
+        types = {t.name: t.type_name for t in gf.tensors}
+        sizes = {t.name: t.nbytes for t in gf.tensors}
+    assert {t["name"]: t["source_type"] for t in rep["tensors"]} == types  # Q8_0, not "per-block int8"
+    assert {t["name"]: t["bytes_in"] for t in rep["tensors"]} == sizes
+    assert rep["bytes_in"] == sum(sizes.values())
+
+
+def test_a_refused_gguf_to_safetensors_names_the_gguf_and_its_types(tmp_path: Path) -> None:
+    rc, out, err = run_cli(["convert", str(TINY), str(tmp_path / "t.safetensors")])
+    assert rc == 1 and not (tmp_path / "t.safetensors").exists()
+    assert f"{TINY} (gguf) -> " in out and "(hurray)" not in out
+    assert "tensor 'token_embd.weight' (Q8_0)" in err and "per-block" not in err
+
+
+def test_values_lost_at_import_stay_lost_in_the_report(tmp_path: Path) -> None:
+    """A K-quant stored dequantized by the import is written as stored by the export: the
+    report keeps the import's verdict (lossy, its error), not the export's "exact"."""
+    src = REPO / "fixtures" / "tiny-llama-kquant.gguf"
+    rc, out, err = run_cli(["convert", str(src), str(tmp_path / "k.safetensors"), "--fallback", "bfloat16", "--json"])
+    assert rc == 0, err
+    rows = {t["name"]: t for t in json.loads(out)["tensors"]}
+    q4k = rows["blk.0.ffn_down.weight"]
+    assert q4k["source_type"] == "Q4_K" and q4k["status"] == "lossy" and q4k["max_abs_error"] > 0
+    assert "gguf-py's reference dequantizer" in q4k["reason"]
+    assert rows["blk.0.attn_norm.weight"]["status"] == "exact"
+
+
+# -- hostile names: a lone surrogate escape is the input's fault --------------------------------
+
+
+@pytest.mark.parametrize("verb", [["convert", "{src}", "{dst}.hrry"], ["convert", "{src}", "{dst}.gguf"],
+                                  ["inspect", "{src}"]])
+@pytest.mark.parametrize("where", ["tensor", "metadata key", "metadata value"])
+def test_a_lone_surrogate_is_located_in_the_input(tmp_path: Path, verb: list[str], where: str) -> None:
+    t = '"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}'
+    header = {
+        "tensor": '{"\\ud800":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
+        "metadata key": '{"__metadata__":{"\\ud800":"x"},' + t + "}",
+        "metadata value": '{"__metadata__":{"k":"\\udfff"},' + t + "}",
+    }[where]
+    src = _safetensors(tmp_path / "s.safetensors", header, bytes(8))
+    rc, out, err = run_cli([a.format(src=src, dst=tmp_path / "out") for a in verb])
+    assert rc == 2, (out, err)
+    assert err.count("\n") == 1 and "Traceback" not in err and "internal error" not in err
+    assert err.startswith(f"hurray-interop: error: {src}: ") and "at offset 9" in err and "surrogate" in err
+    assert ("tensor '\\ud800'" in err) == (where == "tensor")
+    assert [p.name for p in tmp_path.iterdir()] == ["s.safetensors"]
+
+
+def test_a_surrogate_pair_is_ordinary_text(tmp_path: Path) -> None:
+    """The escape of a character outside the BMP (a valid pair) is a name like any other."""
+    src = _safetensors(tmp_path / "s.safetensors", '{"\\ud83d\\ude00":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
+                       bytes(8))
+    rc, out, err = run_cli(["convert", str(src), str(tmp_path / "s.hrry"), "--quiet"])
+    assert rc == 0, err
+    from hurray_interop.core.hrry import HrryFile
+
+    with HrryFile(str(tmp_path / "s.hrry")) as hf:
+        assert list(hf.top_level_names()) == ["\U0001f600"]
