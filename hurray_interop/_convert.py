@@ -18,12 +18,15 @@ from typing import Any, Callable
 from .errors import ConversionRefused, HurrayInteropError, OutputExistsError, UsageError
 from .files.atomic import transient
 from .parallel import check_jobs
-from .registry import HURRAY, Format, detect_format, formats
+from .registry import FALLBACK_CHOICES, FALLBACK_EXACT, HURRAY, Format, detect_format, formats
 from .report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport
 
 __all__ = ["convert"]
 
 Progress = Callable[[int, int], None] | None
+
+#: the fallbacks that store values as floats
+DTYPE_FALLBACKS = tuple(f for f in FALLBACK_CHOICES if f != FALLBACK_EXACT)
 
 
 def _format_options(src: Format, dst: Format, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -111,13 +114,28 @@ def _renamed(exc: HurrayInteropError, old: str, new: str, note: str = "") -> Hur
     return exc
 
 
+def _intermediate(src_s: str, sf: Format, mid: str | None, opts: dict[str, Any]) -> ConversionReport:
+    """The import into the intermediate .hrry.  With a dtype fallback, a source whose import
+    has exact expanded forms stores them instead (their values are the reference decoder's,
+    bit for bit): the export then dequantizes and casts each tensor once, in windows, into
+    the same bytes, where the dtype fallback would write (and the export copy) the whole
+    model as floats.  A source those forms refuse (non-finite super-block scales) takes the
+    dtype fallback itself."""
+    with transient():  # the intermediate file is deleted at the end: only the result is made durable
+        if mid is not None and sf.exact_fallback and opts["fallback"] in DTYPE_FALLBACKS and opts.get("q4_1") != "requantize":
+            try:
+                return sf.to_hurray(src_s, mid, **{**opts, "fallback": FALLBACK_EXACT})  # type: ignore[misc]
+            except ConversionRefused:
+                pass
+        return sf.to_hurray(src_s, mid, **opts)  # type: ignore[misc]
+
+
 def _through_hurray(
     src_s: str, sf: Format, dst_s: str, df: Format, mid: str, first_opts: dict[str, Any], second_opts: dict[str, Any]
 ) -> ConversionReport:
     dry_run = first_opts["dry_run"]
     try:
-        with transient():  # the intermediate file is deleted at the end: only the result is made durable
-            first = sf.to_hurray(src_s, None if dry_run else mid, **first_opts)  # type: ignore[misc]
+        first = _intermediate(src_s, sf, None if dry_run else mid, first_opts)
     except HurrayInteropError as exc:
         raise _renamed(exc, mid, dst_s, "while writing the intermediate Hurray file") from None
     if dry_run:

@@ -94,6 +94,9 @@ class Format:
     #: lists the files converting ``src`` into ``dst`` would write or find in its way, as far
     #: as names and records tell before converting (None: ``dst`` alone); batches check them
     outputs: Callable[..., list[str]] | None = None
+    #: the import takes ``fallback="exact"`` (exact expanded forms of what has no native
+    #: mapping, with the values of the dtype fallbacks' reference decoder, bit for bit)
+    exact_fallback: bool = False
 
 
 _REGISTRY: dict[str, Format] = {}
@@ -360,7 +363,7 @@ register_format(Format(
     verifier=_gguf_verifier, to_hurray=_gguf_to_hurray, from_hurray=_hurray_to_gguf,
     import_options={"q4_1": "overlay"},
     export_options={"merge": False, "split_max_tensors": None, "split_max_size": None},  # docs/conversion-rules.md § 10
-    member_of=_gguf_member_of, outputs=_gguf_outputs,
+    member_of=_gguf_member_of, outputs=_gguf_outputs, exact_fallback=True,
 ))
 register_format(Format(
     name=HURRAY, title="Hurray", extensions=(".hrry",), sniff=_sniff_hurray, open=_open_hurray,

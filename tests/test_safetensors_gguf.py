@@ -47,17 +47,48 @@ def test_a_refused_gguf_to_safetensors_names_the_gguf_and_its_types(tmp_path: Pa
     assert "tensor 'token_embd.weight' (Q8_0)" in err and "per-block" not in err
 
 
-def test_values_lost_at_import_stay_lost_in_the_report(tmp_path: Path) -> None:
-    """A K-quant stored dequantized by the import is written as stored by the export: the
-    report keeps the import's verdict (lossy, its error), not the export's "exact"."""
-    src = REPO / "fixtures" / "tiny-llama-kquant.gguf"
-    rc, out, err = run_cli(["convert", str(src), str(tmp_path / "k.safetensors"), "--fallback", "bfloat16", "--json"])
+def _convert(*argv: object) -> dict:
+    rc, out, err = run_cli(["convert", *map(str, argv), "--fallback", "bfloat16", "--json"])
     assert rc == 0, err
-    rows = {t["name"]: t for t in json.loads(out)["tensors"]}
-    q4k = rows["blk.0.ffn_down.weight"]
-    assert q4k["source_type"] == "Q4_K" and q4k["status"] == "lossy" and q4k["max_abs_error"] > 0
-    assert "gguf-py's reference dequantizer" in q4k["reason"]
-    assert rows["blk.0.attn_norm.weight"]["status"] == "exact"
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("fixture", ["tiny-llama-kquant.gguf", "tiny-llama.gguf"])
+def test_gguf_to_safetensors_writes_the_bytes_of_the_two_steps(tmp_path: Path, fixture: str) -> None:
+    """GGUF → safetensors (whose intermediate .hrry keeps the K-quants in their exact
+    expanded forms, dequantized once by the export) writes, and reports, what the two
+    steps a user can run write: the GGUF imported with the float fallback, then exported."""
+    src = REPO / "fixtures" / fixture
+    direct = _convert(src, tmp_path / "direct.safetensors")
+    first = _convert(src, tmp_path / "mid.hrry")
+    _convert(tmp_path / "mid.hrry", tmp_path / "steps.safetensors")
+    assert (tmp_path / "direct.safetensors").read_bytes() == (tmp_path / "steps.safetensors").read_bytes()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no intermediate left
+    imported = {t["name"]: t for t in first["tensors"]}
+    for t in direct["tensors"]:
+        assert t["source_type"] == imported[t["name"]]["source_type"]
+        assert t["bytes_in"] == imported[t["name"]]["bytes_in"]
+        if imported[t["name"]]["status"] == "lossy":  # the K-quants: the import's float fallback
+            assert t["status"] == "lossy" and t["max_abs_error"] == imported[t["name"]]["max_abs_error"]
+
+
+def test_gguf_to_safetensors_of_what_the_exact_forms_refuse_takes_the_float_fallback(tmp_path: Path) -> None:
+    """A non-finite super-block scale has no exact expanded form; the float fallback stores
+    the reference decoder's values (inf/NaN) as the two steps do."""
+    import numpy as np
+    from gguf_factory import write_gguf_raw
+    from test_gguf_expanded import random_blocks
+
+    blocks = random_blocks("Q4_K", 16, seed=1)
+    blocks[5, 2:4] = np.array([np.inf], dtype=np.float16).view(np.uint8)  # dmin = inf
+    src = write_gguf_raw(tmp_path / "inf.gguf", [("w.inf", "Q4_K", (8, 512), blocks)])
+    out = tmp_path / "o" / "direct.safetensors"
+    out.parent.mkdir()
+    direct = _convert(src, out)
+    _convert(src, tmp_path / "mid.hrry")
+    _convert(tmp_path / "mid.hrry", tmp_path / "steps.safetensors")
+    assert out.read_bytes() == (tmp_path / "steps.safetensors").read_bytes()
+    assert direct["tensors"][0]["status"] == "lossy" and direct["tensors"][0]["source_type"] == "Q4_K"
 
 
 # -- hostile names: a lone surrogate escape is the input's fault --------------------------------

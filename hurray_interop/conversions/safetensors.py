@@ -305,7 +305,7 @@ _Part = tuple[str, str, tuple[int, ...], Any]
 #: does not depend on the tensor's size
 WINDOW_ELEMENTS = 1 << 22
 #: bytes of the source read between two releases of its pages (resident memory stays bounded)
-RELEASE_BYTES = 256 << 20
+RELEASE_BYTES = 64 << 20
 
 
 class _Dequantized:
