@@ -123,3 +123,121 @@ def test_a_surrogate_pair_is_ordinary_text(tmp_path: Path) -> None:
 
     with HrryFile(str(tmp_path / "s.hrry")) as hf:
         assert list(hf.top_level_names()) == ["\U0001f600"]
+
+
+# -- GGUF metadata in __metadata__ (docs/format-notes.md § 3.11) ----------------------------------
+
+
+def _kv(path: Path) -> list[tuple[str, str, bytes]]:
+    """(key, GGUF type, exact GGUF encoding) of every metadata key, in order."""
+    from hurray_interop.conversions.gguf_metadata import _type_string
+    from hurray_interop.formats import gguf as G
+
+    with G.read_gguf(str(path)) as gf:
+        return [(k, _type_string(v), G.encode_value(v)) for k, v in gf.kv.items()]
+
+
+def test_gguf_metadata_reaches_safetensors_metadata_with_its_types(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    from hurray_interop.formats import gguf as G
+
+    out = tmp_path / "t.safetensors"
+    _convert(TINY, out)
+    with safe_open(str(out), "np") as f:  # the safetensors package as the reader
+        md = f.metadata()
+    with G.read_gguf(str(TINY)) as gf:
+        want = {f"gguf.{k}": v for k, v in gf.kv.items()}
+    assert md is not None and set(md) == set(want)
+    for name, v in want.items():
+        rec = json.loads(md[name])
+        assert rec["type"] == _kv(TINY)[list(want).index(name)][1]
+        assert rec["value"] == v.to_python()  # tokens, scores and token types included, whole
+    assert len(json.loads(md["gguf.tokenizer.ggml.tokens"])["value"]) == 300
+
+
+@pytest.mark.parametrize("fixture", ["tiny-llama.gguf", "kv-types.gguf"])
+def test_gguf_metadata_comes_home_with_its_types(tmp_path: Path, fixture: str) -> None:
+    """GGUF → safetensors → GGUF, directly and through .hrry files: every key, in order, of
+    its exact type and value (kv-types.gguf: every GGUF type, non-UTF-8 strings, NaN and
+    infinite floats, nested and empty arrays, alignment 64)."""
+    src = REPO / "fixtures" / fixture
+    st = tmp_path / "m.safetensors"
+    _convert(src, st)
+    rc, _, err = run_cli(["convert", str(st), str(tmp_path / "direct.gguf"), "-q"])
+    assert rc == 0, err
+    for a, b in [(st, "m.hrry"), ("m.hrry", "back.gguf")]:
+        rc, _, err = run_cli(["convert", str(tmp_path / a), str(tmp_path / b), "-q"])
+        assert rc == 0, err
+    assert _kv(tmp_path / "direct.gguf") == _kv(src)
+    assert _kv(tmp_path / "back.gguf") == _kv(src)
+    rc, _, err = run_cli(["convert", str(tmp_path / "m.hrry"), str(tmp_path / "again.safetensors"), "-q"])
+    assert rc == 0, err
+    assert (tmp_path / "again.safetensors").read_bytes() == st.read_bytes()  # safetensors ⇄ .hrry stays byte-exact
+
+
+def test_a_large_vocabulary_travels_whole(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import synth
+
+    src = tmp_path / "vocab.gguf"
+    synth.write_big_vocab(src, vocab=65536)
+    _convert(src, tmp_path / "v.safetensors")
+    rc, _, err = run_cli(["convert", str(tmp_path / "v.safetensors"), str(tmp_path / "v.gguf"), "-q"])
+    assert rc == 0, err
+    assert _kv(tmp_path / "v.gguf") == _kv(src)
+
+
+def _st_with_metadata(tmp_path: Path, metadata: dict[str, str]) -> Path:
+    header = json.dumps({"__metadata__": metadata, "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})
+    return _safetensors(tmp_path / "s.safetensors", header, bytes(8))
+
+
+def _gguf_keys(tmp_path: Path, metadata: dict[str, str]) -> tuple[dict, list[str]]:
+    from hurray_interop.formats import gguf as G
+
+    src = _st_with_metadata(tmp_path, metadata)
+    rc, out, err = run_cli(["convert", str(src), str(tmp_path / "s.gguf"), "--json"])
+    assert rc == 0, err
+    with G.read_gguf(str(tmp_path / "s.gguf")) as gf:
+        return {k: v.to_python() for k, v in gf.kv.items()}, json.loads(out)["notes"]
+
+
+@pytest.mark.parametrize(("rec", "ok"), [
+    ({"type": "UINT8", "value": 255}, True),  # the limit
+    ({"type": "UINT8", "value": 256}, False),  # limit + 1
+    ({"type": "UINT8", "value": -1}, False),
+    ({"type": "INT64", "value": -(2**63)}, True),
+    ({"type": "INT64", "value": -(2**63) - 1}, False),
+    ({"type": "UINT32", "value": 1.0}, False),
+    ({"type": "UINT32", "value": True}, False),
+    ({"type": "FLOAT32", "value": 0.10000000149011612}, True),
+    ({"type": "FLOAT32", "value": 0.1}, False),  # not a float32: never rounded silently
+    ({"type": "FLOAT64", "value": 0.1}, True),
+    ({"type": "BOOL", "value": 1}, False),
+    ({"type": "STRING", "value": 7}, False),
+    ({"type": "ARRAY[INT32]", "value": [1, 2]}, True),
+    ({"type": "ARRAY[INT32]", "value": [1, "2"]}, False),
+    ({"type": "ARRAY[ARRAY]", "value": [[1]]}, False),
+    ({"type": "QUAD", "value": 1}, False),
+    ({"type": "STRING", "gguf": "AQAAAAAAAAB4"}, True),  # "x"
+    ({"type": "STRING", "gguf": "AQAAAAAAAAB4eA=="}, False),  # a stray byte after the value
+    ({"type": "ARRAY[INT32]", "gguf": "CAAAAAEAAAAAAAAAAQAAAAAAAAB4"}, False),  # an ARRAY[STRING] inside
+    ({"type": "STRING", "gguf": "not base64!"}, False),
+    ({"type": "STRING", "value": "x", "extra": 1}, False),
+])
+def test_gguf_entries_are_read_exactly_or_reported(tmp_path: Path, rec: dict, ok: bool) -> None:
+    kv, notes = _gguf_keys(tmp_path, {"gguf.k": json.dumps(rec), "format": "pt"})
+    assert ("k" in kv) == ok, notes
+    assert "format" not in kv
+    if not ok:
+        assert any(n.startswith("__metadata__ entry gguf.k: ") and "not as GGUF metadata" in n for n in notes)
+
+
+def test_reserved_and_empty_gguf_keys_are_reported_not_written(tmp_path: Path) -> None:
+    rec = json.dumps({"type": "UINT32", "value": 1})
+    kv, notes = _gguf_keys(tmp_path, {"gguf.": rec, "gguf.hurray_interop.source_format": rec, "gguf.ok": rec})
+    assert kv == {"ok": 1}
+    assert sum("not as GGUF metadata" in n for n in notes) == 2

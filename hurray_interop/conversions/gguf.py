@@ -206,10 +206,17 @@ def _check_reserved_keys(src: "G.GGUFFile") -> None:
 
 
 def _kv_to_hurray(src: "G.GGUFFile") -> tuple[list[tuple[str, KVValue]], list[str]]:
+    _check_reserved_keys(src)
+    return kv_to_hurray(src.kv.items())
+
+
+def kv_to_hurray(values: Iterable[tuple[str, "G.GGUFValue"]]) -> tuple[list[tuple[str, KVValue]], list[str]]:
+    """GGUF metadata as the .hrry holds it: the Hurray KV entries (natural types, or the
+    GGUF encoding as bytes) and the :data:`K_TYPES` record of their exact GGUF types.
+    The keys must be valid Hurray keys outside the records' prefix (the caller checks)."""
     items: list[tuple[str, KVValue]] = []
     types: list[str] = []
-    _check_reserved_keys(src)
-    for key, v in src.kv.items():
+    for key, v in values:
         nat = _natural(v)
         if nat is None:
             items.append((key, KVValue("bytes", _raw_payload(v))))
@@ -1205,6 +1212,20 @@ def _rec_uint(kv: dict[str, KVValue], key: str, path: str) -> int:
     return int(v.value)
 
 
+def _types_record(kv: dict[str, KVValue], path: str) -> list[str]:
+    """The :data:`K_TYPES` record, checked: an array of known GGUF type strings."""
+    tv = kv.get(K_TYPES)
+    if tv is None or tv.type != "array" or tv.element_type != "string":
+        raise _rec_error(path, K_TYPES, "missing or not an array of strings")
+    types = list(tv.value)
+    for ts in types:
+        try:
+            _parse_type_string(ts)
+        except KeyError:
+            raise _rec_error(path, K_TYPES, f"unknown GGUF value type {ts!r}") from None
+    return types
+
+
 def _records(kv: dict[str, KVValue], path: str) -> _Records | None:
     """Read and check the records an import left; ``None`` for files that did not come from GGUF."""
     from ..formats import gguf_split as S
@@ -1221,15 +1242,7 @@ def _records(kv: dict[str, KVValue], path: str) -> _Records | None:
     tail = _rec_uint(kv, K_TAIL, path)
     if tail >= max(alignment, 1):
         raise _rec_error(path, K_TAIL, f"{tail} trailing padding bytes for alignment {alignment}")
-    tv = kv.get(K_TYPES)
-    if tv is None or tv.type != "array" or tv.element_type != "string":
-        raise _rec_error(path, K_TYPES, "missing or not an array of strings")
-    types = list(tv.value)
-    for ts in types:
-        try:
-            _parse_type_string(ts)
-        except KeyError:
-            raise _rec_error(path, K_TYPES, f"unknown GGUF value type {ts!r}") from None
+    types = _types_record(kv, path)
     jv = kv.get(K_TENSORS)
     if jv is None or jv.type != "string":
         raise _rec_error(path, K_TENSORS, "missing or not a string")
@@ -1278,12 +1291,24 @@ def _check_offsets(rec: _Records, sizes: dict[str, int], path: str) -> bool:
     return True
 
 
-def _export_kv(kv: dict[str, KVValue], rec: _Records | None, path: str, alignment: int) -> list[tuple[str, "G.GGUFValue"]]:
+def gguf_metadata(kv: dict[str, KVValue], path: str) -> list[tuple[str, "G.GGUFValue"]] | None:
+    """The GGUF metadata of a .hrry whose :data:`K_TYPES` record gives its keys' exact GGUF
+    types (an import from GGUF, or from safetensors ``gguf.*`` metadata): every key, in
+    order, as its GGUF value; None without the record."""
+    if K_TYPES not in kv:
+        return None
+    types = _types_record(kv, path)
     plain = [(k, v) for k, v in kv.items() if not k.startswith(KEY_PREFIX)]
-    if rec is not None:
-        if len(rec.types) != len(plain):
-            raise _rec_error(path, K_TYPES, f"{len(rec.types)} GGUF value types recorded for {len(plain)} metadata keys")
-        return [(k, _gguf_value_from_record(k, v, ts, path)) for (k, v), ts in zip(plain, rec.types)]
+    if len(types) != len(plain):
+        raise _rec_error(path, K_TYPES, f"{len(types)} GGUF value types recorded for {len(plain)} metadata keys")
+    return [(k, _gguf_value_from_record(k, v, ts, path)) for (k, v), ts in zip(plain, types)]
+
+
+def _export_kv(kv: dict[str, KVValue], rec: _Records | None, path: str, alignment: int) -> list[tuple[str, "G.GGUFValue"]]:
+    recorded = gguf_metadata(kv, path)
+    if recorded is not None:
+        return recorded
+    plain = [(k, v) for k, v in kv.items() if not k.startswith(KEY_PREFIX)]
     out = []
     for k, v in plain:
         if k == "general.alignment":  # GGUF requires this one key to be a UINT32

@@ -24,6 +24,11 @@ KV keys written to the .hrry file (all values are strings or bytes):
     The source ``__metadata__`` (absent when the source had none).
 ``hurray_interop.safetensors.convention`` (str)
     Same as the layout's convention, for quick inspection.
+GGUF metadata keys and ``hurray_interop.gguf.kv_types``
+    The GGUF metadata the ``gguf.*`` entries of ``__metadata__`` hold (docs/format-notes.md
+    § 3.11), stored as an import from GGUF stores it (:func:`.gguf.kv_to_hurray`), so that
+    a GGUF export writes every key with its type.  An export of a .hrry without a recorded
+    ``__metadata__`` writes the GGUF metadata it records as those entries.
 ``hurray_interop.scale_substitutions.<tensor>`` (bytes)
     :mod:`hurray_interop.core.records`: scale bytes 0x00 of all-zero blocks replaced by
     0x7F, restored on export.
@@ -57,11 +62,14 @@ import numpy as np
 from .. import report
 from ..core.elements import element_type
 from ..core.hrry import HrryFile, HrryWriter
+from ..core.kv import KVValue
 from ..core.model import MXFP, BufferHandle, Descriptor, RowMajor, Tensor
 from ..core.records import decode_scale_record, scale_record_key
 from ..errors import ConversionRefused, FormatError, InconsistentError, UnsupportedError, UsageError, errors_name_source
 from . import fallback as fallbacks
+from . import gguf_metadata
 from . import mx
+from .gguf import K_TYPES, KEY_PREFIX, gguf_metadata as recorded_gguf_metadata, kv_to_hurray
 from ..formats.safetensors import (
     CONVENTIONS,
     FileRange,
@@ -128,6 +136,8 @@ class _ImportPlan:
     kv_records: dict[str, bytes] = field(default_factory=dict)
     layout: list[dict[str, Any]] = field(default_factory=list)
     refusals: list[tuple[str, str, str]] = field(default_factory=list)
+    #: the GGUF metadata of the ``gguf.*`` entries, as .hrry KV entries (see _gguf_keys)
+    gguf: dict[str, KVValue] = field(default_factory=dict)
 
     def pair(self, st: SafetensorsFile, p: Any, e: Any, fallback: str | None) -> None:
         """The data half of an MX pair: one Hurray MXFP tensor (or its fallback), or a refusal."""
@@ -222,16 +232,47 @@ def safetensors_to_hurray(
         conventions = {p.convention for p in pairs}
         convention = "none" if not conventions else (conventions.pop() if len(conventions) == 1 else "mixed")
         rep.notes.append(f"checkpoint convention: {convention}")
+        plan.gguf = _gguf_keys(st, rep)
         if dry_run or dst is None:
             return rep
         _write_hrry(st, src, dst, plan, convention, force=force, progress=progress)
     return rep
 
 
+def _valid_key(key: str) -> bool:
+    """A GGUF key the .hrry can hold beside the records (as the GGUF import requires)."""
+    try:
+        return "\x00" not in key and len(key.encode("utf-8")) <= 0xFFFF and not key.startswith(KEY_PREFIX)
+    except UnicodeEncodeError:
+        return False
+
+
+def _gguf_keys(st: SafetensorsFile, rep: report.ConversionReport) -> dict[str, KVValue]:
+    """The GGUF metadata the ``gguf.*`` entries of ``__metadata__`` hold (docs/format-notes.md
+    § 3.8) as .hrry KV entries -- the keys with their natural types, then the record of their
+    GGUF types, which a GGUF export writes back; the report says how many, and which entries
+    under the prefix are not GGUF metadata (those stay in the safetensors metadata record)."""
+    items, problems = gguf_metadata.decode(st.metadata or {}, st.path)
+    for key, _ in items:
+        if not _valid_key(key):
+            problems.append(f"{gguf_metadata.PREFIX}{key}: not a valid key (UTF-8 without NUL, at most 65535 bytes, "
+                            f"outside {KEY_PREFIX!r})")
+    bad = {p.split(": ", 1)[0] for p in problems}
+    items = [(k, v) for k, v in items if gguf_metadata.PREFIX + k not in bad]
+    for p in problems:
+        rep.notes.append(f"__metadata__ entry {p}; kept as safetensors metadata only, not as GGUF metadata")
+    if not items:
+        return {}
+    kv_items, types = kv_to_hurray(items)
+    rep.notes.append(f"GGUF metadata: {len(items)} key(s) from the gguf.* entries of __metadata__, with their GGUF types")
+    return {**dict(kv_items), K_TYPES: KVValue("array", types, "string")}
+
+
 def _write_hrry(st: SafetensorsFile, src: Any, dst: Any, plan: _ImportPlan, convention: str, *,
                 force: bool, progress: Callable[[int, int], None] | None) -> None:
     """Write the planned tensors and the records that let the export restore the file."""
     kv: dict[str, Any] = {
+        **plan.gguf,  # GGUF's own keys first, as an import from GGUF stores them
         KV_CONVENTION: convention,
         KV_LAYOUT: json.dumps({"version": LAYOUT_VERSION, "convention": convention, "tensors": plan.layout},
                               separators=(",", ":"), ensure_ascii=False),
@@ -540,6 +581,8 @@ def hurray_to_safetensors(
         layout = _json_record(hf.kv, KV_LAYOUT, "layout", _layout_ok, src)
         metadata = _json_record(hf.kv, KV_METADATA, "metadata", _metadata_ok, src)
         header = _kv_value(hf.kv, KV_HEADER, bytes, src)
+        if metadata is None:  # GGUF metadata, every key with its type (docs/format-notes.md § 3.11)
+            metadata = _gguf_entries(hf, src, rep)
         ex = _Export(hf, src, rep, convention, fallback)
         ex.fd = fd
         done: set[str] = set()
@@ -563,6 +606,22 @@ def hurray_to_safetensors(
             return rep
         write_safetensors(dst, ex.out, metadata, force=force, header=header, inputs=(src,), progress=progress)
     return rep
+
+
+def _gguf_entries(hf: HrryFile, src: Any, rep: report.ConversionReport) -> dict[str, str] | None:
+    """The ``__metadata__`` of an export whose source recorded no safetensors metadata: the
+    GGUF metadata the .hrry records, as ``gguf.<key>`` entries (None when there is none)."""
+    items = recorded_gguf_metadata(hf.kv, os.fspath(src))
+    if items is None:
+        other = [k for k in hf.kv if not k.startswith(KEY_PREFIX)]
+        if other:
+            rep.notes.append(f"{len(other)} metadata key(s) without a recorded GGUF type not written "
+                             f"(safetensors metadata holds GGUF metadata only): {', '.join(other[:5])}"
+                             + (" …" if len(other) > 5 else ""))
+        return None
+    rep.notes.append(f"GGUF metadata: {len(items)} key(s) written to __metadata__ as gguf.<key> entries "
+                     "with their GGUF types")
+    return gguf_metadata.encode(items)
 
 
 @contextlib.contextmanager

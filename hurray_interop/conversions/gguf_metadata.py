@@ -1,0 +1,166 @@
+"""GGUF metadata in a safetensors ``__metadata__`` map, every key with its exact GGUF type
+(docs/format-notes.md § 3.11).
+
+safetensors metadata maps strings to strings.  Each GGUF key ``K`` is one entry
+``gguf.K``, in GGUF key order, whose string is a JSON object:
+
+* ``{"type": T, "value": V}``: ``T`` the GGUF type as the .hrry's ``kv_types`` record
+  spells it (``UINT32``, ``FLOAT32``, ``STRING``, ``ARRAY[INT32]``, ``ARRAY[STRING]`` ...),
+  ``V`` the value in JSON: integers, numbers (a FLOAT32 as the float64 that equals it,
+  which reads back to the same float32), ``true``/``false``, UTF-8 strings, arrays of those;
+* ``{"type": T, "gguf": B}`` for a value JSON cannot hold exactly -- a string that is not
+  UTF-8, a NaN or infinite float, a BOOL byte other than 0/1, an array of arrays --: ``B``
+  is the base64 of the value's GGUF encoding (without its type tag).
+
+:func:`encode` writes the entries, :func:`decode` reads them back (an entry under the
+prefix that is not of this form is returned as a problem, not guessed at).  Only the
+GGUF container (:mod:`hurray_interop.formats.gguf`) is used: the values are its
+:class:`~hurray_interop.formats.gguf.GGUFValue`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from ..errors import HurrayInteropError
+from ..formats import gguf as G
+
+__all__ = ["PREFIX", "encode", "decode"]
+
+#: the prefix of the ``__metadata__`` entries that hold GGUF keys
+PREFIX = "gguf."
+
+VT = G.ValueType
+_INTS = {VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64}
+_FLOATS = {VT.FLOAT32, VT.FLOAT64}
+
+
+def _type_string(v: G.GGUFValue) -> str:
+    if v.type == VT.ARRAY:
+        return f"ARRAY[{v.element_type.name}]" if v.element_type is not None else "ARRAY"
+    return v.type.name
+
+
+def _json_items(et: G.ValueType, value: Any) -> list[Any] | None:
+    """An array's items as JSON values, or None when JSON cannot hold them exactly."""
+    if et == VT.ARRAY:
+        return None
+    if et == VT.STRING:
+        try:
+            return value.decode("strict")  # type: ignore[no-any-return]
+        except UnicodeDecodeError:
+            return None
+    arr = np.asarray(value)
+    if et == VT.BOOL:
+        return [bool(x) for x in arr.tolist()] if not arr.size or int(arr.max()) <= 1 else None
+    if et in _FLOATS and not np.isfinite(arr).all():
+        return None
+    return arr.tolist()  # type: ignore[no-any-return]
+
+
+def _json_value(v: G.GGUFValue) -> Any:
+    """``(True, the value as JSON)``, or ``(False, None)`` when JSON cannot hold it exactly."""
+    if v.type == VT.ARRAY:
+        items = _json_items(v.element_type, v.value)  # type: ignore[arg-type]
+        return (items is not None, items)
+    if v.type == VT.STRING:
+        try:
+            return (True, bytes(v.value).decode("utf-8"))
+        except UnicodeDecodeError:
+            return (False, None)
+    if v.type == VT.BOOL:
+        return (int(v.value) in (0, 1), bool(int(v.value)))
+    x = v.value.item()
+    return (not (v.type in _FLOATS and not math.isfinite(x)), x)
+
+
+def encode(items: Iterable[tuple[str, G.GGUFValue]]) -> dict[str, str]:
+    """The ``__metadata__`` entries of GGUF metadata (see the module doc), in order."""
+    out: dict[str, str] = {}
+    for key, v in items:
+        ok, value = _json_value(v)
+        rec: dict[str, Any] = {"type": _type_string(v)}
+        if ok:
+            rec["value"] = value
+        else:
+            rec["gguf"] = base64.b64encode(G.encode_value(v)).decode("ascii")
+        out[PREFIX + key] = json.dumps(rec, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return out
+
+
+def _parse_type(t: Any) -> tuple[G.ValueType, G.ValueType | None]:
+    if not isinstance(t, str):
+        raise ValueError("no type")
+    if t.startswith("ARRAY[") and t.endswith("]"):
+        return VT.ARRAY, VT[t[6:-1]]
+    if t == "ARRAY":
+        raise ValueError("ARRAY without an element type")
+    return VT[t], None
+
+
+def _scalar_ok(vt: G.ValueType, x: Any) -> bool:
+    """Is the JSON value ``x`` exactly a value of the GGUF type ``vt``?"""
+    if vt in _INTS:
+        return isinstance(x, int) and not isinstance(x, bool)
+    if vt in _FLOATS:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            return False
+        return vt == VT.FLOAT64 or float(np.float32(x)) == x
+    if vt == VT.BOOL:
+        return isinstance(x, bool)
+    if vt == VT.STRING:
+        return isinstance(x, str)
+    return False
+
+
+def _from_json(vt: G.ValueType, et: G.ValueType | None, x: Any) -> G.GGUFValue:
+    if vt == VT.ARRAY:
+        assert et is not None
+        if et == VT.ARRAY or not isinstance(x, list) or not all(_scalar_ok(et, i) for i in x):
+            raise ValueError(f"value is not a JSON array of {et.name}")
+        if et in _FLOATS:
+            x = [float(i) for i in x]
+        return G.GGUFValue.of(vt, x, et)
+    if not _scalar_ok(vt, x):
+        raise ValueError(f"value is not a {vt.name}")
+    return G.GGUFValue.of(vt, float(x) if vt in _FLOATS else x)
+
+
+def _entry(key: str, text: str, path: Any) -> G.GGUFValue:
+    rec = json.loads(text)
+    if not isinstance(rec, dict) or set(rec) not in ({"type", "value"}, {"type", "gguf"}):
+        raise ValueError('not a JSON object {"type", "value"} or {"type", "gguf"}')
+    vt, et = _parse_type(rec["type"])
+    if "value" in rec:
+        v = _from_json(vt, et, rec["value"])
+    else:
+        if not isinstance(rec["gguf"], str):
+            raise ValueError('"gguf" is not a base64 string')
+        v = G.decode_value(vt, base64.b64decode(rec["gguf"], validate=True), what=PREFIX + key, path=path)
+        if v.element_type != et:
+            raise ValueError(f"the encoded value is {_type_string(v)}, not {rec['type']}")
+    return v
+
+
+def decode(metadata: Mapping[str, str], path: Any = None) -> tuple[list[tuple[str, G.GGUFValue]], list[str]]:
+    """The GGUF keys the ``gguf.*`` entries of ``metadata`` hold, in order, and one line
+    per entry under the prefix that does not hold one (why), which the caller reports."""
+    items: list[tuple[str, G.GGUFValue]] = []
+    problems: list[str] = []
+    for name, text in metadata.items():
+        if not name.startswith(PREFIX):
+            continue
+        key = name[len(PREFIX):]
+        try:
+            if not key:
+                raise ValueError("empty GGUF key")
+            items.append((key, _entry(key, text, path)))
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError, HurrayInteropError) as e:
+            why = getattr(e, "message", None) or (f"unknown type {e}" if isinstance(e, KeyError) else str(e))
+            problems.append(f"{name}: {why}")
+    return items, problems
