@@ -221,6 +221,15 @@ def _gguf_keys(tmp_path: Path, metadata: dict[str, str]) -> tuple[dict, list[str
     ({"type": "ARRAY[INT32]", "value": [1, 2]}, True),
     ({"type": "ARRAY[INT32]", "value": [1, "2"]}, False),
     ({"type": "ARRAY[ARRAY]", "value": [[1]]}, False),
+    ({"type": "ARRAY[INT32]", "value": [1, True]}, False),
+    ({"type": "ARRAY[INT32]", "value": [2**31 - 1]}, True),
+    ({"type": "ARRAY[INT32]", "value": [2**31]}, False),
+    ({"type": "ARRAY[FLOAT32]", "value": [0.5, 1, -0.0]}, True),
+    ({"type": "ARRAY[FLOAT32]", "value": [0.5, 0.1]}, False),
+    ({"type": "ARRAY[FLOAT64]", "value": [0.1, 1e300]}, True),
+    ({"type": "ARRAY[STRING]", "value": ["a", "\ud800"]}, False),
+    ({"type": "ARRAY[STRING]", "value": ["a", 1]}, False),
+    ({"type": "ARRAY[STRING]", "value": ["a", "ü"]}, True),
     ({"type": "QUAD", "value": 1}, False),
     ({"type": "STRING", "gguf": "AQAAAAAAAAB4"}, True),  # "x"
     ({"type": "STRING", "gguf": "AQAAAAAAAAB4eA=="}, False),  # a stray byte after the value

@@ -1291,23 +1291,28 @@ def _check_offsets(rec: _Records, sizes: dict[str, int], path: str) -> bool:
     return True
 
 
-def gguf_metadata(kv: dict[str, KVValue], path: str) -> list[tuple[str, "G.GGUFValue"]] | None:
-    """The GGUF metadata of a .hrry whose :data:`K_TYPES` record gives its keys' exact GGUF
-    types (an import from GGUF, or from safetensors ``gguf.*`` metadata): every key, in
-    order, as its GGUF value; None without the record."""
+def gguf_metadata_records(kv: dict[str, KVValue], path: str) -> list[tuple[str, str, KVValue]] | None:
+    """``(key, recorded GGUF type, stored value)`` of every GGUF metadata key of a .hrry
+    whose :data:`K_TYPES` record gives its keys' exact GGUF types (an import from GGUF, or
+    from safetensors ``gguf.*`` metadata), in order; None without the record.  The values
+    are checked against their types by :func:`gguf_value`."""
     if K_TYPES not in kv:
         return None
     types = _types_record(kv, path)
     plain = [(k, v) for k, v in kv.items() if not k.startswith(KEY_PREFIX)]
     if len(types) != len(plain):
         raise _rec_error(path, K_TYPES, f"{len(types)} GGUF value types recorded for {len(plain)} metadata keys")
-    return [(k, _gguf_value_from_record(k, v, ts, path)) for (k, v), ts in zip(plain, types)]
+    return [(k, ts, v) for (k, v), ts in zip(plain, types)]
+
+
+#: a stored value as the GGUF value of its recorded type (FormatError naming the key when it does not fit)
+gguf_value = _gguf_value_from_record
 
 
 def _export_kv(kv: dict[str, KVValue], rec: _Records | None, path: str, alignment: int) -> list[tuple[str, "G.GGUFValue"]]:
-    recorded = gguf_metadata(kv, path)
+    recorded = gguf_metadata_records(kv, path)
     if recorded is not None:
-        return recorded
+        return [(k, gguf_value(k, v, ts, path)) for k, ts, v in recorded]
     plain = [(k, v) for k, v in kv.items() if not k.startswith(KEY_PREFIX)]
     out = []
     for k, v in plain:

@@ -79,10 +79,20 @@ def _json_value(v: G.GGUFValue) -> Any:
     return (not (v.type in _FLOATS and not math.isfinite(x)), x)
 
 
-def encode(items: Iterable[tuple[str, G.GGUFValue]]) -> dict[str, str]:
-    """The ``__metadata__`` entries of GGUF metadata (see the module doc), in order."""
+#: the type of a tokenizer vocabulary: given (and returned) as a list of ``str``, not
+#: through :class:`~hurray_interop.formats.gguf.StringArray`, so that 262,144 tokens cost
+#: one JSON array and nothing else
+STRINGS = "ARRAY[STRING]"
+
+
+def encode(items: Iterable[tuple[str, "G.GGUFValue | list[str]"]]) -> dict[str, str]:
+    """The ``__metadata__`` entries of GGUF metadata (see the module doc), in order; a
+    value given as a list of ``str`` is an ARRAY[STRING] of those strings."""
     out: dict[str, str] = {}
     for key, v in items:
+        if isinstance(v, list):
+            out[PREFIX + key] = json.dumps({"type": STRINGS, "value": v}, separators=(",", ":"), ensure_ascii=False)
+            continue
         ok, value = _json_value(v)
         rec: dict[str, Any] = {"type": _type_string(v)}
         if ok:
@@ -118,24 +128,40 @@ def _scalar_ok(vt: G.ValueType, x: Any) -> bool:
     return False
 
 
+def _items_ok(et: G.ValueType, x: list[Any]) -> bool:
+    """:func:`_scalar_ok` for every item of a JSON array (numbers checked with numpy)."""
+    if et in _INTS:
+        return all(type(i) is int for i in x)  # not bool, not float
+    if et in _FLOATS:
+        if not all(type(i) in (int, float) for i in x):
+            return False
+        a = np.array(x, dtype=np.float64)
+        return bool(np.isfinite(a).all()) and (et == VT.FLOAT64 or np.array_equal(a.astype(np.float32), a))
+    return all(_scalar_ok(et, i) for i in x)
+
+
 def _from_json(vt: G.ValueType, et: G.ValueType | None, x: Any) -> G.GGUFValue:
     if vt == VT.ARRAY:
         assert et is not None
-        if et == VT.ARRAY or not isinstance(x, list) or not all(_scalar_ok(et, i) for i in x):
+        if et == VT.ARRAY or not isinstance(x, list) or not _items_ok(et, x):
             raise ValueError(f"value is not a JSON array of {et.name}")
         if et in _FLOATS:
-            x = [float(i) for i in x]
+            x = np.array(x, dtype=np.float64)
         return G.GGUFValue.of(vt, x, et)
     if not _scalar_ok(vt, x):
         raise ValueError(f"value is not a {vt.name}")
     return G.GGUFValue.of(vt, float(x) if vt in _FLOATS else x)
 
 
-def _entry(key: str, text: str, path: Any) -> G.GGUFValue:
+def _entry(key: str, text: str, path: Any) -> "G.GGUFValue | list[str]":
     rec = json.loads(text)
     if not isinstance(rec, dict) or set(rec) not in ({"type", "value"}, {"type", "gguf"}):
         raise ValueError('not a JSON object {"type", "value"} or {"type", "gguf"}')
     vt, et = _parse_type(rec["type"])
+    if rec["type"] == STRINGS and isinstance(rec.get("value"), list):
+        if not all(type(x) is str for x in rec["value"]) or not _is_unicode("".join(rec["value"])):
+            raise ValueError("value is not a JSON array of STRING")
+        return rec["value"]  # type: ignore[no-any-return]
     if "value" in rec:
         v = _from_json(vt, et, rec["value"])
     else:
@@ -147,10 +173,19 @@ def _entry(key: str, text: str, path: Any) -> G.GGUFValue:
     return v
 
 
-def decode(metadata: Mapping[str, str], path: Any = None) -> tuple[list[tuple[str, G.GGUFValue]], list[str]]:
-    """The GGUF keys the ``gguf.*`` entries of ``metadata`` hold, in order, and one line
-    per entry under the prefix that does not hold one (why), which the caller reports."""
-    items: list[tuple[str, G.GGUFValue]] = []
+def _is_unicode(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate escape
+        return False
+    return True
+
+
+def decode(metadata: Mapping[str, str], path: Any = None) -> tuple[list[tuple[str, "G.GGUFValue | list[str]"]], list[str]]:
+    """The GGUF keys the ``gguf.*`` entries of ``metadata`` hold, in order (an ARRAY[STRING]
+    given as JSON as a list of ``str``, see :data:`STRINGS`), and one line per entry under
+    the prefix that does not hold one (why), which the caller reports."""
+    items: list[tuple[str, G.GGUFValue | list[str]]] = []
     problems: list[str] = []
     for name, text in metadata.items():
         if not name.startswith(PREFIX):

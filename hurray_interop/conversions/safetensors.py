@@ -69,7 +69,7 @@ from ..errors import ConversionRefused, FormatError, InconsistentError, Unsuppor
 from . import fallback as fallbacks
 from . import gguf_metadata
 from . import mx
-from .gguf import K_TYPES, KEY_PREFIX, gguf_metadata as recorded_gguf_metadata, kv_to_hurray
+from .gguf import K_TYPES, KEY_PREFIX, gguf_metadata_records, gguf_value, kv_to_hurray
 from ..formats.safetensors import (
     CONVENTIONS,
     FileRange,
@@ -263,9 +263,14 @@ def _gguf_keys(st: SafetensorsFile, rep: report.ConversionReport) -> dict[str, K
         rep.notes.append(f"__metadata__ entry {p}; kept as safetensors metadata only, not as GGUF metadata")
     if not items:
         return {}
-    kv_items, types = kv_to_hurray(items)
+    kv: dict[str, KVValue] = {}
+    types: list[str] = []
+    for key, v in items:  # a vocabulary as the list of str it is in the .hrry (gguf_metadata.STRINGS)
+        one = ([(key, KVValue("array", v, "string"))], [gguf_metadata.STRINGS]) if isinstance(v, list) else kv_to_hurray([(key, v)])
+        kv.update(one[0])
+        types.extend(one[1])
     rep.notes.append(f"GGUF metadata: {len(items)} key(s) from the gguf.* entries of __metadata__, with their GGUF types")
-    return {**dict(kv_items), K_TYPES: KVValue("array", types, "string")}
+    return {**kv, K_TYPES: KVValue("array", types, "string")}
 
 
 def _write_hrry(st: SafetensorsFile, src: Any, dst: Any, plan: _ImportPlan, convention: str, *,
@@ -611,17 +616,21 @@ def hurray_to_safetensors(
 def _gguf_entries(hf: HrryFile, src: Any, rep: report.ConversionReport) -> dict[str, str] | None:
     """The ``__metadata__`` of an export whose source recorded no safetensors metadata: the
     GGUF metadata the .hrry records, as ``gguf.<key>`` entries (None when there is none)."""
-    items = recorded_gguf_metadata(hf.kv, os.fspath(src))
-    if items is None:
+    records = gguf_metadata_records(hf.kv, os.fspath(src))
+    if records is None:
         other = [k for k in hf.kv if not k.startswith(KEY_PREFIX)]
         if other:
             rep.notes.append(f"{len(other)} metadata key(s) without a recorded GGUF type not written "
                              f"(safetensors metadata holds GGUF metadata only): {', '.join(other[:5])}"
                              + (" …" if len(other) > 5 else ""))
         return None
-    rep.notes.append(f"GGUF metadata: {len(items)} key(s) written to __metadata__ as gguf.<key> entries "
+    rep.notes.append(f"GGUF metadata: {len(records)} key(s) written to __metadata__ as gguf.<key> entries "
                      "with their GGUF types")
-    return gguf_metadata.encode(items)
+    return gguf_metadata.encode(
+        (k, list(v.value)) if ts == gguf_metadata.STRINGS and (v.type, v.element_type) == ("array", "string")
+        else (k, gguf_value(k, v, ts, os.fspath(src)))
+        for k, ts, v in records
+    )
 
 
 @contextlib.contextmanager
