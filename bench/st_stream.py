@@ -19,6 +19,7 @@ Markdown table for docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import sys
 from pathlib import Path
@@ -32,20 +33,23 @@ import synth  # noqa: E402
 FALLBACK = ["--fallback", "bfloat16"]
 
 
-def _convert(src: Path, dst: Path, keep: bool = False) -> tuple[float, int]:
-    """(wall s, peak RSS bytes) of one conversion in a fresh process; ``dst`` removed unless ``keep``."""
+def _convert(src: Path, dst: Path, keep: bool = False) -> tuple[float, int, float]:
+    """(wall s, peak RSS bytes, CPU s: user + system) of one conversion in a fresh process;
+    ``dst`` removed unless ``keep``."""
     run.settle()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t, rss = run.run_child([*run.CLI, "convert", str(src), str(dst), *FALLBACK, "-q", "--force"], env=run.CHILD_ENV)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if not keep:
         dst.unlink()
-    return t, rss
+    return t, rss, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
-def measure(out: Path, size: int, mix: str, repeat: int) -> dict[str, list[tuple[float, int]]]:
+def measure(out: Path, size: int, mix: str, repeat: int) -> dict[str, list[tuple[float, ...]]]:
     src = out / f"st-{mix}.gguf"
     mid, g_st, h_st = out / f"st-{mix}.hrry", out / f"st-{mix}.g.safetensors", out / f"st-{mix}.h.safetensors"
     info = synth.write(src, size, mix=mix, vocab=32000)
-    got: dict[str, list[tuple[float, int]]] = {"hrry": [], "gguf→st": [], "hrry→st": [], "bytes": [(info["bytes"], 0)]}
+    got: dict[str, list[tuple[float, ...]]] = {"hrry": [], "gguf→st": [], "hrry→st": [], "bytes": [(info["bytes"], 0)]}
     try:
         for _ in range(repeat):
             got["hrry"].append(_convert(src, mid, keep=True))
@@ -67,16 +71,20 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"mix {a.mix}, {a.repeat} round(s); wall s (median), peak RSS (max); ratio: wall / the import's")
-    print("| GGUF bytes | → .hrry s | RSS | GGUF → safetensors s | RSS | ratio | .hrry → safetensors s | RSS | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"mix {a.mix}, {a.repeat} round(s); wall s and CPU s (user + system) medians, peak RSS max; "
+          "ratios: wall (CPU) / the import's")
+    print("| GGUF bytes | → .hrry: wall s | CPU s | RSS | GGUF → safetensors: wall s | CPU s | RSS | ratio "
+          "| .hrry → safetensors: wall s | CPU s | RSS | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    keys = ("hrry", "gguf→st", "hrry→st")
     for s in a.size:
         got = measure(out, synth.parse_size(s), a.mix, a.repeat)
-        t = {k: statistics.median(x[0] for x in got[k]) for k in ("hrry", "gguf→st", "hrry→st")}
-        r = {k: max(x[1] for x in got[k]) / 2**20 for k in ("hrry", "gguf→st", "hrry→st")}
-        print(f"| {got['bytes'][0][0]:,} | {t['hrry']:.1f} | {r['hrry']:.0f} MiB | {t['gguf→st']:.1f} | "
-              f"{r['gguf→st']:.0f} MiB | {t['gguf→st'] / t['hrry']:.2f}× | {t['hrry→st']:.1f} | {r['hrry→st']:.0f} MiB | "
-              f"{t['hrry→st'] / t['hrry']:.2f}× |", flush=True)
+        t = {k: statistics.median(x[0] for x in got[k]) for k in keys}
+        c = {k: statistics.median(x[2] for x in got[k]) for k in keys}
+        r = {k: max(x[1] for x in got[k]) / 2**20 for k in keys}
+        cols = [f"{t[k]:.1f} | {c[k]:.1f} | {r[k]:.0f} MiB" for k in keys]
+        ratios = [f"{t[k] / t['hrry']:.2f}× ({c[k] / c['hrry']:.2f}×)" for k in keys[1:]]
+        print(f"| {got['bytes'][0][0]:,} | {cols[0]} | {cols[1]} | {ratios[0]} | {cols[2]} | {ratios[1]} |", flush=True)
     return 0
 
 

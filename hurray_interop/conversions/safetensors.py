@@ -249,7 +249,7 @@ def _valid_key(key: str) -> bool:
 
 def _gguf_keys(st: SafetensorsFile, rep: report.ConversionReport) -> dict[str, KVValue]:
     """The GGUF metadata the ``gguf.*`` entries of ``__metadata__`` hold (docs/format-notes.md
-    § 3.8) as .hrry KV entries -- the keys with their natural types, then the record of their
+    § 3.11) as .hrry KV entries -- the keys with their natural types, then the record of their
     GGUF types, which a GGUF export writes back; the report says how many, and which entries
     under the prefix are not GGUF metadata (those stay in the safetensors metadata record)."""
     items, problems = gguf_metadata.decode(st.metadata or {}, st.path)
@@ -265,10 +265,14 @@ def _gguf_keys(st: SafetensorsFile, rep: report.ConversionReport) -> dict[str, K
         return {}
     kv: dict[str, KVValue] = {}
     types: list[str] = []
-    for key, v in items:  # a vocabulary as the list of str it is in the .hrry (gguf_metadata.STRINGS)
-        one = ([(key, KVValue("array", v, "string"))], [gguf_metadata.STRINGS]) if isinstance(v, list) else kv_to_hurray([(key, v)])
-        kv.update(one[0])
-        types.extend(one[1])
+    for key, v in items:
+        if isinstance(v, list):  # a vocabulary: the list of str it is in the .hrry (gguf_metadata.STRINGS)
+            kv[key] = KVValue("array", v, "string")
+            types.append(gguf_metadata.STRINGS)
+        else:
+            entries, recorded = kv_to_hurray([(key, v)])
+            kv.update(entries)
+            types.extend(recorded)
     rep.notes.append(f"GGUF metadata: {len(items)} key(s) from the gguf.* entries of __metadata__, with their GGUF types")
     return {**kv, K_TYPES: KVValue("array", types, "string")}
 
@@ -429,6 +433,7 @@ class _Export:
         )
         self.rep.tensors.append(plan)
         source = _Dequantized(self.hf, t, fallback, plan)
+        self.hf.release_pages()  # the validation read every scale: keep resident memory bounded
         self.dequantized.append(source)
         return (hname, dtype, shape, source)
 
