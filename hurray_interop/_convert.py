@@ -114,7 +114,7 @@ def _renamed(exc: HurrayInteropError, old: str, new: str, note: str = "") -> Hur
     return exc
 
 
-def _intermediate(src_s: str, sf: Format, mid: str | None, opts: dict[str, Any]) -> ConversionReport:
+def _intermediate(src_s: str, sf: Format, mid: str, opts: dict[str, Any]) -> ConversionReport:
     """The import into the intermediate .hrry.  With a dtype fallback, a source whose import
     has exact expanded forms stores them instead (their values are the reference decoder's,
     bit for bit): the export then dequantizes and casts each tensor once, in windows, into
@@ -122,7 +122,7 @@ def _intermediate(src_s: str, sf: Format, mid: str | None, opts: dict[str, Any])
     model as floats.  A source those forms refuse (non-finite super-block scales) takes the
     dtype fallback itself."""
     with transient():  # the intermediate file is deleted at the end: only the result is made durable
-        if mid is not None and sf.exact_fallback and opts["fallback"] in DTYPE_FALLBACKS and opts.get("q4_1") != "requantize":
+        if sf.exact_fallback and opts["fallback"] in DTYPE_FALLBACKS and opts.get("q4_1") != "requantize":
             try:
                 return sf.to_hurray(src_s, mid, **{**opts, "fallback": FALLBACK_EXACT})  # type: ignore[misc]
             except ConversionRefused:
@@ -133,14 +133,18 @@ def _intermediate(src_s: str, sf: Format, mid: str | None, opts: dict[str, Any])
 def _through_hurray(
     src_s: str, sf: Format, dst_s: str, df: Format, mid: str, first_opts: dict[str, Any], second_opts: dict[str, Any]
 ) -> ConversionReport:
+    # a dry run writes the intermediate too (and deletes it): the export's plan needs the file
     dry_run = first_opts["dry_run"]
     try:
-        first = _intermediate(src_s, sf, None if dry_run else mid, first_opts)
-    except HurrayInteropError as exc:
-        raise _renamed(exc, mid, dst_s, "while writing the intermediate Hurray file") from None
-    if dry_run:
+        first = _intermediate(src_s, sf, mid, {**first_opts, "dry_run": False})
+    except ConversionRefused as exc:
+        if not dry_run:
+            raise _renamed(exc, mid, dst_s, "while writing the intermediate Hurray file") from None
+        first = sf.to_hurray(src_s, None, **first_opts)  # type: ignore[misc]  # the import's plan: what it refuses
         first.destination, first.destination_format = dst_s, df.name
         return first
+    except HurrayInteropError as exc:
+        raise _renamed(exc, mid, dst_s, "while writing the intermediate Hurray file") from None
     try:
         second = df.from_hurray(mid, dst_s, **second_opts)  # type: ignore[misc]
     except HurrayInteropError as exc:  # about the source's tensors, read back from the intermediate

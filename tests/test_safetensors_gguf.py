@@ -250,3 +250,20 @@ def test_reserved_and_empty_gguf_keys_are_reported_not_written(tmp_path: Path) -
     kv, notes = _gguf_keys(tmp_path, {"gguf.": rec, "gguf.hurray_interop.source_format": rec, "gguf.ok": rec})
     assert kv == {"ok": 1}
     assert sum("not as GGUF metadata" in n for n in notes) == 2
+
+
+@pytest.mark.parametrize("fallback", [[], ["--fallback", "bfloat16"]])
+def test_a_dry_run_shows_the_plan_of_the_conversion(tmp_path: Path, fallback: list[str]) -> None:
+    """GGUF → safetensors --dry-run plans both steps (the export refuses what safetensors
+    cannot hold; with a fallback: the errors): the same verdicts and exit status as the
+    conversion, and nothing written."""
+    dst = tmp_path / "d.safetensors"
+    rc_dry, out, err = run_cli(["convert", str(TINY), str(dst), "--dry-run", "--json", *fallback])
+    assert not list(tmp_path.iterdir())
+    rc, real, _ = run_cli(["convert", str(TINY), str(dst), "--json", *fallback])
+    assert rc_dry == rc == (1 if not fallback else 0)
+    plan = [(t["name"], t["source_type"], t["status"], t["max_abs_error"]) for t in json.loads(out)["tensors"]]
+    if fallback:
+        assert plan == [(t["name"], t["source_type"], t["status"], t["max_abs_error"]) for t in json.loads(real)["tensors"]]
+    else:
+        assert sum(p[2] == "refused" for p in plan) == 12 and ("token_embd.weight", "Q8_0", "refused", None) in plan
