@@ -267,3 +267,13 @@ def test_a_dry_run_shows_the_plan_of_the_conversion(tmp_path: Path, fallback: li
         assert plan == [(t["name"], t["source_type"], t["status"], t["max_abs_error"]) for t in json.loads(real)["tensors"]]
     else:
         assert sum(p[2] == "refused" for p in plan) == 12 and ("token_embd.weight", "Q8_0", "refused", None) in plan
+
+
+def test_metadata_without_a_gguf_key_is_named_when_gguf_has_no_place_for_it(tmp_path: Path) -> None:
+    src = _st_with_metadata(tmp_path, {"format": "pt", "gguf.k": json.dumps({"type": "UINT8", "value": 1})})
+    for dst in (tmp_path / "direct.gguf", tmp_path / "mid.hrry", tmp_path / "back.gguf"):
+        rc, out, err = run_cli(["convert", str(tmp_path / "mid.hrry" if dst.name == "back.gguf" else src), str(dst), "--json"])
+        assert rc == 0, err
+        notes = json.loads(out)["notes"]
+        said = [n for n in notes if "without a GGUF key not written: format" in n]
+        assert len(said) == (0 if dst.suffix == ".hrry" else 1), notes  # the .hrry keeps it

@@ -81,6 +81,7 @@ from ..parallel import pmap, use_jobs
 from ..report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan
 from ..tables import load_table
 from . import fallback as fallbacks
+from . import gguf_metadata
 from . import gguf_pass as P
 from .gguf_codec import BlockCodec, Parts, codec, codecs
 
@@ -1443,6 +1444,7 @@ def _hurray_to_gguf(
             exports.append(ex)
             hf.release_pages()  # planning reads codes (overlay checks): keep resident memory bounded
         report.tensors = [e.plan for e in exports]
+        report.notes.extend(gguf_metadata.unwritten_note(kv))
         split = None if report.refused else _set_layout(kv, records, src, exports, alignment, out_shape)
         if split is not None:
             report.notes.append(_set_note(split, dst, out_shape.merge, dry_run))

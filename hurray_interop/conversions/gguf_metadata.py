@@ -30,10 +30,13 @@ import numpy as np
 from ..errors import HurrayInteropError
 from ..formats import gguf as G
 
-__all__ = ["PREFIX", "encode", "decode"]
+__all__ = ["PREFIX", "SAFETENSORS_METADATA", "encode", "decode", "unwritten_note"]
 
 #: the prefix of the ``__metadata__`` entries that hold GGUF keys
 PREFIX = "gguf."
+#: the .hrry record in which a safetensors import keeps the source's ``__metadata__`` (a JSON
+#: object; ``KV_METADATA`` of :mod:`.safetensors`)
+SAFETENSORS_METADATA = "hurray_interop.safetensors.metadata"
 
 VT = G.ValueType
 _INTS = {VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64}
@@ -199,3 +202,19 @@ def decode(metadata: Mapping[str, str], path: Any = None) -> tuple[list[tuple[st
             why = getattr(e, "message", None) or (f"unknown type {e}" if isinstance(e, KeyError) else str(e))
             problems.append(f"{name}: {why}")
     return items, problems
+
+
+def unwritten_note(kv: Mapping[str, Any]) -> list[str]:
+    """For a GGUF export of a .hrry made from safetensors: a note naming the recorded
+    ``__metadata__`` entries that hold no GGUF key (``format`` ...), which GGUF has no place
+    for; empty when there are none."""
+    v = kv.get(SAFETENSORS_METADATA)
+    try:
+        md = json.loads(v.value) if v is not None and v.type == "string" else {}
+    except (ValueError, RecursionError):
+        md = {}  # a corrupt record is the safetensors export's error to report
+    other = [k for k in md if not k.startswith(PREFIX)] if isinstance(md, dict) else []
+    if not other:
+        return []
+    return [f"{len(other)} safetensors __metadata__ entr{'y' if len(other) == 1 else 'ies'} without a GGUF key not "
+            f"written: {', '.join(other[:5])}" + (" …" if len(other) > 5 else "")]

@@ -98,7 +98,7 @@ __all__ = [
 KV_PREFIX = "hurray_interop.safetensors."
 KV_LAYOUT = KV_PREFIX + "layout"
 KV_HEADER = KV_PREFIX + "header"
-KV_METADATA = KV_PREFIX + "metadata"
+KV_METADATA = gguf_metadata.SAFETENSORS_METADATA  # KV_PREFIX + "metadata"
 KV_CONVENTION = KV_PREFIX + "convention"
 LAYOUT_VERSION = 1
 
