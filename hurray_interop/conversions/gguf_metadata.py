@@ -66,7 +66,7 @@ def _json_items(et: G.ValueType, value: Any) -> list[Any] | None:
     return arr.tolist()  # type: ignore[no-any-return]
 
 
-def _json_value(v: G.GGUFValue) -> Any:
+def _json_value(v: G.GGUFValue) -> tuple[bool, Any]:
     """``(True, the value as JSON)``, or ``(False, None)`` when JSON cannot hold it exactly."""
     if v.type == VT.ARRAY:
         items = _json_items(v.element_type, v.value)  # type: ignore[arg-type]

@@ -384,7 +384,7 @@ class _Dequantized:
         for _, vals in windows:
             stored = fallbacks.cast(vals, self.fallback)
             if not self._lossless:
-                meter.add(vals, stored)
+                meter.add_cast(vals, stored)
             yield stored.reshape(-1).view(np.uint8)
             read += vals.size * self._source_per_value
             if read >= RELEASE_BYTES:
