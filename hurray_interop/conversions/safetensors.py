@@ -580,6 +580,12 @@ def hurray_to_safetensors(
     lacks, element types without a safetensors dtype) are refused -- nothing is written --
     unless ``fallback`` ("float32", "float16", "bfloat16") is given: then they are written
     dequantized by the shared dequantizer (:mod:`hurray_interop.dequant`) and reported.
+
+    The output streams in bounded memory: the header is computed from names, dtypes and
+    shapes first; stored tensors are copied from the .hrry by the kernel, fallbacks are
+    dequantized, cast and measured window by window (:data:`WINDOW_ELEMENTS` values), each
+    written at its offset.  ``__metadata__``: the recorded source ``__metadata__``, else the
+    GGUF metadata the file records as ``gguf.<key>`` entries (docs/format-notes.md § 3.11).
     """
     if convention is not None and convention not in CONVENTIONS:
         raise UsageError(f"unknown convention {convention!r} (one of: {', '.join(CONVENTIONS)})")
