@@ -277,3 +277,13 @@ def test_metadata_without_a_gguf_key_is_named_when_gguf_has_no_place_for_it(tmp_
         notes = json.loads(out)["notes"]
         said = [n for n in notes if "without a GGUF key not written: format" in n]
         assert len(said) == (0 if dst.suffix == ".hrry" else 1), notes  # the .hrry keeps it
+
+
+def test_gguf_key_length_is_held_to_the_hurray_limit(tmp_path: Path) -> None:
+    """A .hrry key holds at most 65535 UTF-8 bytes (as for a GGUF import): limit − 1 and the
+    limit become GGUF keys, limit + 1 is named in the report."""
+    rec = json.dumps({"type": "UINT8", "value": 1})
+    keys = {n: "k" * n for n in (65534, 65535, 65536)}
+    kv, notes = _gguf_keys(tmp_path, {f"gguf.{k}": rec for k in keys.values()})
+    assert set(kv) == {keys[65534], keys[65535]}
+    assert sum("not a valid key" in n for n in notes) == 1
