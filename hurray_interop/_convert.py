@@ -15,15 +15,18 @@ import os
 import tempfile
 from typing import Any, Callable
 
-from .errors import HurrayInteropError, OutputExistsError, UsageError
+from .errors import ConversionRefused, HurrayInteropError, OutputExistsError, UsageError
 from .files.atomic import missing_directory, transient
 from .parallel import check_jobs
-from .registry import HURRAY, Format, detect_format, format_options, output_in_directory
-from .report import ConversionReport
+from .registry import FALLBACK_CHOICES, FALLBACK_EXACT, HURRAY, Format, detect_format, format_options, output_in_directory
+from .report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport
 
 __all__ = ["convert"]
 
 Progress = Callable[[int, int], None] | None
+
+#: the fallbacks that store values as floats
+DTYPE_FALLBACKS = tuple(f for f in FALLBACK_CHOICES if f != FALLBACK_EXACT)
 
 
 def convert(
@@ -111,22 +114,65 @@ def _renamed(exc: HurrayInteropError, old: str, new: str, note: str = "") -> Hur
     return exc
 
 
+def _intermediate(src_s: str, sf: Format, mid: str, opts: dict[str, Any]) -> ConversionReport:
+    """The import into the intermediate .hrry.  With a dtype fallback, a source whose import
+    has exact expanded forms stores them instead (their values are the reference decoder's,
+    bit for bit): the export then dequantizes and casts each tensor once, in windows, into
+    the same bytes, where the dtype fallback would write (and the export copy) the whole
+    model as floats.  A source those forms refuse (non-finite super-block scales) takes the
+    dtype fallback itself."""
+    with transient():  # the intermediate file is deleted at the end: only the result is made durable
+        if sf.exact_fallback and opts["fallback"] in DTYPE_FALLBACKS and opts.get("q4_1") != "requantize":
+            try:
+                return sf.to_hurray(src_s, mid, **{**opts, "fallback": FALLBACK_EXACT})  # type: ignore[misc]
+            except ConversionRefused:
+                pass
+        return sf.to_hurray(src_s, mid, **opts)  # type: ignore[misc]
+
+
 def _through_hurray(
     src_s: str, sf: Format, dst_s: str, df: Format, mid: str, first_opts: dict[str, Any], second_opts: dict[str, Any]
 ) -> ConversionReport:
+    # a dry run writes the intermediate too (and deletes it): the export's plan needs the file
     dry_run = first_opts["dry_run"]
     try:
-        with transient():  # the intermediate file is deleted at the end: only the result is made durable
-            first = sf.to_hurray(src_s, None if dry_run else mid, **first_opts)  # type: ignore[misc]
-    except HurrayInteropError as exc:
-        raise _renamed(exc, mid, dst_s, "while writing the intermediate Hurray file") from None
-    if dry_run:
+        first = _intermediate(src_s, sf, mid, {**first_opts, "dry_run": False})
+    except ConversionRefused as exc:
+        if not dry_run:
+            raise _renamed(exc, mid, dst_s, "while writing the intermediate Hurray file") from None
+        first = sf.to_hurray(src_s, None, **first_opts)  # type: ignore[misc]  # the import's plan: what it refuses
         first.destination, first.destination_format = dst_s, df.name
         return first
+    except HurrayInteropError as exc:
+        raise _renamed(exc, mid, dst_s, "while writing the intermediate Hurray file") from None
     try:
         second = df.from_hurray(mid, dst_s, **second_opts)  # type: ignore[misc]
     except HurrayInteropError as exc:  # about the source's tensors, read back from the intermediate
-        raise _renamed(exc, mid, src_s) from None
-    second.source, second.source_format = src_s, sf.name
+        exc = _renamed(exc, mid, src_s)
+        if isinstance(exc.details.get("report"), ConversionReport):
+            _as_from_source(exc.details["report"], first, sf.name)
+        if isinstance(exc, ConversionRefused):
+            types = {t.name: t.source_type for t in first.tensors}
+            exc.reasons = [(name, types.get(name, typ), why) for name, typ, why in exc.reasons]
+        raise exc from None
+    _as_from_source(second, first, sf.name)
     second.notes = first.notes + [f"converted through Hurray ({len(first.tensors)} tensors)"] + second.notes
     return second
+
+
+_SEVERITY = (EXACT, VALUE_EXACT, LOSSY, REFUSED)
+
+
+def _as_from_source(second: ConversionReport, first: ConversionReport, source_format: str) -> None:
+    """The export's report of a conversion through Hurray as one of the user's source: its
+    format, and per tensor the source's type and bytes; where the import already lost values
+    (a float fallback), its status, error and reason."""
+    second.source, second.source_format = first.source, source_format
+    by_name = {t.name: t for t in first.tensors}
+    for t in second.tensors:
+        f = by_name.get(t.name)
+        if f is None:
+            continue
+        t.source_type, t.bytes_in = f.source_type, f.bytes_in
+        if _SEVERITY.index(f.status) > _SEVERITY.index(t.status):
+            t.status, t.max_abs_error, t.reason = f.status, f.max_abs_error, f.reason

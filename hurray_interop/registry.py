@@ -105,6 +105,9 @@ class Format:
     #: the format a file of this one converts to when only a directory is given
     #: (``convert SRC DIR/``, without ``--to``)
     counterpart: str = "hurray"
+    #: the import takes ``fallback="exact"`` (exact expanded forms of what has no native
+    #: mapping, with the values of the dtype fallbacks' reference decoder, bit for bit)
+    exact_fallback: bool = False
 
 
 _REGISTRY: dict[str, Format] = {}
@@ -429,7 +432,7 @@ register_format(Format(
     verifier=_gguf_verifier, to_hurray=_gguf_to_hurray, from_hurray=_hurray_to_gguf,
     import_options={"q4_1": "overlay"},
     export_options={"merge": False, "split_max_tensors": None, "split_max_size": None},  # docs/conversion-rules.md § 10
-    member_of=_gguf_member_of, outputs=_gguf_outputs, dequantize=_dequantize_gguf,
+    member_of=_gguf_member_of, outputs=_gguf_outputs, dequantize=_dequantize_gguf, exact_fallback=True,
 ))
 register_format(Format(
     name=HURRAY, title="Hurray", extensions=(".hrry",), sniff=_sniff_hurray, open=_open_hurray,

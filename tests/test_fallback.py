@@ -159,3 +159,31 @@ def test_cli_fallback_choices_come_from_the_module(capsys: pytest.CaptureFixture
     err = capsys.readouterr().err
     assert "invalid choice: 'int3'" in err and all(repr(c) in err for c in FB.CHOICES)
     assert set(FB.DTYPE_CHOICES) <= set(FB.CHOICES)
+
+
+@pytest.mark.parametrize("fallback", ["float16", "bfloat16"])
+def test_the_float32_measure_of_a_cast_is_the_float64_one(fallback: str) -> None:
+    """ErrorMeter.add_cast (float32 arithmetic, for stored = cast(values)) gives add's
+    maximum: random values over many binades, subnormals, values that overflow or round
+    to the largest finite, ±0, infinities and NaNs; per piece and over a whole tensor."""
+    import numpy as np
+
+    from hurray_interop.conversions import fallback as F
+
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 1 << 32, 1 << 18, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65519.0, 65520.0, -65520.0, 1e-45, 6e-8, 3e-8,
+                        2.0**-24, 2.0**-25, 3.4e38, np.finfo(np.float32).max, 1.0 + 2.0**-9, 1.0 + 2.0**-8],
+                       dtype=np.float32)
+    for values in (bits, special, rng.standard_normal(1 << 16).astype(np.float32) * 1e-3):
+        stored = F.cast(values, fallback)
+        one, two = F.ErrorMeter(), F.ErrorMeter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # signalling NaNs among the random bits: no RuntimeWarning
+            one.add(values, stored)
+            two.add_cast(values, stored)
+        assert one.error == two.error
+        for v in values[:64]:  # value by value, against max_abs_error itself
+            m = F.ErrorMeter()
+            m.add_cast(np.array([v]), F.cast(np.array([v]), fallback))
+            assert m.error == F.max_abs_error(np.array([v]), F.cast(np.array([v]), fallback)), v

@@ -88,6 +88,7 @@ from ..parallel import pmap, use_jobs
 from ..report import EXACT, EXACT_FORM_HINT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan, fallback_hint
 from ..tables import load_table
 from . import fallback as fallbacks
+from . import gguf_metadata
 from . import gguf_pass as P
 from .gguf_codec import BlockCodec, Parts, codec, codecs
 
@@ -217,10 +218,17 @@ def _check_reserved_keys(src: "G.GGUFFile") -> None:
 
 
 def _kv_to_hurray(src: "G.GGUFFile") -> tuple[list[tuple[str, KVValue]], list[str]]:
+    _check_reserved_keys(src)
+    return kv_to_hurray(src.kv.items())
+
+
+def kv_to_hurray(values: Iterable[tuple[str, "G.GGUFValue"]]) -> tuple[list[tuple[str, KVValue]], list[str]]:
+    """GGUF metadata as the .hrry holds it: the Hurray KV entries (natural types, or the
+    GGUF encoding as bytes) and the :data:`K_TYPES` record of their exact GGUF types.
+    The keys must be valid Hurray keys outside the records' prefix (the caller checks)."""
     items: list[tuple[str, KVValue]] = []
     types: list[str] = []
-    _check_reserved_keys(src)
-    for key, v in src.kv.items():
+    for key, v in values:
         nat = _natural(v)
         if nat is None:
             items.append((key, KVValue("bytes", _raw_payload(v))))
@@ -1319,6 +1327,20 @@ def _rec_uint(kv: dict[str, KVValue], key: str, path: str) -> int:
     return int(v.value)
 
 
+def _types_record(kv: dict[str, KVValue], path: str) -> list[str]:
+    """The :data:`K_TYPES` record, checked: an array of known GGUF type strings."""
+    tv = kv.get(K_TYPES)
+    if tv is None or tv.type != "array" or tv.element_type != "string":
+        raise _rec_error(path, K_TYPES, "missing or not an array of strings")
+    types = list(tv.value)
+    for ts in types:
+        try:
+            _parse_type_string(ts)
+        except KeyError:
+            raise _rec_error(path, K_TYPES, f"unknown GGUF value type {ts!r}") from None
+    return types
+
+
 def _records(kv: dict[str, KVValue], path: str) -> _Records | None:
     """Read and check the records an import left; ``None`` for files that did not come from GGUF."""
     from ..formats import gguf_split as S
@@ -1335,15 +1357,7 @@ def _records(kv: dict[str, KVValue], path: str) -> _Records | None:
     tail = _rec_uint(kv, K_TAIL, path)
     if tail >= max(alignment, 1):
         raise _rec_error(path, K_TAIL, f"{tail} trailing padding bytes for alignment {alignment}")
-    tv = kv.get(K_TYPES)
-    if tv is None or tv.type != "array" or tv.element_type != "string":
-        raise _rec_error(path, K_TYPES, "missing or not an array of strings")
-    types = list(tv.value)
-    for ts in types:
-        try:
-            _parse_type_string(ts)
-        except KeyError:
-            raise _rec_error(path, K_TYPES, f"unknown GGUF value type {ts!r}") from None
+    types = _types_record(kv, path)
     jv = kv.get(K_TENSORS)
     if jv is None or jv.type != "string":
         raise _rec_error(path, K_TENSORS, "missing or not a string")
@@ -1412,12 +1426,29 @@ def _check_offsets(rec: _Records, sizes: dict[str, int], path: str) -> bool:
     return True
 
 
-def _export_kv(kv: dict[str, KVValue], rec: _Records | None, path: str, alignment: int) -> list[tuple[str, "G.GGUFValue"]]:
+def gguf_metadata_records(kv: dict[str, KVValue], path: str) -> list[tuple[str, str, KVValue]] | None:
+    """``(key, recorded GGUF type, stored value)`` of every GGUF metadata key of a .hrry
+    whose :data:`K_TYPES` record gives its keys' exact GGUF types (an import from GGUF, or
+    from safetensors ``gguf.*`` metadata), in order; None without the record.  The values
+    are checked against their types by :func:`gguf_value`."""
+    if K_TYPES not in kv:
+        return None
+    types = _types_record(kv, path)
     plain = [(k, v) for k, v in kv.items() if not k.startswith(KEY_PREFIX)]
-    if rec is not None:
-        if len(rec.types) != len(plain):
-            raise _rec_error(path, K_TYPES, f"{len(rec.types)} GGUF value types recorded for {len(plain)} metadata keys")
-        return [(k, _gguf_value_from_record(k, v, ts, path)) for (k, v), ts in zip(plain, rec.types)]
+    if len(types) != len(plain):
+        raise _rec_error(path, K_TYPES, f"{len(types)} GGUF value types recorded for {len(plain)} metadata keys")
+    return [(k, ts, v) for (k, v), ts in zip(plain, types)]
+
+
+#: a stored value as the GGUF value of its recorded type (FormatError naming the key when it does not fit)
+gguf_value = _gguf_value_from_record
+
+
+def _export_kv(kv: dict[str, KVValue], rec: _Records | None, path: str, alignment: int) -> list[tuple[str, "G.GGUFValue"]]:
+    recorded = gguf_metadata_records(kv, path)
+    if recorded is not None:
+        return [(k, gguf_value(k, v, ts, path)) for k, ts, v in recorded]
+    plain = [(k, v) for k, v in kv.items() if not k.startswith(KEY_PREFIX)]
     out = []
     for k, v in plain:
         if k == "general.alignment":  # GGUF requires this one key to be a UINT32
@@ -1548,6 +1579,7 @@ def _hurray_to_gguf(
             exports.append(ex)
             hf.release_pages()  # planning reads codes (overlay checks): keep resident memory bounded
         report.tensors = [e.plan for e in exports]
+        report.notes.extend(gguf_metadata.unwritten_note(kv))
         split = None if report.refused else _set_layout(kv, records, src, exports, alignment, out_shape)
         if split is not None:
             report.notes.append(_set_note(split, dst, out_shape.merge, dry_run))

@@ -24,6 +24,11 @@ KV keys written to the .hrry file (all values are strings or bytes):
     The source ``__metadata__`` (absent when the source had none).
 ``hurray_interop.safetensors.convention`` (str)
     Same as the layout's convention, for quick inspection.
+GGUF metadata keys and ``hurray_interop.gguf.kv_types``
+    The GGUF metadata the ``gguf.*`` entries of ``__metadata__`` hold (docs/format-notes.md
+    § 3.11), stored as an import from GGUF stores it (:func:`.gguf.kv_to_hurray`), so that
+    a GGUF export writes every key with its type.  An export of a .hrry without a recorded
+    ``__metadata__`` writes the GGUF metadata it records as those entries.
 ``hurray_interop.scale_substitutions.<tensor>`` (bytes)
     :mod:`hurray_interop.core.records`: scale bytes 0x00 of all-zero blocks replaced by
     0x7F, restored on export.
@@ -44,24 +49,30 @@ dequantizer against ml_dtypes decoding of the source codes via
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from .. import report
 from ..core.elements import element_type
 from ..core.hrry import HrryFile, HrryWriter
+from ..core.kv import KVValue
 from ..core.model import MXFP, BufferHandle, Descriptor, RowMajor, Tensor
 from ..core.records import decode_scale_record, scale_record_key
 from ..errors import ConversionRefused, FormatError, InconsistentError, UnsupportedError, UsageError, errors_name_source
 from . import fallback as fallbacks
+from . import gguf_metadata
 from . import mx
+from .gguf import K_TYPES, KEY_PREFIX, gguf_metadata_records, gguf_value, kv_to_hurray
 from ..formats.safetensors import (
     CONVENTIONS,
+    FileRange,
     SafetensorsFile,
     detect_pairs,
     dtype_nbytes,
@@ -87,7 +98,7 @@ __all__ = [
 KV_PREFIX = "hurray_interop.safetensors."
 KV_LAYOUT = KV_PREFIX + "layout"
 KV_HEADER = KV_PREFIX + "header"
-KV_METADATA = KV_PREFIX + "metadata"
+KV_METADATA = gguf_metadata.SAFETENSORS_METADATA  # KV_PREFIX + "metadata"
 KV_CONVENTION = KV_PREFIX + "convention"
 LAYOUT_VERSION = 1
 
@@ -150,6 +161,8 @@ class _ImportPlan:
     kv_records: dict[str, bytes] = field(default_factory=dict)
     layout: list[dict[str, Any]] = field(default_factory=list)
     refusals: list[tuple[str, str, str]] = field(default_factory=list)
+    #: the GGUF metadata of the ``gguf.*`` entries, as .hrry KV entries (see _gguf_keys)
+    gguf: dict[str, KVValue] = field(default_factory=dict)
 
     def pair(self, st: SafetensorsFile, p: Any, e: Any, fallback: str | None) -> None:
         """The data half of an MX pair: one Hurray MXFP tensor (or its fallback), or a refusal."""
@@ -246,16 +259,56 @@ def safetensors_to_hurray(
         conventions = {p.convention for p in pairs}
         convention = "none" if not conventions else (conventions.pop() if len(conventions) == 1 else "mixed")
         rep.notes.append(f"checkpoint convention: {convention}")
+        plan.gguf = _gguf_keys(st, rep)
         if dry_run or dst is None:
             return rep
         _write_hrry(st, src, dst, plan, convention, force=force, progress=progress)
     return rep
 
 
+def _valid_key(key: str) -> bool:
+    """A GGUF key the .hrry can hold beside the records (as the GGUF import requires)."""
+    try:
+        return "\x00" not in key and len(key.encode("utf-8")) <= 0xFFFF and not key.startswith(KEY_PREFIX)
+    except UnicodeEncodeError:
+        return False
+
+
+def _gguf_keys(st: SafetensorsFile, rep: report.ConversionReport) -> dict[str, KVValue]:
+    """The GGUF metadata the ``gguf.*`` entries of ``__metadata__`` hold (docs/format-notes.md
+    § 3.11) as .hrry KV entries -- the keys with their natural types, then the record of their
+    GGUF types, which a GGUF export writes back; the report says how many, and which entries
+    under the prefix are not GGUF metadata (those stay in the safetensors metadata record)."""
+    items, problems = gguf_metadata.decode(st.metadata or {}, st.path)
+    for key, _ in items:
+        if not _valid_key(key):
+            problems.append(f"{gguf_metadata.PREFIX}{key}: not a valid key (UTF-8 without NUL, at most 65535 bytes, "
+                            f"outside {KEY_PREFIX!r})")
+    bad = {p.split(": ", 1)[0] for p in problems}
+    items = [(k, v) for k, v in items if gguf_metadata.PREFIX + k not in bad]
+    for p in problems:
+        rep.notes.append(f"__metadata__ entry {p}; kept as safetensors metadata only, not as GGUF metadata")
+    if not items:
+        return {}
+    kv: dict[str, KVValue] = {}
+    types: list[str] = []
+    for key, v in items:
+        if isinstance(v, list):  # a vocabulary: the list of str it is in the .hrry (gguf_metadata.STRINGS)
+            kv[key] = KVValue("array", v, "string")
+            types.append(gguf_metadata.STRINGS)
+        else:
+            entries, recorded = kv_to_hurray([(key, v)])
+            kv.update(entries)
+            types.extend(recorded)
+    rep.notes.append(f"GGUF metadata: {len(items)} key(s) from the gguf.* entries of __metadata__, with their GGUF types")
+    return {**kv, K_TYPES: KVValue("array", types, "string")}
+
+
 def _write_hrry(st: SafetensorsFile, src: Any, dst: Any, plan: _ImportPlan, convention: str, *,
                 force: bool, progress: Callable[[int, int], None] | None) -> None:
     """Write the planned tensors and the records that let the export restore the file."""
     kv: dict[str, Any] = {
+        **plan.gguf,  # GGUF's own keys first, as an import from GGUF stores them
         KV_CONVENTION: convention,
         KV_LAYOUT: json.dumps({"version": LAYOUT_VERSION, "convention": convention, "tensors": plan.layout},
                               separators=(",", ":"), ensure_ascii=False),
@@ -325,6 +378,54 @@ def _metadata_ok(md: Any) -> bool:
 _Part = tuple[str, str, tuple[int, ...], Any]
 
 
+#: values per window of a dequantized tensor (16 MiB of float32): the export's memory
+#: does not depend on the tensor's size
+WINDOW_ELEMENTS = 1 << 22
+#: bytes of the source read between two releases of its pages (resident memory stays bounded)
+RELEASE_BYTES = 64 << 20
+
+
+class _Dequantized:
+    """A fallback tensor's bytes, produced window by window when written.
+
+    Calling it validates nothing more (the dequantizer checked the tensor when this was
+    made) and yields the cast values of each window of :data:`WINDOW_ELEMENTS` values
+    (the shared dequantizer's :func:`~hurray_interop.dequant.iter_dequantize`); the max
+    abs error is measured on the way and written into ``plan`` when the last window is
+    out (:meth:`measure` runs it without writing: a dry run)."""
+
+    def __init__(self, hf: HrryFile, t: Tensor, fallback: str, plan: report.TensorPlan) -> None:
+        from ..dequant import iter_dequantize  # the shared dequantizer (float32, exact)
+
+        self.hf, self.fallback, self.plan = hf, fallback, plan
+        self._windows: Any = iter_dequantize(t, max_elements=WINDOW_ELEMENTS)  # validates the tensor now
+        self._lossless = fallbacks.lossless(np.float32, fallback)
+        self._source_per_value = t.nbytes / max(1, plan.bytes_out // fallbacks.dtype(fallback).itemsize)
+
+    def __call__(self) -> Iterator[np.ndarray]:
+        if self._windows is None:
+            raise UsageError(f"tensor {self.plan.name!r} was already dequantized", tensor=self.plan.name)
+        windows, self._windows = self._windows, None
+        meter = fallbacks.ErrorMeter()
+        read = 0
+        for _, vals in windows:
+            stored = fallbacks.cast(vals, self.fallback)
+            if not self._lossless:
+                meter.add_cast(vals, stored)
+            yield stored.reshape(-1).view(np.uint8)
+            read += vals.size * self._source_per_value
+            if read >= RELEASE_BYTES:
+                self.hf.release_pages()
+                read = 0
+        self.hf.release_pages()
+        self.plan.max_abs_error = meter.error
+        self.plan.status = fallbacks.status(meter.error)
+
+    def measure(self) -> None:
+        for _ in self():
+            pass
+
+
 class _Export:
     """The parts of one .hrry → safetensors export, tensor by tensor, with the report."""
 
@@ -332,8 +433,10 @@ class _Export:
                  fallback: str | None) -> None:
         self.hf, self.src, self.rep = hf, src, rep
         self.convention, self.fallback = convention, fallback
+        self.fd: int | None = None  # a read-only descriptor of the .hrry (see stored_bytes)
         self.out: list[_Part] = []
         self.refused: list[tuple[str, str, str]] = []
+        self.dequantized: list[_Dequantized] = []
         self._mx: dict[str, Any] = {}
 
     def refuse(self, hname: str, t: Tensor, why: str) -> None:
@@ -342,23 +445,24 @@ class _Export:
                                                   bytes_in=t.nbytes, reason=why))
 
     def fallback_part(self, hname: str, t: Tensor, why: str) -> _Part | None:
-        """``t`` dequantized and cast to the fallback dtype, or a refusal without one."""
+        """``t`` dequantized and cast to the fallback dtype (streamed: see
+        :class:`_Dequantized`), or a refusal without one."""
         fallback = self.fallback
         if fallback is None:
             self.refuse(hname, t, why)
             return None
-        from ..dequant import dequantize  # the shared dequantizer (float32, exact)
-
-        vals = dequantize(t)
-        et = element_type(fallback)
-        stored = fallbacks.cast(vals, fallback)
-        err = fallbacks.max_abs_error(vals, stored)
-        self.rep.tensors.append(report.TensorPlan(
-            hname, t.describe(), f"{safetensors_dtype_for(et)} (fallback)",
-            fallbacks.status(err), bytes_in=t.nbytes, bytes_out=stored.nbytes,
-            reason=f"{why}; written dequantized as {fallback}", max_abs_error=err,
-        ))
-        return (hname, safetensors_dtype_for(et), tuple(int(x) for x in vals.shape), stored.reshape(-1).view(np.uint8))
+        dtype = safetensors_dtype_for(element_type(fallback))
+        shape = tuple(int(x) for x in t.descriptor.shape)  # type: ignore[arg-type]
+        plan = report.TensorPlan(
+            hname, t.describe(), f"{dtype} (fallback)", report.VALUE_EXACT, bytes_in=t.nbytes,
+            bytes_out=math.prod(shape) * fallbacks.dtype(fallback).itemsize,
+            reason=f"{why}; written dequantized as {fallback}",
+        )
+        self.rep.tensors.append(plan)
+        source = _Dequantized(self.hf, t, fallback, plan)
+        self.hf.release_pages()  # the validation read every scale: keep resident memory bounded
+        self.dequantized.append(source)
+        return (hname, dtype, shape, source)
 
     def mx_parts(self, hname: str, conv: str) -> Any:
         """An MXFP tensor as ``("pair", data part, scale part, convention)``, as
@@ -386,7 +490,8 @@ class _Export:
             bytes_in=t.nbytes, bytes_out=t.nbytes,
             substituted_blocks=0 if rec is None else int(decode_scale_record(rec, key=scale_record_key(hname))[0].size),
         ))
-        return ("pair", (dname, pair_data_dtype(el.hurray.name, conv), dshape, t.data[0]), (sname, "U8", sshape, scales), conv)
+        data = self.stored_bytes(hname, t)
+        return ("pair", (dname, pair_data_dtype(el.hurray.name, conv), dshape, data), (sname, "U8", sshape, scales), conv)
 
     def plain_part(self, hname: str, dtype: str | None, shape: tuple[int, ...] | None) -> _Part | None:
         """A plain tensor's bytes under the recorded (or its own) dtype; a fallback otherwise."""
@@ -417,7 +522,14 @@ class _Export:
             )
         self.rep.tensors.append(report.TensorPlan(hname, d.element_type.name, dtype, report.EXACT,
                                                   bytes_in=t.nbytes, bytes_out=t.nbytes))
-        return (hname, dtype, tuple(shape or ()), t.data[0])
+        return (hname, dtype, tuple(shape or ()), self.stored_bytes(hname, t))
+
+    def stored_bytes(self, hname: str, t: Tensor) -> Any:
+        """The tensor's one buffer as it is stored: a range of the .hrry file that the
+        writer copies by the kernel, or (no descriptor of the file) the memory-mapped view."""
+        if self.fd is None:
+            return t.data[0]
+        return FileRange(self.fd, self.hf.buffer_offsets(hname)[0], int(t.data[0].size))
 
     def recorded(self, d: dict[str, Any]) -> None:
         """One entry of the layout record, in the record's order."""
@@ -495,6 +607,12 @@ def hurray_to_safetensors(
     lacks, element types without a safetensors dtype) are refused -- nothing is written --
     unless ``fallback`` ("float32", "float16", "bfloat16") is given: then they are written
     dequantized by the shared dequantizer (:mod:`hurray_interop.dequant`) and reported.
+
+    The output streams in bounded memory: the header is computed from names, dtypes and
+    shapes first; stored tensors are copied from the .hrry by the kernel, fallbacks are
+    dequantized, cast and measured window by window (:data:`WINDOW_ELEMENTS` values), each
+    written at its offset.  ``__metadata__``: the recorded source ``__metadata__``, else the
+    GGUF metadata the file records as ``gguf.<key>`` entries (docs/format-notes.md § 3.11).
     """
     if convention is not None and convention not in CONVENTIONS:
         raise UsageError(f"unknown convention {convention!r} (one of: {', '.join(CONVENTIONS)})")
@@ -502,11 +620,14 @@ def hurray_to_safetensors(
     rep = report.ConversionReport(
         str(src), None if dst is None else str(dst), "hurray", "safetensors", dry_run=dry_run
     )
-    with HrryFile(src) as hf:
+    with HrryFile(src) as hf, _read_only(src) as fd:
         layout = _json_record(hf.kv, KV_LAYOUT, "layout", _layout_ok, src)
         metadata = _json_record(hf.kv, KV_METADATA, "metadata", _metadata_ok, src)
         header = _kv_value(hf.kv, KV_HEADER, bytes, src)
+        if metadata is None:  # GGUF metadata, every key with its type (docs/format-notes.md § 3.11)
+            metadata = _gguf_entries(hf, src, rep)
         ex = _Export(hf, src, rep, convention, fallback)
+        ex.fd = fd
         done: set[str] = set()
         for d in layout["tensors"] if layout else []:
             ex.recorded(d)
@@ -516,33 +637,51 @@ def hurray_to_safetensors(
                 ex.unrecorded(hname)
         if ex.refused:
             rep.hint = report.fallback_hint(False, fallbacks.DTYPE_CHOICES)
-            if dry_run or dst is None:
-                return rep
+        if ex.refused and not (dry_run or dst is None):
             raise ConversionRefused(
                 f"{len(ex.refused)} tensor(s) have no exact safetensors form; nothing was written ({rep.hint})",
                 path=src, reasons=ex.refused, report=rep,
             )
-        _check_unique([o[0] for o in ex.out], "two tensors would be written as", src)
+        if not ex.refused:
+            _check_unique([o[0] for o in ex.out], "two tensors would be written as", src)
         if dry_run or dst is None:
+            for part in ex.dequantized:  # the report's errors: measured, nothing written
+                part.measure()
             return rep
-        _write_safetensors(dst, src, ex.out, metadata, header, force=force, progress=progress)
+        write_safetensors(dst, ex.out, metadata, force=force, header=header, inputs=(src,), progress=progress)
     return rep
 
 
-def _write_safetensors(dst: Any, src: Any, out: list[_Part], metadata: dict[str, str] | None, header: bytes | None,
-                       *, force: bool, progress: Callable[[int, int], None] | None) -> None:
-    """Write the parts, calling ``progress(done_bytes, total_bytes)`` as each one is written."""
-    total = sum(int(np.asarray(o[3]).nbytes) for o in out)
-    state = {"done": 0}
+def _gguf_entries(hf: HrryFile, src: Any, rep: report.ConversionReport) -> dict[str, str] | None:
+    """The ``__metadata__`` of an export whose source recorded no safetensors metadata: the
+    GGUF metadata the .hrry records, as ``gguf.<key>`` entries (None when there is none)."""
+    records = gguf_metadata_records(hf.kv, os.fspath(src))
+    if records is None:
+        other = [k for k in hf.kv if not k.startswith(KEY_PREFIX)]
+        if other:
+            rep.notes.append(f"{len(other)} metadata key(s) without a recorded GGUF type not written "
+                             f"(safetensors metadata holds GGUF metadata only): {', '.join(other[:5])}"
+                             + (" …" if len(other) > 5 else ""))
+        return None
+    rep.notes.append(f"GGUF metadata: {len(records)} key(s) written to __metadata__ as gguf.<key> entries "
+                     "with their GGUF types")
+    return gguf_metadata.encode(
+        (k, list(v.value)) if ts == gguf_metadata.STRINGS and (v.type, v.element_type) == ("array", "string")
+        else (k, gguf_value(k, v, ts, os.fspath(src)))
+        for k, ts, v in records
+    )
 
-    def counted(src_buf: Any) -> Any:
-        def gen() -> Any:
-            yield src_buf
-            state["done"] += int(np.asarray(src_buf).nbytes)
-            if progress:
-                progress(state["done"], total)
 
-        return gen
-
-    write_safetensors(dst, [(n, d, s, counted(b)) for n, d, s, b in out], metadata,
-                      force=force, header=header, inputs=(src,))
+@contextlib.contextmanager
+def _read_only(path: Any) -> Iterator[int | None]:
+    """A read-only descriptor of ``path`` for kernel copies (None when it cannot be opened:
+    the writer then copies from the memory map)."""
+    try:
+        fd: int | None = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        fd = None
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)

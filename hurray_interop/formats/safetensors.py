@@ -38,11 +38,12 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from ..files.atomic import AtomicOutput
+from ..files.positional import PositionalWriter
 from ..core.elements import ElementType, element_type
 from ..errors import (
     FormatError,
@@ -71,6 +72,7 @@ __all__ = [
     "pair_data_dtype",
     "convention_for",
     "build_header",
+    "FileRange",
     "write_safetensors",
 ]
 
@@ -253,6 +255,16 @@ def _entry_offset(text: str, name: str) -> int:
     return 8
 
 
+def _is_unicode(s: str) -> bool:
+    """False for a string JSON escapes gave a lone surrogate (``"\\ud800"``): no UTF-8 text
+    holds one, and the safetensors package refuses such a header."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _parse_header(raw: bytes, data_size: int, path: Path) -> tuple[dict[str, str] | None, list[STEntry]]:
     try:
         text = raw.decode("utf-8")
@@ -286,8 +298,15 @@ def _parse_header(raw: bytes, data_size: int, path: Path) -> tuple[dict[str, str
         if name == "__metadata__":
             if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
                 raise FormatError("__metadata__ must map strings to strings", path=path, field="__metadata__", offset=at())
+            bad = next((x for kv in info.items() for x in kv if not _is_unicode(x)), None)
+            if bad is not None:
+                raise FormatError(f"__metadata__ string {bad!r} is not valid Unicode (a lone surrogate escape)",
+                                  path=path, field="__metadata__", offset=at())
             metadata = dict(info)
             continue
+        if not _is_unicode(name):
+            raise FormatError(f"tensor name {name!r} is not valid Unicode (a lone surrogate escape)",
+                              path=path, tensor=name, field="header", offset=at())
         if not isinstance(info, dict) or set(info) - {"dtype", "shape", "data_offsets"} or len(info) != 3:
             raise FormatError("entry must have exactly dtype, shape and data_offsets", path=path, tensor=name, field="header", offset=at())
         dtype, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
@@ -541,6 +560,16 @@ def _header_matches(raw: bytes, entries: Sequence[tuple[str, str, Sequence[int]]
     return all(want.get(e.name) == (e.dtype, e.shape) for e in parsed)
 
 
+@dataclass(frozen=True)
+class FileRange:
+    """``length`` bytes at ``offset`` of the open file ``fd``: a tensor source that
+    :func:`write_safetensors` copies by the kernel, never through this process's memory."""
+
+    fd: int
+    offset: int
+    length: int
+
+
 def _chunks(src: Any) -> Iterator[Any]:
     if callable(src):
         src = src()
@@ -548,6 +577,31 @@ def _chunks(src: Any) -> Iterator[Any]:
         yield src
     else:
         yield from src
+
+
+def _as_bytes(chunk: Any) -> memoryview:
+    if isinstance(chunk, np.ndarray):
+        return memoryview(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8))
+    return memoryview(chunk).cast("B")
+
+
+def _write_tensor(pw: PositionalWriter, src: Any, offset: int, size: int, name: str, what: str) -> None:
+    """One tensor's bytes at ``offset``: a :class:`FileRange` by the kernel, anything else
+    chunk by chunk as it is produced; the byte count must be ``size``."""
+    if isinstance(src, FileRange):
+        if src.length != size:
+            raise InconsistentError(f"source holds {src.length} bytes, {what} needs {size}", tensor=name)
+        pw.copy(src.fd, src.offset, size, offset)
+        return
+    written = 0
+    for chunk in _chunks(src):
+        mv = _as_bytes(chunk)
+        if written + mv.nbytes > size:
+            raise InconsistentError(f"source gives more than the {size} bytes {what} needs", tensor=name)
+        pw.pwrite(mv, offset + written)
+        written += mv.nbytes
+    if written != size:
+        raise InconsistentError(f"source gave {written} bytes, {what} needs {size}", tensor=name)
 
 
 def write_safetensors(
@@ -558,27 +612,30 @@ def write_safetensors(
     force: bool = False,
     header: bytes | None = None,
     inputs: Iterable["str | os.PathLike[str]"] = (),
+    progress: Callable[[int, int], None] | None = None,
 ) -> int:
-    """Stream a safetensors file atomically.  ``tensors``: ``(name, dtype, shape, source)``
-    in data order; ``source`` is bytes-like, an iterable of chunks, or a callable returning
-    either.  ``header``: recorded header bytes to reuse verbatim when they describe exactly
-    these tensors (byte-identical round trips).  Returns the file size."""
+    """Stream a safetensors file atomically, in bounded memory.  ``tensors``: ``(name,
+    dtype, shape, source)`` in data order; ``source`` is bytes-like, an iterable of
+    chunks, a callable returning either, or a :class:`FileRange`.  ``header``: recorded
+    header bytes to reuse verbatim when they describe exactly these tensors
+    (byte-identical round trips).  The header is computed first, from the names, dtypes
+    and shapes alone; each tensor is then written at its final offset
+    (:class:`~hurray_interop.files.positional.PositionalWriter`) as its source yields it.
+    ``progress(done_bytes, total_bytes)`` is called after each tensor.  Returns the file size."""
     entries = [(n, d, tuple(s)) for n, d, s, _ in tensors]
     h, offsets = build_header(entries, metadata)
     if header is not None and header != h and _header_matches(header, entries, metadata):
         h = header
         # recorded offsets follow the recorded order, which equals ours (checked above)
+    base = 8 + len(h)
+    total = offsets[-1][1] if offsets else 0
     with AtomicOutput(path, force=force, inputs=inputs) as out:
         out.write(struct.pack("<Q", len(h)))
         out.write(h)
+        pw = PositionalWriter(out, base + total)
         for (name, dtype, shape, src), (b, e) in zip(tensors, offsets):
-            written = 0
-            for chunk in _chunks(src):
-                mv = memoryview(chunk).cast("B") if not isinstance(chunk, np.ndarray) else memoryview(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8))
-                out.write(mv)
-                written += mv.nbytes
-            if written != e - b:
-                raise InconsistentError(f"source gave {written} bytes, {dtype} {list(shape)} needs {e - b}", tensor=name)
-        size = out.tell()
+            _write_tensor(pw, src, base + b, e - b, name, f"{dtype} {list(shape)}")
+            if progress:
+                progress(e, total)
         out.commit()
-    return size
+    return base + total
