@@ -586,3 +586,317 @@ def test_hrry_ranges_overlap(patched_hrry):
         nxt = min(s for s in starts if s > e["doff"])
         struct.pack_into("<I", raw, e["tail"] + 8, nxt - e["doff"] + d)
     check_rule(patched_hrry(patch), r"descriptor of tensor '\w' \[\d+, \d+\) overlaps|overlaps descriptor of tensor")
+
+
+# ============================================================================================
+# core/records.py -- scale-substitution records
+
+
+def _scale_record(blocks: list[int], itemsize: int = 1) -> bytes:
+    return struct.pack("<IQ", itemsize, len(blocks)) + struct.pack(f"<{len(blocks)}Q", *blocks) + bytes(itemsize * len(blocks))
+
+
+def test_scale_record_head_minimum():
+    """records.py decode_scale_record: ``len(raw) < _HEAD.size`` (11, 12, 13 bytes)."""
+    from hurray_interop.core.records import decode_scale_record
+
+    check_rule(lambda d: lambda: decode_scale_record(_scale_record([])[: 12 + d] + (b"\0" if d > 0 else b"")), "record is truncated", UNDER)
+    assert decode_scale_record(_scale_record([]))[0].size == 0
+
+
+def test_scale_record_length_exact():
+    """records.py decode_scale_record: ``len(raw) != expected`` (one entry: 20, 21, 22 bytes)."""
+    from hurray_interop.core.records import decode_scale_record
+
+    raw = _scale_record([3])
+    check_rule(lambda d: lambda: decode_scale_record(raw[:-1] if d < 0 else raw + bytes(d)), r"holds \d+ bytes, 1 entries need 21", (True, False, True))
+    assert decode_scale_record(raw)[0].tolist() == [3]
+
+
+def test_scale_record_indices_strictly_ascending():
+    """records.py decode_scale_record: ``blocks[1:] > blocks[:-1]`` (second index 4, 5, 6 after 5)."""
+    from hurray_interop.core.records import decode_scale_record
+
+    check_rule(lambda d: lambda: decode_scale_record(_scale_record([5, 5 + d])), "not ascending", (True, True, False))
+
+
+def test_scale_record_block_index_against_the_block_count():
+    """records.py restore_scales: ``blocks[-1] >= out.size`` (last index 7, 8, 9 for 8 blocks).
+    The issue's surviving mutant accepted an index equal to the block count."""
+    from hurray_interop.core.records import restore_scales
+
+    check_rule(lambda d: lambda: restore_scales(np.ones(8, np.uint8), _scale_record([1, 8 + d])), r"names block \d+, tensor has 8 blocks",
+               (False, True, True))
+    assert restore_scales(np.ones(8, np.uint8), _scale_record([1, 7])).tolist() == [1, 0, 1, 1, 1, 1, 1, 0]
+
+
+# ============================================================================================
+# conversions/gguf.py -- the GGUF conversion records of a .hrry file (_records, _check_offsets)
+
+
+def _records_kv(**changes: Any) -> dict:
+    from hurray_interop.conversions import gguf as C
+    from hurray_interop.core.kv import KVValue
+
+    kv = {
+        C.K_SOURCE: KVValue("string", "gguf"),
+        C.K_VERSION: KVValue("uint64", 3),
+        C.K_ALIGN: KVValue("uint64", 32),
+        C.K_TAIL: KVValue("uint64", 0),
+        C.K_TYPES: KVValue("array", [], "string"),
+        C.K_TENSORS: KVValue("string", json.dumps([["a", "I8", [33], 0]])),
+    }
+    for k, v in changes.items():
+        kv[getattr(C, k)] = v if isinstance(v, KVValue) else KVValue("uint64" if isinstance(v, int) else "string", v)
+    return kv
+
+
+def _records(**changes: Any) -> Callable[[], Any]:
+    from hurray_interop.conversions.gguf import _records as parse
+
+    kv = _records_kv(**changes)
+    return lambda: parse(kv, "bounds.hrry")
+
+
+def test_gguf_record_alignment_range():
+    """conversions/gguf.py _records: ``alignment < 1`` (0, 1, 2) and ``alignment > 1 << 30`` (2**29, 2**30, 2**31)."""
+    pattern = "is not a power of two up to 2"
+    check_rule(lambda d: _records(K_ALIGN=1 + d), pattern, UNDER)
+    check_rule(lambda d: _records(K_ALIGN=2 ** (30 + d)), pattern)
+    assert _records(K_ALIGN=1 << 30)().alignment == 1 << 30
+
+
+def test_gguf_record_tail_bound():
+    """conversions/gguf.py _records: ``tail >= max(alignment, 1)`` (tail 31, 32, 33 for alignment 32).
+    The issue's surviving mutant accepted a tail equal to the alignment."""
+    check_rule(lambda d: _records(K_TAIL=32 + d), "trailing padding bytes for alignment 32", (False, True, True))
+    assert _records(K_TAIL=31)().tail == 31
+
+
+def test_gguf_record_tensor_dimensions():
+    """gguf_split.tensor_row as the records use it: ``min_dims <= len(ne) <= MAX_DIMS`` with
+    min_dims 1 (0, 1, 2 dimensions) and MAX_DIMS 4 (3, 4, 5)."""
+    def rows(n: int) -> str:
+        return json.dumps([["a", "I8", [1] * n, 0]])
+    check_rule(lambda d: _records(K_TENSORS=rows(1 + d)), r"entry 0: a tensor is not \[name", UNDER)
+    check_rule(lambda d: _records(K_TENSORS=rows(4 + d)), r"entry 0: a tensor is not \[name")
+
+
+def _check_offsets(rows: list, alignment: int = 1) -> Callable[[], Any]:
+    from hurray_interop.conversions.gguf import _check_offsets as check, _Records
+
+    rec = _Records(3, alignment, 0, [], [tuple(r) for r in rows])
+    sizes = {r[0]: int(np.prod(r[2])) for r in rows}  # I8: one byte per element
+    return lambda: check(rec, sizes, "bounds.hrry")
+
+
+def test_gguf_record_offsets_overlap():
+    """conversions/gguf.py _check_offsets: ``off < end`` (I8[33]@0, then I8[4] at 32, 33, 34; alignment 1)."""
+    check_rule(lambda d: _check_offsets([("a", "I8", (33,), 0), ("b", "I8", (4,), 33 + d)]), "overlaps the previous tensor", UNDER)
+    assert _check_offsets([("a", "I8", (33,), 0), ("b", "I8", (4,), 33)])() is True
+
+
+def test_gguf_record_offsets_gap_bound():
+    """conversions/gguf.py _check_offsets: ``end - total > max(total, 1 << 20) + n * alignment``
+    (gaps of 2**20 + 2 - 1, 2**20 + 2, 2**20 + 3 bytes for 37 bytes of data in 2 tensors, alignment 1)."""
+    limit = (1 << 20) + 2
+    check_rule(lambda d: _check_offsets([("a", "I8", (33,), 0), ("b", "I8", (4,), 33 + limit + d)]), "bytes of gaps for 37 bytes")
+
+
+# ============================================================================================
+# conversions/gguf_expanded.py -- Record.from_bytes (the exact-expanded form's restore record)
+
+
+def _expanded_record(n_blocks: int, exceptions: list[int], *, first: int = 0, extra: int = 0) -> Callable[[], Any]:
+    from hurray_interop.conversions.gguf_expanded import Record, _specs, form
+
+    spec, h = _specs()["Q4_K"], form("Q4_K").record_bytes
+    exc = b"".join(struct.pack("<I", i) + bytes(spec.block_bytes) for i in exceptions)
+    data = bytes(n_blocks * h) + exc
+    data = data[:extra] if extra < 0 else data + bytes(extra)
+    return lambda: Record.from_bytes("Q4_K", data, n_blocks, first)
+
+
+def test_expanded_record_length():
+    """gguf_expanded.py Record.from_bytes: ``rest < 0`` (a record of 4 blocks one byte short, exact,
+    one byte long: only exact is a whole number of exception entries)."""
+    check_rule(lambda d: _expanded_record(4, [], extra=d), r"bytes for 4 Q4_K blocks: expected", (True, False, True))
+    _expanded_record(4, [])()
+
+
+def test_expanded_record_exception_index_range():
+    """gguf_expanded.py Record.check: ``idx < first_block`` (index 9, 10, 11 for blocks 10..13) and
+    ``idx >= first_block + n_blocks`` (13, 14, 15)."""
+    pattern = "out of order or outside blocks 10..13"
+    check_rule(lambda d: _expanded_record(4, [10 + d], first=10), pattern, UNDER)
+    check_rule(lambda d: _expanded_record(4, [14 + d], first=10), pattern, (False, True, True))
+    _expanded_record(4, [10, 13], first=10)()
+
+
+def test_expanded_record_exception_indices_ascending():
+    """gguf_expanded.py Record.check: ``np.diff(idx) <= 0`` (second index 1, 2, 3 after 2)."""
+    check_rule(lambda d: _expanded_record(4, [2, 2 + d]), "out of order or outside blocks", (True, True, False))
+
+
+# ============================================================================================
+# formats/gguf_split.py -- split keys of a shard; the split layout record (SplitLayout.from_json)
+
+
+def _shard_keys(no: int, count: int, total: int) -> Callable[[], Any]:
+    from hurray_interop.formats import gguf_split as S
+
+    kvs = [_s("split.no") + struct.pack("<IH", GU16, no), _s("split.count") + struct.pack("<IH", GU16, count),
+           _s("split.tensors.count") + struct.pack("<Ii", 5, total)]
+    raw = _gguf(kvs, [])
+    return lambda: S._split_keys(_parse_gguf(raw)())
+
+
+def test_split_no_below_count():
+    """gguf_split.py _split_keys: ``no >= count`` (split.no 2, 3, 4 of split.count 3)."""
+    check_rule(lambda d: _shard_keys(3 + d, 3, 1), "is not below split.count", (False, True, True))
+    assert _shard_keys(2, 3, 1)() == (2, 3, 1)
+
+
+def test_split_tensors_count_non_negative():
+    """gguf_split.py _split_keys: ``total < 0`` (split.tensors.count -1, 0, 1)."""
+    check_rule(lambda d: _shard_keys(0, 3, d), "is negative", UNDER)
+    assert _shard_keys(0, 3, 0)() == (0, 3, 0)
+
+
+def _layout(**shard0: Any) -> Callable[[], Any]:
+    from hurray_interop.formats import gguf_split as S
+
+    base = S.new_split_layout(["general.name"], [("a", "I8", (33,)), ("b", "I8", (4,))], [[0, 1]], alignment=32)
+    obj = json.loads(base.dumps())
+    obj["shards"][0].update(shard0)
+    text = json.dumps(obj)
+    return lambda: S.SplitLayout.from_json(text, path="bounds.hrry", field="layout")
+
+
+def test_split_layout_tail_range():
+    """gguf_split.py _LayoutParser.shard: ``_is_int(tail, 0, alignment - 1)`` (tail -1, 0, 1 and 31, 32, 33; alignment 32)."""
+    pattern = "trailing padding bytes for alignment 32"
+    check_rule(lambda d: _layout(tail_bytes=d), pattern, UNDER)
+    check_rule(lambda d: _layout(tail_bytes=32 + d), pattern, (False, True, True))
+    _layout(tail_bytes=31)()
+
+
+def test_split_layout_offsets_overlap():
+    """gguf_split.py _LayoutParser.offsets: ``n and r.offset < end`` (I8[33]@0, I8[4] at 32, 33, 34; alignment 1)."""
+    def make(d: int) -> Callable[[], Any]:
+        return _layout(alignment=1, tensors=[["a", "I8", [33], 0], ["b", "I8", [4], 33 + d]])
+    check_rule(make, "is unaligned or overlaps", UNDER)
+    make(AT)()
+
+
+def test_split_layout_gap_bound():
+    """gguf_split.py _LayoutParser.offsets: ``reach - total > max(total, 1 << 20) + n * alignment``
+    (gaps of 2**20 + 2 - 1, 2**20 + 2, 2**20 + 3 bytes for 37 data bytes in 2 tensors, alignment 1)."""
+    limit = (1 << 20) + 2
+    check_rule(lambda d: _layout(alignment=1, tensors=[["a", "I8", [33], 0], ["b", "I8", [4], 33 + limit + d]]), "bytes of gaps for 37 bytes")
+
+
+def test_split_layout_integer_ranges():
+    """gguf_split.py _is_int: ``lo <= x <= hi`` (the layout's tensor offsets: -1, 0, 1 and
+    2**62 - 2, 2**62 - 1, 2**62) and the shard count (0, 1, 2)."""
+    from hurray_interop.formats import gguf_split as S
+
+    assert [S._is_int(x) for x in (-1, 0, 1)] == [False, True, True]
+    assert [S._is_int(x) for x in (2**62 - 2, 2**62 - 1, 2**62)] == [True, True, False]
+    assert [S._is_int(x, 1, S.MAX_SHARDS) for x in (0, 1, S.MAX_SHARDS, S.MAX_SHARDS + 1)] == [False, True, True, False]
+    check_rule(lambda d: _layout(tensors=[["a", "I8", [33], 2**62 - 64 + 64 * d], ["b", "I8", [4], 0]]), "a tensor is not", PAST)
+
+
+# ============================================================================================
+# core/descriptor.py -- length fields (decode_descriptor, decode_quantization)
+
+
+@pytest.fixture(scope="module")
+def plain_descriptor() -> bytes:
+    from hurray_interop.core.descriptor import encode_descriptor
+    from hurray_interop.core.elements import element_type
+    from hurray_interop.core.model import BufferHandle, Descriptor, RowMajor
+
+    return encode_descriptor(Descriptor(element_type=element_type("uint8"), shape=(4,), buffers=(BufferHandle.cpu(4),), layout=RowMajor()))
+
+
+def _descriptor(raw: bytes | bytearray) -> Callable[[], Any]:
+    from hurray_interop.core.descriptor import decode_descriptor
+
+    return lambda: decode_descriptor(bytes(raw), path="bounds.hrry")
+
+
+def test_descriptor_length_minimum(plain_descriptor):
+    """descriptor.py _decode: ``length < 20`` (descriptor_length 19, 20, 21)."""
+    def make(d: int) -> Callable[[], Any]:
+        raw = bytearray(plain_descriptor)
+        struct.pack_into("<I", raw, 6, 20 + d)
+        return _descriptor(raw)
+    check_rule(make, "is less than the 20-byte header", UNDER)
+
+
+def test_descriptor_length_against_the_buffer(plain_descriptor):
+    """descriptor.py _decode: ``length > avail`` (descriptor_length one short of, equal to, one
+    past the bytes given)."""
+    def make(d: int) -> Callable[[], Any]:
+        raw = bytearray(plain_descriptor)
+        struct.pack_into("<I", raw, 6, len(raw) + d)
+        return _descriptor(raw)
+    check_rule(make, r"descriptor_length \d+ exceeds the \d+ bytes available")
+    make(AT)()
+
+
+def test_descriptor_rank_maximum(plain_descriptor):
+    """descriptor.py _decode: ``rank > MAX_RANK`` (rank 63, 64, 65)."""
+    def make(d: int) -> Callable[[], Any]:
+        raw = bytearray(plain_descriptor)
+        struct.pack_into("<I", raw, 16, 64 + d)
+        return _descriptor(raw)
+    check_rule(make, "exceeds the maximum 64")
+
+
+@pytest.fixture(scope="module")
+def quantized_descriptor() -> tuple[bytes, int]:
+    """An int8 [64] per-block affine (K=32, f16 scales) descriptor and the offset of its quantization_length."""
+    from hurray_interop.core.descriptor import encode_descriptor, encode_quantization
+    from hurray_interop.core.elements import element_type
+    from hurray_interop.core.model import BufferHandle, Descriptor, PerBlockAffine, RowMajor
+
+    q = PerBlockAffine(axis=0, block_size=32, scale_buffer_index=1)
+    raw = encode_descriptor(Descriptor(element_type=element_type("int8"), shape=(64,), buffers=(BufferHandle.cpu(64), BufferHandle.cpu(4)),
+                                       layout=RowMajor(), quantization=q))
+    scheme = encode_quantization(q)
+    at = raw.index(scheme) - 4
+    assert struct.unpack_from("<I", raw, at)[0] >= len(scheme)
+    return raw, at
+
+
+def test_descriptor_quantization_length_against_the_descriptor(quantized_descriptor):
+    """descriptor.py _decode_sections: ``qlen > rd.end - rd.pos`` (quantization_length one short of,
+    equal to, one past the bytes left in the descriptor)."""
+    raw, at = quantized_descriptor
+    (qlen,) = struct.unpack_from("<I", raw, at)
+    left = len(raw) - at - 4
+
+    def make(d: int) -> Callable[[], Any]:
+        b = bytearray(raw)
+        struct.pack_into("<I", b, at, left + d)
+        return _descriptor(b)
+    check_rule(make, r"quantization_length \d+ exceeds the \d+ bytes left")
+    assert left >= qlen
+
+
+def test_quantization_length_fields():
+    """descriptor.py decode_quantization: ``n > rd.end - offset`` (length one short of, equal to,
+    one past the buffer) and _decode_scheme: ``n < 4`` (3, 4, 5) and ``n < need`` (23, 24, 25 for
+    per-block affine)."""
+    from hurray_interop.core.descriptor import decode_quantization, encode_quantization
+    from hurray_interop.core.model import PerBlockAffine
+
+    raw = encode_quantization(PerBlockAffine(axis=0, block_size=32, scale_buffer_index=1))
+    assert len(raw) == 24
+    q = lambda n, buf=raw: lambda: decode_quantization(buf, length=n, path="q")  # noqa: E731
+    check_rule(lambda d: q(24 + d), r"quantization length \d+ exceeds the 24 bytes available")
+    check_rule(lambda d: q(4 + d), "is shorter than the 4-byte scheme header", UNDER)
+    check_rule(lambda d: q(24 + d), "is shorter than the 24-byte", UNDER)
+    assert q(24)().block_size == 32
