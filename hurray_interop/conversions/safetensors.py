@@ -210,6 +210,8 @@ def safetensors_to_hurray(
                 plan.plain(st, e)
         plan.mark_fallback_scales()
         _check_unique([n for n, _ in plan.items], "two source tensors map to the Hurray name", src)
+        if any(n == "" for n, _ in plan.items):  # Hurray index names have at least one byte
+            raise UnsupportedError("a tensor with an empty name cannot be stored in Hurray", path=src, tensor="")
         if plan.refusals and not dry_run and dst is not None:
             raise ConversionRefused(
                 f"{len(plan.refusals)} tensor(s) not exactly representable (choose a fallback to store them dequantized): "
