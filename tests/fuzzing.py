@@ -361,10 +361,10 @@ def split_set_mutant(shards: list[bytes], rng: random.Random) -> tuple[list[byte
         lim = {"split.no": [len(shards) - 1, len(shards), 0, i + 1, i - 1, 0xFFFF],
                "split.count": [0, 1, len(shards) - 1, len(shards) + 1, 0xFFFF],
                "split.tensors.count": [v - 1, v + 1, 0, -1, 2**31 - 1, -(2**31)]}[key]
-        new = rng.choice([x for x in lim if x != v] or [v + 1])
-        b = bytearray(shards[i])
         lo, hi = (-(2**31), 2**31 - 1) if code == "<i" else (0, 0xFFFF)
-        struct.pack_into(code, b, at, min(max(new, lo), hi))
+        new = rng.choice(sorted({min(max(x, lo), hi) for x in lim} - {v}))
+        b = bytearray(shards[i])
+        struct.pack_into(code, b, at, new)
         out[i] = bytes(b)
         return out, f"shard {i + 1}: {key} {v} -> {new}"
     if kind == 2:  # truncated
