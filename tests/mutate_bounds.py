@@ -122,6 +122,23 @@ SITES: list[tuple[str, str, str, int]] = [
     ("core/descriptor.py", "if n > rd.end - offset:", ">", 0),
     ("core/descriptor.py", "    if n < 4:", "<", 0),
     ("core/descriptor.py", "    if n < need:", "<", 0),
+    ("core/descriptor.py", "if got < desc.byte_offset + want:", "<", 0),
+    ("core/descriptor.py", "    if first < 0:", "<", 0),
+    ("core/descriptor.py", "    if end > have:", ">", 0),
+    ("formats/safetensors.py", "if len(e.shape) < 2 or str(e.shape[-1]) not in c", "<", 0),
+    # writers: the limits they accept
+    ("formats/gguf_split.py", "int(max_tensors) < 1):", "<", 0),
+    ("formats/gguf_split.py", "int(max_size) < 1):", "<", 0),
+    ("formats/gguf_split.py", "new = i > 0 and i % max_tensors == 0", ">", 0),
+    ("formats/gguf_split.py", "new = bool(shards[-1]) and used + padded > max_size", ">", 0),
+    ("formats/gguf.py", "if alignment <= 0 or alignment & (alignment - 1):", "<=", 0),
+    ("formats/gguf.py", "if not 0 <= tail <= pad:", "<=", 0),
+    ("formats/gguf.py", "if not 0 <= tail <= pad:", "<=", 1),
+    ("formats/gguf.py", "if nb and self.data_offset + off < prev_end:", "<", 0),
+    ("core/kv.py", "    if len(kb) > 0xFFFF:", ">", 0),
+    ("core/kv.py", "if not lo <= v <= hi:", "<=", 0),
+    ("core/kv.py", "if not lo <= v <= hi:", "<=", 1),
+    ("core/hrry.py", "if len(nb) > 0xFFFF:", ">", 0),
 ]
 
 #: comparisons of these modules flipped by hand and found *equivalent*: the flipped code

@@ -900,3 +900,132 @@ def test_quantization_length_fields():
     check_rule(lambda d: q(4 + d), "is shorter than the 4-byte scheme header", UNDER)
     check_rule(lambda d: q(24 + d), "is shorter than the 24-byte", UNDER)
     assert q(24)().block_size == 32
+
+
+def _u8_desc(n: int, buffer: int, *, byte_offset: int = 0, strides: tuple[int, ...] | None = None) -> Any:
+    from hurray_interop.core.elements import element_type
+    from hurray_interop.core.model import BufferHandle, Descriptor, RowMajor
+    from hurray_interop.core.model_extra import Strided
+
+    layout = RowMajor() if strides is None else Strided(strides)
+    return Descriptor(element_type=element_type("uint8"), shape=(n,), buffers=(BufferHandle.cpu(buffer),), layout=layout,
+                      byte_offset=byte_offset)
+
+
+def test_descriptor_buffer_against_byte_offset_plus_data():
+    """descriptor.py _validate_data_size: ``got < byte_offset + want`` (uint8[4] at byte_offset 8 in
+    a buffer of 11, 12, 13 bytes)."""
+    from hurray_interop.core.descriptor import validate_descriptor
+
+    check_rule(lambda d: lambda: validate_descriptor(_u8_desc(4, 12 + d, byte_offset=8), path="d"),
+               r"buffer 0 holds \d+ bytes, byte_offset 8 \+ 4 needed", UNDER)
+
+
+def test_strided_range_inside_buffer_0():
+    """descriptor.py validate_addressed_range: ``end > have`` (stride 1 over 4 bytes, buffers of 3,
+    4, 5 bytes) and ``first < 0`` (stride -1 over 4 elements from byte_offset 2, 3, 4)."""
+    from hurray_interop.core.descriptor import validate_addressed_range
+
+    check_rule(lambda d: lambda: validate_addressed_range(_u8_desc(4, 4 - d, strides=(1,)), path="d"), "addresses bytes up to 4")
+    check_rule(lambda d: lambda: validate_addressed_range(_u8_desc(4, 8, byte_offset=3 + d, strides=(-1,)), path="d"),
+               "bytes before the start of buffer 0", UNDER)
+
+
+def test_safetensors_gpt_oss_blocks_rank_minimum(tmp_path):
+    """safetensors.py detect_pairs: ``len(e.shape) < 2`` for gpt-oss ``_blocks`` ([..., G, 16]):
+    blocks of rank 1, 2, 3 with scales of one rank less."""
+    from hurray_interop.formats.safetensors import SafetensorsFile, detect_pairs
+
+    def make(d: int) -> Callable[[], Any]:
+        rank = 2 + d
+        bshape, sshape = [1] * (rank - 1) + [16], [1] * (rank - 1)
+        nb, ns = int(np.prod(bshape)), int(np.prod(sshape))
+        header = {"x_blocks": {"dtype": "U8", "shape": bshape, "data_offsets": [0, nb]},
+                  "x_scales": {"dtype": "U8", "shape": sshape, "data_offsets": [nb, nb + ns]}}
+        p = tmp_path / f"r{rank}.safetensors"
+        p.write_bytes(_st(header, bytes(nb) + b"\x7f" * ns))
+
+        def run() -> Any:
+            with SafetensorsFile(p) as f:
+                return detect_pairs(f)
+        return run
+    check_rule(make, r"blocks shape \[.*\] and scales shape \[.*\] do not form", UNDER)
+    pairs, _ = make(AT)()
+    assert [p.shape for p in pairs] == [(32,)]
+
+
+# ============================================================================================
+# writers: the limits of what they accept (the readers' rules seen from the other side)
+
+
+def test_gguf_split_plan_limits():
+    """gguf_split.py plan_split: ``int(max_tensors) < 1`` and ``int(max_size) < 1`` (0, 1, 2), and
+    ``used + padded > max_size``: two 32-byte tensors with --split-max-size 63, 64, 65 make 2, 1, 1 shards."""
+    from hurray_interop.formats.gguf_split import plan_split
+
+    check_rule(lambda d: lambda: plan_split([32, 32], max_tensors=1 + d), "must be at least 1", UNDER)
+    check_rule(lambda d: lambda: plan_split([32, 32], max_size=1 + d), "must be at least 1 byte", UNDER)
+    assert [len(plan_split([32, 32], max_size=64 + d)) for d in DELTAS] == [2, 1, 1]
+    assert plan_split([32, 32], max_tensors=1) == [[0], [1]]  # ``i > 0``: no empty first shard
+
+
+def test_gguf_writer_limits():
+    """gguf.py GGUFWriterStream: ``alignment <= 0`` (0, 1, 2), ``0 <= tail <= pad`` for an integer
+    pad_end (-1, 0, 1 and pad - 1, pad, pad + 1) and the overlap rule ``data_offset + off < prev_end``
+    (I8[33]@0, then I8[4] at 32, 33, 34; alignment 1)."""
+    import io
+
+    from hurray_interop.formats.gguf import GGUFWriterStream, TensorSpec
+
+    def writer(**kw: Any) -> Callable[[], Any]:
+        def run() -> None:
+            GGUFWriterStream(io.BytesIO(), **kw).abort()
+        return run
+    check_rule(lambda d: writer(alignment=1 + d), "is not a power of two", UNDER)
+    pad = 32 - 24 % 32  # no metadata, no tensors: the 24-byte header, padded to 32
+    check_rule(lambda d: writer(pad_end=d), r"pad_end=-?\d+: must be between 0 and", UNDER)
+    check_rule(lambda d: writer(pad_end=pad + d), rf"must be between 0 and {pad}")
+    tensors = lambda d: [TensorSpec("a", I8, (33,), 0), TensorSpec("b", I8, (4,), 33 + d)]  # noqa: E731
+    check_rule(lambda d: writer(alignment=1, kv=[("general.alignment", _u32(1))], tensors=tensors(d)), "overlaps the previous tensor", UNDER)
+
+
+def _u32(v: int) -> Any:
+    from hurray_interop.formats.gguf import GGUFValue, ValueType
+
+    return GGUFValue.of(ValueType.UINT32, v)
+
+
+def test_kv_key_length_maximum():
+    """kv.py _check_key: ``len(kb) > 0xFFFF`` (keys of 65534, 65535, 65536 bytes)."""
+    from hurray_interop.core.kv import decode_kv, encode_kv
+
+    check_rule(lambda d: lambda: encode_kv({"k" * (0xFFFF + d): 1}), "exceeds the u16 key_length field")
+    assert list(decode_kv(encode_kv({"k" * 0xFFFF: 1}))) == ["k" * 0xFFFF]
+
+
+def test_kv_integer_ranges():
+    """kv.py _check_scalar: ``lo <= v <= hi`` for int64 (-2**63 - 1 .. -2**63 + 1, 2**63 - 2 .. 2**63)
+    and uint64 (-1, 0, 1 and 2**64 - 2 .. 2**64)."""
+    from hurray_interop.core.kv import KVValue
+
+    pattern = r"is out of range for u?int64"
+    check_rule(lambda d: lambda: KVValue("int64", -(2**63) + d), pattern, UNDER)
+    check_rule(lambda d: lambda: KVValue("int64", 2**63 - 1 + d), pattern)
+    check_rule(lambda d: lambda: KVValue("uint64", d), pattern, UNDER)
+    check_rule(lambda d: lambda: KVValue("uint64", 2**64 - 1 + d), pattern)
+
+
+def test_hrry_writer_tensor_name_length_maximum(tmp_path):
+    """hrry.py HrryWriter.write_tensor: ``len(nb) > 0xFFFF`` (names of 65534, 65535, 65536 bytes)."""
+    from hurray_interop.core.elements import element_type
+    from hurray_interop.core.hrry import HrryFile, save
+    from hurray_interop.core.model import BufferHandle, Descriptor, RowMajor, Tensor
+
+    desc = Descriptor(element_type=element_type("uint8"), shape=(1,), buffers=(BufferHandle.cpu(1),), layout=RowMajor())
+
+    def make(d: int) -> Callable[[], Any]:
+        name = "n" * (0xFFFF + d)
+        return lambda: save(tmp_path / f"n{d}.hrry", [Tensor(name, desc, (b"x",))])
+    check_rule(make, "exceeds the u16 name_length")
+    with HrryFile(tmp_path / "n0.hrry") as f:
+        assert f.names == ("n" * 0xFFFF,)
