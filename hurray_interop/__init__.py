@@ -7,7 +7,8 @@ told by its magic bytes, through :mod:`hurray_interop.registry`):
 * :func:`verify` — a round trip through Hurray, or two files compared;
 * :func:`inspect` — what a file holds, as plain data;
 * :func:`open` — a file's reader (a context manager);
-* :func:`dequantize` — a Hurray tensor's float32 values (the one shared dequantizer).
+* :func:`dequantize` — a tensor's float32 values (Hurray and safetensors: the one shared
+  dequantizer; GGUF: gguf-py's decoding).
 
 Each imports what it needs when first called, so ``import hurray_interop`` stays cheap.
 The examples run from the repository root (``python -m pytest`` runs them).
@@ -55,11 +56,15 @@ def convert(src: str | _os.PathLike[str], dst: str | _os.PathLike[str], **option
 
 
 def verify(
-    path: str | _os.PathLike[str], other: str | _os.PathLike[str] | None = None, *, jobs: int | None = None
+    path: str | _os.PathLike[str], other: str | _os.PathLike[str] | None = None, *, jobs: int | None = None,
+    **options: Any,
 ) -> "VerifyResult":
     """Prove that nothing changes: with one file, convert it to Hurray and back in a temporary
     directory and compare bytes, and values against the source ecosystem's own decoder; with
     ``other``, compare the two files (a foreign file with a .hrry, or two of one format).
+    ``options``: those of the :func:`convert` that wrote ``other`` from ``path`` (``fallback``,
+    ``q4_1``, ``convention``, ``merge``, ``split_max_tensors``, ``split_max_size``, ``src_format``,
+    ``dst_format``; see ``verify SRC DST`` in the README); a round trip takes ``fallback="exact"``.
     Failures are in the result (``ok``, ``tensors``, ``problems``, ``error``), not raised.
 
     >>> import hurray_interop
@@ -72,14 +77,17 @@ def verify(
     from ._verify import verify_pair, verify_roundtrip
 
     if other is None:
-        return verify_roundtrip(path, jobs=jobs)
-    return verify_pair(path, other, jobs=jobs)
+        return verify_roundtrip(path, jobs=jobs, **options)
+    return verify_pair(path, other, jobs=jobs, **options)
 
 
-def inspect(path: str | _os.PathLike[str]) -> dict[str, Any]:
+def inspect(path: str | _os.PathLike[str], *, fallback: str | None = None, max_items: int | None = 16) -> dict[str, Any]:
     """Describe a .hrry, GGUF or safetensors file as plain data (what ``hurray-interop inspect
-    --json`` prints): header facts, tensors and metadata; for a foreign file also the
-    conversion plan per tensor.  Only headers, indexes and scales are read.
+    --json`` prints): header facts, tensors (for GGUF with ``shape``, ``ne`` and ``elements``)
+    and metadata; for a foreign file also the conversion plan per tensor (``fallback``: the
+    plan of ``convert --fallback``) and a ``summary``.  A metadata array is its first
+    ``max_items`` items (``value``; ``None``: every item) and its ``count``.  Only headers,
+    indexes and scales are read.
 
     >>> import hurray_interop
     >>> info = hurray_interop.inspect("fixtures/tiny-llama.gguf")
@@ -88,10 +96,13 @@ def inspect(path: str | _os.PathLike[str]) -> dict[str, Any]:
     >>> row = info["tensors"][0]
     >>> row["name"], row["ggml_type"], row["status"]
     ('token_embd.weight', 'Q8_0', 'exact')
+    >>> tokens = next(m for m in info["metadata"] if m["key"] == "tokenizer.ggml.tokens")
+    >>> len(tokens["value"]), tokens["count"]
+    (16, 300)
     """
     from ._inspect import inspect_file
 
-    return inspect_file(path)
+    return inspect_file(path, fallback=fallback, max_items=max_items)
 
 
 def open(path: str | _os.PathLike[str], format: str | None = None) -> Any:  # noqa: A001 - the verb is the API
@@ -119,10 +130,15 @@ def open(path: str | _os.PathLike[str], format: str | None = None) -> Any:  # no
     return detect_format(p, format).open(p)
 
 
-def dequantize(tensor: "Tensor", **options: Any) -> "np.ndarray":
-    """The float32 values of a Hurray tensor (numpy order, shape ``tensor.shape``), computed by
-    the one dequantizer every check shares (``options``: ``out``, ``strict``, ``threads`` --
-    see :func:`hurray_interop.dequant.dequantize`).
+def dequantize(tensor: "Tensor | Any", **options: Any) -> "np.ndarray":
+    """The float32 values of a tensor from :func:`open` (numpy order, shape ``tensor.shape``): a
+    Hurray tensor's computed by the one dequantizer every check shares (``options``: ``out``,
+    ``strict``, ``threads`` -- see :func:`hurray_interop.dequant.dequantize`); a GGUF tensor's
+    as llama.cpp's gguf-py decodes them (the values ``verify`` holds the shared dequantizer
+    to, bit for bit; :func:`hurray_interop.conversions.gguf.dequantize_gguf`); a safetensors
+    tensor's (``SafetensorsFile.tensor(name)``; an MX pair by its data tensor) by the import's
+    mapping and the shared dequantizer
+    (:func:`hurray_interop.conversions.safetensors.dequantize_safetensors`).
 
     >>> import os, tempfile, hurray_interop
     >>> with tempfile.TemporaryDirectory() as tmp:
@@ -132,7 +148,17 @@ def dequantize(tensor: "Tensor", **options: Any) -> "np.ndarray":
     ...         w = hurray_interop.dequantize(f.tensor("blk.0.attn_k.weight"))  # Q4_0 in the GGUF
     >>> w.dtype, w.shape
     (dtype('float32'), (32, 64))
+    >>> with hurray_interop.open("fixtures/tiny-llama.gguf") as f:
+    ...     bool((hurray_interop.dequantize(f.tensor("blk.0.attn_k.weight")) == w).all())  # the same values
+    True
     """
+    from .core.model import Tensor
     from .dequant import dequantize as _dequantize
 
-    return _dequantize(tensor, **options)
+    if not isinstance(tensor, Tensor):
+        from .registry import dequantize_foreign
+
+        values = dequantize_foreign(tensor, **options)
+        if values is not None:
+            return values
+    return _dequantize(tensor, **options)  # a Hurray tensor, or the error naming what was given

@@ -16,28 +16,14 @@ import tempfile
 from typing import Any, Callable
 
 from .errors import HurrayInteropError, OutputExistsError, UsageError
-from .files.atomic import transient
+from .files.atomic import missing_directory, transient
 from .parallel import check_jobs
-from .registry import HURRAY, Format, detect_format, formats
+from .registry import HURRAY, Format, detect_format, format_options, output_in_directory
 from .report import ConversionReport
 
 __all__ = ["convert"]
 
 Progress = Callable[[int, int], None] | None
-
-
-def _format_options(src: Format, dst: Format, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split the format-specific options between the import (source) and export (destination)
-    step; an option set away from its default for a format that does not take it is refused."""
-    for side, fmt, attr in (("output", dst, "export_options"), ("input", src, "import_options")):
-        for f in formats():
-            for opt, default in getattr(f, attr).items():
-                if f is not fmt and given.get(opt, default) != default:
-                    raise UsageError(f"--{opt.replace('_', '-')} applies to {f.title} {side} only")
-    return (
-        {k: given.get(k, d) for k, d in src.import_options.items()},
-        {k: given.get(k, d) for k, d in dst.export_options.items()},
-    )
 
 
 def convert(
@@ -72,6 +58,7 @@ def convert(
     """
     src_s, dst_s = os.fspath(src), os.fspath(dst)
     sf = detect_format(src_s, src_format)
+    dst_s = _into_directory(src_s, dst_s, sf, dst_format)
     df = detect_format(dst_s, dst_format, must_exist=False)
     if os.path.abspath(src_s) == os.path.abspath(dst_s) or (os.path.exists(dst_s) and os.path.samefile(src_s, dst_s)):
         raise UsageError(f"{dst_s}: output is the input file")
@@ -79,7 +66,7 @@ def convert(
         raise UsageError(f"{src_s} is already {sf.name}; nothing to convert")
     if not force and not dry_run and os.path.exists(dst_s):
         raise OutputExistsError(f"{dst_s}: exists (use --force to overwrite)")
-    import_opts, export_opts = _format_options(sf, df, {
+    import_opts, export_opts = format_options(sf, df, {
         "q4_1": q4_1, "convention": convention, "merge": merge, "split_max_tensors": split_max_tensors,
         "split_max_size": split_max_size,
     })
@@ -92,10 +79,23 @@ def convert(
 
     # foreign -> foreign: through a temporary .hrry next to the destination
     dst_dir = os.path.dirname(os.path.abspath(dst_s))
+    if not os.path.isdir(dst_dir):  # before the intermediate's directory is made there
+        raise missing_directory(os.path.dirname(dst_s))
     with tempfile.TemporaryDirectory(dir=dst_dir, prefix=".hurray-interop-") as tmp:
         mid = os.path.join(tmp, "intermediate.hrry")
         first_opts, second_opts = {**common, **import_opts}, {**common, **export_opts}
         return _through_hurray(src_s, sf, dst_s, df, mid, first_opts, second_opts)
+
+
+def _into_directory(src_s: str, dst_s: str, sf: Format, dst_format: str | None) -> str:
+    """A destination that is a directory (``DIR/``, or an existing ``DIR``) gets the source's
+    name in it, as ``cp`` does: ``DIR/<stem>.<ext>`` (:func:`~.registry.output_in_directory`)."""
+    slash = dst_s.endswith(("/", os.sep))
+    if not slash and not os.path.isdir(dst_s):
+        return dst_s
+    if not os.path.isdir(dst_s):
+        raise missing_directory(dst_s.rstrip("/" + os.sep) or dst_s)
+    return output_in_directory(src_s, dst_s, sf, dst_format)
 
 
 def _renamed(exc: HurrayInteropError, old: str, new: str, note: str = "") -> HurrayInteropError:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "OK",
     "REFUSED",
+    "SKIPPED",
     "BAD_INPUT",
     "FAILED",
     "ERROR",
@@ -80,7 +81,8 @@ REFUSED = "refused"
 FAILED = "verification failed"
 BAD_INPUT = "bad input"
 ERROR = "error"  # a defect of ours or of the executor (lost worker, broken pool)
-EXIT_STATUS = {OK: 0, REFUSED: 1, FAILED: 1, BAD_INPUT: 2, ERROR: 2}
+SKIPPED = "skipped"  # --skip-existing: its output exists (outputs are atomic: an existing one is complete)
+EXIT_STATUS = {OK: 0, SKIPPED: 0, REFUSED: 1, FAILED: 1, BAD_INPUT: 2, ERROR: 2}
 
 DASK_HINT = "--scheduler needs Dask distributed, which is not installed: install hurray-interop[dask] (pip install 'hurray-interop[dask]')"
 
@@ -106,14 +108,14 @@ def plan_checks(files: Sequence[str], options: "VerifyOptions") -> list[tuple[st
     """The checks ``hurray-interop verify FILE ...`` runs for ``files`` (a pair, or round trips)."""
     from ._verify import plan_checks as plan
 
-    return plan(list(files), pair=options.pair, each=options.each, fallback=options.fallback)
+    return plan(list(files), pair=options.pair, each=options.each, **options.conversion())
 
 
 def verify_check(files: Sequence[str], options: "VerifyOptions") -> "VerifyResult":
     """Run one check of :func:`plan_checks` (two files: a pair; one: a round trip)."""
     from ._verify import verify_check as check
 
-    return check(list(files), jobs=options.jobs, fallback=options.fallback)
+    return check(list(files), jobs=options.jobs, **options.conversion())
 
 
 def output_paths(src: str, dst: str, options: "ConvertOptions") -> list[str]:
@@ -163,6 +165,19 @@ class VerifyOptions:
     each: bool = False
     jobs: int | None = None
     fallback: str | None = None
+    #: the options of the conversion that made the second file of a pair from the first
+    #: (:data:`hurray_interop._verify.CONVERSION_OPTIONS`)
+    src_format: str | None = None
+    dst_format: str | None = None
+    q4_1: str = "overlay"
+    convention: str | None = None
+    merge: bool = False
+    split_max_tensors: int | None = None
+    split_max_size: int | str | None = None
+
+    def conversion(self) -> dict[str, Any]:
+        """The conversion options, by their API names."""
+        return {k: v for k, v in asdict(self).items() if k not in ("pair", "each", "jobs")}
 
 
 @dataclass(frozen=True)
@@ -249,7 +264,8 @@ def convert_task(group: Group, output: str, options: ConvertOptions) -> tuple[Fi
     line = f"{src} -> {output}: {len(report.tensors)} tensors ({counts})"
     if options.dry_run:
         status = REFUSED if report.refused else OK
-        return (FileResult(src, status, f"{line}, dry run: nothing written", seconds=seconds),)
+        hint = f"; {report.hint}" if report.refused and report.hint else ""
+        return (FileResult(src, status, f"{line}, dry run: nothing written{hint}", seconds=seconds),)
     return (FileResult(src, OK, line, output=output, seconds=seconds),)
 
 
@@ -284,10 +300,9 @@ def group_sources(sources: Sequence[str]) -> list[Group]:
 
 def _stem(path: str) -> str:
     """The output stem of a source: a split set's prefix, or the file's stem."""
-    from .registry import member_of
+    from .registry import output_stem
 
-    member = member_of(path)
-    return member[2] if member is not None else Path(path).stem
+    return output_stem(path)
 
 
 def check_inputs(groups: Iterable[Group]) -> None:
@@ -333,15 +348,27 @@ def check_outputs(groups: Sequence[Group], outputs: Sequence[str], options: Conv
         raise OutputExistsError(f"{len(existing)} output(s) exist already (--force overwrites them): {shown}")
 
 
-def _create_out_dir(out_dir: str | os.PathLike[str], *, create: bool = True) -> None:
+def _create_out_dir(out_dir: str | os.PathLike[str], *, create: bool = True) -> bool:
+    """Check ``out_dir`` (and, with ``create``, make it): only its last component is created,
+    as ``mkdir`` does, so a typo in a parent fails instead of growing a tree.  True when it
+    was created here."""
+    from .files.atomic import missing_directory
+
     p = Path(out_dir)
     if p.exists() and not p.is_dir():
         raise UsageError("the output directory is a file", path=p)
+    parent = p.parent  # as the user spelled it ("." for a bare name)
+    if not p.exists() and not parent.is_dir():
+        raise missing_directory(parent, "--out-dir creates only its last directory")
+    if not create or p.is_dir():
+        return False
     try:
-        if create:
-            p.mkdir(parents=True, exist_ok=True)
+        p.mkdir()
+    except FileExistsError:  # made meanwhile
+        return False
     except OSError as exc:
         raise UsageError(f"cannot create the output directory: {exc.strerror or exc}", path=p) from None
+    return True
 
 
 # ---------------------------------------------------------------------------
@@ -372,6 +399,12 @@ def _run(executor: cf.Executor | None, task: Callable[..., tuple[FileResult, ...
             fut.cancel()
 
 
+def _after(first: list[FileResult], results: Iterator[FileResult]) -> Iterator[FileResult]:
+    """``first``, then ``results`` (closing this closes ``results``: its tasks are cancelled)."""
+    yield from first
+    yield from results
+
+
 @dataclass
 class Batch:
     """Checked work, ready to run: ``task(*call)`` for every call, one call per model (or pair)."""
@@ -379,18 +412,21 @@ class Batch:
     task: Callable[..., tuple[FileResult, ...]]
     calls: list[tuple[Any, ...]]
     out_dir: str | None = None  # created when the batch runs
+    created: bool = False  # whether :meth:`run` created ``out_dir``
+    skipped: list[FileResult] = field(default_factory=list)  # --skip-existing: yielded first, never submitted
 
     @property
     def files(self) -> int:
         """The number of results the batch yields: one per model converted (a split set is
-        one), one per check verified (a pair is one)."""
-        return len(self.calls)
+        one) or skipped, one per check verified (a pair is one)."""
+        return len(self.skipped) + len(self.calls)
 
     def run(self, executor: cf.Executor | None = None) -> Iterator[FileResult]:
-        """Submit the tasks to ``executor`` (None: run them here, in order); yield results as each finishes."""
+        """Submit the tasks to ``executor`` (None: run them here, in order); yield results as each
+        finishes (the skipped files' first)."""
         if self.out_dir is not None:
-            _create_out_dir(self.out_dir)
-        return _run(executor, self.task, self.calls)
+            self.created = _create_out_dir(self.out_dir)
+        return _after(self.skipped, _run(executor, self.task, self.calls))
 
 
 def plan_convert(
@@ -398,18 +434,34 @@ def plan_convert(
     out_dir: str | os.PathLike[str],
     *,
     dst_format: str,
+    skip_existing: bool = False,
     **options: Any,
 ) -> Batch:
     """The checked :class:`Batch` of :func:`convert_many` (raises :class:`UsageError` on a bad path;
-    ``options``: the fields of :class:`ConvertOptions`)."""
+    ``options``: the fields of :class:`ConvertOptions`; ``skip_existing``: a source whose output
+    exists is a SKIPPED result instead of an error, so that an interrupted batch resumes)."""
     opts = ConvertOptions(dst_format=dst_format, **options)
+    if skip_existing and opts.force:
+        raise UsageError("--skip-existing and --force exclude each other (skip existing outputs, or overwrite them)")
     groups = group_sources([os.fspath(s) for s in sources])
     check_inputs(groups)
     outputs = plan_outputs(groups, out_dir, dst_format)
     _create_out_dir(out_dir, create=False)
-    check_outputs(groups, outputs, opts)
-    calls: list[tuple[Any, ...]] = [(g, out, opts) for g, out in zip(groups, outputs)]
-    return Batch(convert_task, calls, out_dir=None if opts.dry_run else os.fspath(out_dir))
+    todo, skipped = list(zip(groups, outputs)), []
+    if skip_existing:
+        there = [_existing(g, out, opts) for g, out in todo]
+        skipped = [FileResult(g[0], SKIPPED, f"{g[0]} -> {p}: exists, skipped") for (g, _), p in zip(todo, there) if p]
+        todo = [job for job, p in zip(todo, there) if p is None]
+    check_outputs([g for g, _ in todo], [out for _, out in todo], opts)
+    calls: list[tuple[Any, ...]] = [(g, out, opts) for g, out in todo]
+    return Batch(convert_task, calls, out_dir=None if opts.dry_run else os.fspath(out_dir), skipped=skipped)
+
+
+def _existing(group: Group, output: str, opts: ConvertOptions) -> str | None:
+    """``--skip-existing``: the first file of ``output`` (:func:`output_paths`) that exists, if any.
+    Outputs are written atomically, so one that exists is complete (a split set's shards appear
+    together)."""
+    return next((p for p in output_paths(group[0], output, opts) if os.path.lexists(p)), None)
 
 
 def convert_many(
@@ -418,6 +470,7 @@ def convert_many(
     *,
     dst_format: str,
     executor: cf.Executor | None = None,
+    skip_existing: bool = False,
     **options: Any,
 ) -> Iterator[FileResult]:
     """Convert every source to ``out_dir/<stem>.<ext of dst_format>``; yield a result per file as each finishes.
@@ -426,22 +479,28 @@ def convert_many(
     ``fallback``, ``q4_1``, ``convention``, ``dry_run``, ``force``, ``jobs``); the
     outputs are the bytes single conversions write.  Checks every path first
     (raises :class:`UsageError` before submitting anything) and creates
-    ``out_dir`` unless ``dry_run``.  Paths in the results are absolute.
+    ``out_dir`` (its last component only) unless ``dry_run``; ``skip_existing``
+    yields a ``"skipped"`` result for each source whose output exists instead of
+    refusing the batch (not with ``force``).  Paths in the results are absolute.
     """
-    return plan_convert(sources, out_dir, dst_format=dst_format, **options).run(executor)
+    return plan_convert(sources, out_dir, dst_format=dst_format, skip_existing=skip_existing, **options).run(executor)
 
 
 def plan_verify(
     files: Sequence[str | os.PathLike[str]], *, pair: bool = False, each: bool = False, jobs: int | None = None,
-    fallback: str | None = None,
+    fallback: str | None = None, **conversion: Any,
 ) -> Batch:
     """The checked :class:`Batch` of :func:`verify_many`: one task per check that
     ``hurray-interop verify`` runs for ``files`` (:func:`hurray_interop._verify.plan_checks`:
     exactly two files of different formats are one pair task, otherwise a round trip per
     model, a split set once).  Raises :class:`UsageError` on a bad path or option."""
+    from ._verify import resolve_output
+
     paths = [os.path.abspath(os.fspath(f)) for f in files]
+    options = VerifyOptions(pair=pair, each=each, jobs=jobs, fallback=fallback, **conversion)
+    if len(paths) == 2:  # DST as convert named it (a set's PREFIX.gguf)
+        paths[1] = resolve_output(paths[0], paths[1], **options.conversion())
     check_inputs([tuple(paths)])
-    options = VerifyOptions(pair=pair, each=each, jobs=jobs, fallback=fallback)
     return Batch(verify_task, [(check, options) for check in plan_checks(paths, options)])
 
 
@@ -453,15 +512,18 @@ def verify_many(
     each: bool = False,
     jobs: int | None = None,
     fallback: str | None = None,
+    **conversion: Any,
 ) -> Iterator[FileResult]:
     """Verify like ``hurray-interop verify FILE ...``, one task per file; yield a result per file as each finishes.
 
     ``pair`` (or two files of different formats without ``each``) compares the
     files with each other in one task; ``fallback="exact"`` round-trips with the
-    import's exact expanded forms.  Checks every path and option first.  Paths in
+    import's exact expanded forms; for a pair, ``fallback`` and ``conversion`` (the other
+    options of the conversion that wrote the second file, as for
+    :func:`hurray_interop._verify.verify_pair`) pass through.  Checks every path and option first.  Paths in
     the results are absolute.
     """
-    return plan_verify(files, pair=pair, each=each, jobs=jobs, fallback=fallback).run(executor)
+    return plan_verify(files, pair=pair, each=each, jobs=jobs, fallback=fallback, **conversion).run(executor)
 
 
 # ---------------------------------------------------------------------------

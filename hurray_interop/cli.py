@@ -7,7 +7,8 @@
     hurray-interop convert --to F --out-dir DIR SRC [SRC ...] [convert options] [--workers N | --scheduler ADDRESS]
     hurray-interop verify FILE [FILE ...] [--pair | --each] [--fallback exact] [--json] [--quiet] [--jobs N]
                                           [--workers N | --scheduler ADDRESS]
-    hurray-interop inspect FILE [--fallback F] [--json]
+    hurray-interop verify SRC DST [the options of the convert SRC DST that wrote DST]
+    hurray-interop inspect FILE [--fallback F] [--json | --markdown] [--full | --max-items N]
 
 Exit status: 0 success; 1 refused or inexact conversion, failed verification;
 2 bad input or usage.  One line on stderr for every error; ``--debug`` adds the
@@ -64,6 +65,7 @@ class _Parser(argparse.ArgumentParser):
         kw.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kw)
         self._fill = fill
+        self._intermixing = False
 
     def complete(self) -> "_Parser":
         """This parser with all its arguments added."""
@@ -73,7 +75,18 @@ class _Parser(argparse.ArgumentParser):
         return self
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        return super(_Parser, self.complete()).parse_known_args(args, namespace)
+        """A command's options may come anywhere among its paths (``convert SRC --force DST``,
+        as ``cp`` takes them): argparse's intermixed parsing, for every command parser."""
+        parser = self.complete()
+        if self._subparsers is not None or self._intermixing:  # the main parser; or the passes inside
+            return super(_Parser, parser).parse_known_args(args, namespace)
+        self._intermixing, usage = True, self.usage
+        if usage is None:  # argparse would lay the usage out now, for messages we never print
+            self.usage = _LazyUsage(self)  # type: ignore[assignment]
+        try:
+            return super(_Parser, parser).parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing, self.usage = False, usage
 
     def format_usage(self) -> str:
         return super(_Parser, self.complete()).format_usage()
@@ -83,6 +96,29 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
+
+
+class _LazyUsage:
+    """A parser's usage while intermixed parsing runs: argparse's intermixed parsing lays the
+    usage out before parsing (looking the terminal's width up); this lays it out only when
+    help or usage is shown (argparse formats ``usage % {prog}``)."""
+
+    def __init__(self, parser: "_Parser") -> None:
+        self._parser = parser
+
+    def __mod__(self, values: object) -> str:
+        p = self._parser
+        # the first pass hides the positionals (nargs SUPPRESS, the real one kept in save_nargs)
+        hidden = [a for a in p._get_positional_actions() if a.nargs == argparse.SUPPRESS and hasattr(a, "save_nargs")]
+        saved, p.usage = p.usage, None
+        for a in hidden:
+            a.nargs = a.save_nargs  # type: ignore[attr-defined]
+        try:
+            return p.format_usage()[len("usage: "):].rstrip("\n")
+        finally:
+            p.usage = saved  # type: ignore[assignment]
+            for a in hidden:
+                a.nargs = argparse.SUPPRESS
 
 
 class _Version(argparse.Action):
@@ -111,7 +147,8 @@ def _add_batch_options(p: argparse.ArgumentParser, *, out_dir: bool = False) -> 
     if out_dir:
         p.add_argument(
             "--out-dir", metavar="DIR",
-            help="convert every SRC into DIR/<stem>.<extension of --to> (a batch; --to is required)",
+            help="convert every SRC into DIR/<stem>.<extension of --to> (a batch; --to is required); "
+            "DIR is created if its parent exists",
         )
     p.add_argument(
         "--workers", type=int, default=1, metavar="N",
@@ -143,6 +180,10 @@ def _build_parser() -> argparse.ArgumentParser:
         "verify", fill=_verify_arguments,
         help="round-trip each FILE through Hurray and back and compare bytes and values; "
         "with --pair (or two files of different formats) compare the two files",
+        description="Round-trip each FILE, or compare two files. verify SRC DST takes the options of the "
+        "convert SRC DST that wrote DST: the check is that DST is what that conversion writes and true to SRC; "
+        "tensors its report calls lossy pass 'as reported'. --fallback exact and --q4-1 overlay change nothing "
+        "for a pair, --force is ignored (verify writes nothing).",
     )
     sub.add_parser(
         "inspect", fill=_inspect_arguments,
@@ -152,53 +193,69 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _convert_arguments(c: argparse.ArgumentParser) -> None:
-    c.add_argument("paths", nargs="+", metavar="PATH", help="SRC DST, or with --out-dir DIR: SRC [SRC ...]")
-    c.add_argument("--from", dest="src_format", choices=format_names(), help="force the source format")
-    c.add_argument("--to", dest="dst_format", choices=format_names(), help="force the destination format")
+    c.add_argument(
+        "paths", nargs="+", metavar="PATH",
+        help="SRC DST, or with --out-dir DIR: SRC [SRC ...]; a DST that is a directory (DIR/, or an existing DIR) "
+        "gets DIR/<stem>.<ext> as with cp: the extension of --to, else the source's counterpart "
+        "(GGUF and safetensors -> .hrry, .hrry -> .gguf; a split set's shards)",
+    )
+    _add_conversion_options(c)
+    c.add_argument("--dry-run", action="store_true", help="show the plan per tensor; write nothing")
+    c.add_argument("--force", action="store_true", help="overwrite an existing DST")
+    c.add_argument(
+        "--skip-existing", action="store_true",
+        help="with --out-dir: skip the sources whose output exists (outputs are atomic: an existing one is "
+        "complete), so that an interrupted batch resumes; not with --force",
+    )
+    _add_run_options(c, quiet="no progress bar, no summary")
+    _add_batch_options(c, out_dir=True)
+
+
+def _add_conversion_options(c: argparse.ArgumentParser, *, verify: bool = False) -> None:
+    """The options of a conversion: convert's, and verify's for the pair SRC DST they made."""
+    said = " (as the conversion SRC -> DST was given it)" if verify else ""
+    c.add_argument("--from", dest="src_format", choices=format_names(), help="force the source format" + said)
+    c.add_argument("--to", dest="dst_format", choices=format_names(), help="force the destination format" + said)
     c.add_argument(
         "--fallback",
         choices=FALLBACK_CHOICES,
         help="store tensors that cannot be converted exactly dequantized as this type (reported per tensor); "
-        "exact: GGUF types without a native mapping (K-quants, IQ, TQ, NVFP4) in their exact expanded form",
+        "exact: GGUF types without a native mapping (K-quants, IQ, TQ, NVFP4) in their exact expanded form"
+        + ("; verify: of the conversion SRC -> DST (a lossy tensor passes as reported when DST is what that "
+           "conversion writes), or for a round trip --fallback exact" if verify else ""),
     )
     c.add_argument(
         "--q4-1",
         dest="q4_1",
         choices=("overlay", "requantize"),
         default="overlay",
-        help="Q4_1/Q5_1: exact minimum overlay composite (default) or lossy plain per-block affine",
+        help="Q4_1/Q5_1: exact minimum overlay composite (default) or lossy plain per-block affine" + said,
     )
     c.add_argument(
         "--convention",
         choices=tuple(load_table("mx_types")["conventions"]),
-        help="safetensors output: MX checkpoint convention (default: the one recorded at import)",
+        help="safetensors output: MX checkpoint convention (default: the one recorded at import)" + said,
     )
     c.add_argument(
         "--merge", action="store_true",
-        help="GGUF output: one file with every tensor of a split set (as gguf-split --merge writes it)",
+        help="GGUF output: one file with every tensor of a split set (as gguf-split --merge writes it)" + said,
     )
     c.add_argument(
         "--split-max-tensors", type=int, metavar="N",
-        help="GGUF output: a split set (gguf-split shards) of at most N tensors per shard",
+        help="GGUF output: a split set (gguf-split shards) of at most N tensors per shard" + said,
     )
     c.add_argument(
         "--split-max-size", metavar="SIZE",
-        help="GGUF output: a split set of shards of at most SIZE tensor bytes (500M, 2G: 10^6, 10^9 bytes)",
+        help="GGUF output: a split set of shards of at most SIZE tensor bytes (500M, 2G: 10^6, 10^9 bytes)" + said,
     )
-    c.add_argument("--dry-run", action="store_true", help="show the plan per tensor; write nothing")
-    c.add_argument("--force", action="store_true", help="overwrite an existing DST")
-    _add_run_options(c, quiet="no progress bar, no summary")
-    _add_batch_options(c, out_dir=True)
 
 
 def _verify_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument("files", nargs="+", metavar="FILE")
     v.add_argument("--pair", action="store_true", help="compare exactly two files with each other")
     v.add_argument("--each", action="store_true", help="round-trip every file, even two of different formats")
-    v.add_argument(
-        "--fallback", choices=(FALLBACK_EXACT,),
-        help="round-trip with the import's --fallback exact (GGUF types without a native mapping, expanded)",
-    )
+    _add_conversion_options(v, verify=True)
+    v.add_argument("--force", action="store_true", help="accepted as convert takes it, and ignored: verify writes nothing")
     _add_run_options(v, quiet="print summary lines only")
     _add_batch_options(v)
 
@@ -206,8 +263,24 @@ def _verify_arguments(v: argparse.ArgumentParser) -> None:
 def _inspect_arguments(i: argparse.ArgumentParser) -> None:
     i.add_argument("file", metavar="FILE")
     i.add_argument("--fallback", choices=FALLBACK_CHOICES, help="show the plan of convert --fallback CHOICE")
-    i.add_argument("--json", action="store_true", help="machine-readable output")
+    how = i.add_mutually_exclusive_group()
+    how.add_argument("--json", action="store_true", help="machine-readable output")
+    how.add_argument("--markdown", action="store_true", help="Markdown output (as gguf-dump --markdown)")
+    many = i.add_mutually_exclusive_group()
+    many.add_argument("--full", action="store_true", help="whole arrays and strings (default: the first 16 items)")
+    many.add_argument("--max-items", type=_count_arg, metavar="N", help="show the first N items of each array")
     i.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+
+def _count_arg(text: str) -> int:
+    """A count option's value: a non-negative integer."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return n
 
 
 # ---------------------------------------------------------------------------
@@ -260,21 +333,34 @@ def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
 def _render_conversion(report: ConversionReport, out: TextIO) -> None:
     rows = [("tensor", "source", "hurray mapping" if report.destination_format == "hurray" else "mapping", "status", "bytes in", "bytes out", "note")]
     for t in report.tensors:
-        note = t.reason
+        note = t.note
         if t.max_abs_error is not None:
             note = (note + "; " if note else "") + f"max abs error {t.max_abs_error:.6g}"
-        if t.substituted_blocks:
-            note = (note + "; " if note else "") + f"{t.substituted_blocks} zero-block scale(s) substituted and recorded"
         rows.append((t.name, t.source_type, t.mapping, t.status, _fmt_bytes(t.bytes_in), _fmt_bytes(t.bytes_out), note))
     _table(rows, out)
-    for n in report.notes:
+    for n in report.notes + _substitution_note(report):
         out.write(f"note: {n}\n")
     counts = ", ".join(f"{v} {k}" for k, v in sorted(report.counts().items()))
-    verb = "would convert" if report.dry_run else "converted"
-    out.write(
-        f"{verb} {report.source} ({report.source_format}) -> {report.destination} ({report.destination_format}): "
-        f"{len(report.tensors)} tensors ({counts}), {_fmt_bytes(report.bytes_in)} -> {_fmt_bytes(report.bytes_out)}\n"
-    )
+    what = (f"{report.source} ({report.source_format}) -> {report.destination} ({report.destination_format}): "
+            f"{len(report.tensors)} tensors ({counts})")
+    hint = f"; {report.hint}" if report.refused and report.hint else ""
+    if report.refused and not report.dry_run:  # the conversion stopped before writing anything
+        out.write(f"refused: nothing written; {what}{hint}\n")
+        return
+    sizes = f", {_fmt_bytes(report.bytes_in)} -> {_fmt_bytes(report.bytes_out)} of tensor data"
+    out.write(f"{'would convert' if report.dry_run else 'converted'} {what}{sizes}{hint}\n")
+
+
+def _substitution_note(report: ConversionReport) -> list[str]:
+    """All-zero blocks whose source scale the destination forbids: one note for the run
+    (normal and exact; ``--json`` has the count per tensor)."""
+    blocks, tensors = report.substitutions()
+    if not blocks:
+        return []
+    if report.destination_format != "hurray":  # an export: the recorded originals come back
+        return [f"{blocks} all-zero block(s) in {tensors} tensor(s) get back their recorded original scale (exact)"]
+    return [f"{blocks} all-zero block(s) in {tensors} tensor(s) stored with the rules' substitute for their "
+            "forbidden scale and recorded: converting back restores the original bytes (normal; exact)"]
 
 
 def _render_verify(result: Any, out: TextIO, quiet: bool) -> None:
@@ -289,47 +375,13 @@ def _render_verify(result: Any, out: TextIO, quiet: bool) -> None:
                     "yes" if t.bytes_equal else ("n/a" if t.bytes_equal is None else "NO"),
                     "yes" if t.values_equal else ("n/a" if t.values_equal is None else "NO"),
                     "" if t.max_abs_diff is None else f"{t.max_abs_diff:.6g}",
-                    t.where,
+                    "; ".join(x for x in (t.reported, t.where) if x),
                 )
             )
         _table(rows, out)
         for p in result.problems:
             out.write(f"difference: {p}\n")
     out.write(result.summary_line() + "\n")
-
-
-def _render_inspect(info: dict[str, Any], out: TextIO) -> None:
-    out.write(f"{info['path']}: {info['format']}")
-    for k in ("version", "alignment", "tensor_count", "file_size"):
-        if k in info:
-            out.write(f", {k.replace('_', ' ')} {info[k]}")
-    out.write("\n")
-    split = info.get("split")
-    if split:
-        out.write(f"split GGUF set {split['prefix']!r}: {split['count']} shards, {split['tensors']} tensors\n")
-        _table([("shard", "tensors", "bytes")] + [(r["file"], r["tensors"], r["file_size"]) for r in split["shards"]], out)
-    tensors = info.get("tensors", [])
-    if tensors:
-        cols = info.get("tensor_columns") or list(tensors[0].keys())
-        rows = [tuple(cols)] + [tuple(_cell(t.get(c)) for c in cols) for t in tensors]
-        _table(rows, out)
-    kv = info.get("metadata", [])
-    if kv:
-        out.write(f"metadata ({len(kv)} keys):\n")
-        for item in kv:
-            out.write(f"  {item['key']} [{item['type']}] = {_cell(item['value'], 100)}\n")
-    for n in info.get("notes", []):
-        out.write(f"note: {n}\n")
-
-
-def _cell(v: Any, limit: int = 60) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, (list, tuple)) and all(isinstance(x, int) for x in v) and len(v) <= 8:
-        return "[" + ", ".join(map(str, v)) + "]"
-    s = v if isinstance(v, str) else json.dumps(v, default=str)
-    s = s.replace("\n", "\\n")
-    return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
 # ---------------------------------------------------------------------------
@@ -371,10 +423,21 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
-    from ._verify import verify_files
+def _verify_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The conversion options of ``verify SRC DST`` by their API names (:class:`hurray_interop.batch.VerifyOptions`)."""
+    from ._verify import CONVERSION_OPTIONS
 
-    results = verify_files(args.files, pair=args.pair, each=args.each, jobs=args.jobs, fallback=args.fallback)
+    return {name: getattr(args, name) for name in CONVERSION_OPTIONS}
+
+
+def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+    from ._verify import plan_checks, verify_check
+
+    options = _verify_options(args)
+    checks = plan_checks(args.files, pair=args.pair, each=args.each, **options)
+    # one check: a bar over the tensors compared, on a terminal (several: one line each as before)
+    with _progress(len(checks) == 1 and not (args.quiet or args.json), "verify", unit="tensor") as progress:
+        results = [verify_check(c, jobs=args.jobs, progress=progress, **options) for c in checks]
     status = EXIT_OK
     if args.json:
         out.write(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
@@ -395,26 +458,56 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    from ._inspect import inspect_file
+    from ._inspect import inspect_file, render_markdown, render_text, terminal_safe
 
-    info = inspect_file(args.file, fallback=args.fallback)
-    if args.json:
-        out.write(json.dumps(info, indent=2, default=str) + "\n")
+    shown = {"max_items": None} if args.full else {} if args.max_items is None else {"max_items": args.max_items}
+    info = inspect_file(args.file, fallback=args.fallback, **shown)
+    # the whole text is made before any of it is written: an error leaves no half output
+    enc = getattr(out, "encoding", None) or "utf-8"
+    if args.json:  # UTF-8 as text; \uXXXX escapes where the output cannot encode it
+        text = terminal_safe(json.dumps(info, indent=2, ensure_ascii=not _encodes(enc), default=str)) + "\n"
     else:
-        _render_inspect(info, out)
+        text = render_markdown(info, full=args.full) if args.markdown else render_text(info, width=_columns(out), full=args.full)
+        if not _encodes(enc, text):  # a terminal that cannot show some text: escapes instead
+            text = text.encode(enc, "backslashreplace").decode(enc)
+    out.write(text)
     return EXIT_OK
+
+
+def _encodes(encoding: str, text: str = "\u2581\U0001f600") -> bool:
+    """Can ``encoding`` write ``text`` (by default: does it write any Unicode)?"""
+    try:
+        text.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def _columns(out: TextIO) -> int | None:
+    """The width to wrap ``inspect``'s table on: $COLUMNS, else the terminal's; None (no
+    wrapping: one line per tensor) when writing to a pipe or file."""
+    try:
+        return max(int(os.environ["COLUMNS"]), 1)
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(out.fileno()).columns if out.isatty() else None
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------------------
 # batches: many files, one result line (or JSON object) each as it finishes
 
-_BATCH_LABELS = {"ok": "OK", "refused": "REFUSED", "verification failed": "FAILED", "bad input": "ERROR", "error": "ERROR"}
+_BATCH_LABELS = {"ok": "OK", "skipped": "SKIPPED", "refused": "REFUSED", "verification failed": "FAILED", "bad input": "ERROR", "error": "ERROR"}
 
 
 def _cmd_convert_any(args: argparse.Namespace, out: TextIO) -> int:
     """``convert SRC DST``, or a batch: ``convert --to F --out-dir DIR SRC [SRC ...]``."""
     if args.out_dir is not None:
         return _cmd_convert_batch(args, out)
+    if args.skip_existing:
+        raise UsageError("--skip-existing resumes batches: give --out-dir DIR")
     if args.workers != 1 or args.scheduler is not None:
         raise UsageError("--workers and --scheduler run batches: give --out-dir DIR")
     if len(args.paths) != 2:
@@ -430,7 +523,7 @@ def _cmd_convert_batch(args: argparse.Namespace, out: TextIO) -> int:
 
     if args.dst_format is None:
         raise UsageError("--out-dir needs --to FORMAT (the format of the outputs)")
-    batch = plan_convert(args.paths, args.out_dir, **_convert_options(args))
+    batch = plan_convert(args.paths, args.out_dir, skip_existing=args.skip_existing, **_convert_options(args))
     return _run_batch(batch, args, out, "would convert" if args.dry_run else "converted")
 
 
@@ -440,7 +533,7 @@ def _cmd_verify_any(args: argparse.Namespace, out: TextIO) -> int:
         return _cmd_verify(args, out)
     from .batch import plan_verify
 
-    batch = plan_verify(args.files, pair=args.pair, each=args.each, jobs=args.jobs, fallback=args.fallback)
+    batch = plan_verify(args.files, pair=args.pair, each=args.each, jobs=args.jobs, **_verify_options(args))
     return _run_batch(batch, args, out, "verified exact")
 
 
@@ -453,7 +546,10 @@ def _run_batch(batch: Any, args: argparse.Namespace, out: TextIO, verb: str) -> 
     try:
         with open_executor(args.workers, args.scheduler) as executor, \
                 _progress(show and batch.files > 1, "files", unit="file") as progress:
-            for result in batch.run(executor):
+            results = batch.run(executor)
+            if batch.created and show:
+                _write_line(out, f"created the output directory {batch.out_dir}")
+            for result in results:
                 summary.add(result)
                 _write_result(result, args, out)
                 if progress is not None:

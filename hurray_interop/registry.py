@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 from dataclasses import field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -42,6 +43,7 @@ __all__ = [
     "SNIFF_BYTES",
     "Format",
     "register_format",
+    "format_options",
     "get_format",
     "format_names",
     "formats",
@@ -49,6 +51,9 @@ __all__ = [
     "format_for_extension",
     "detect_format",
     "member_of",
+    "output_stem",
+    "output_in_directory",
+    "dequantize_foreign",
     "group_models",
 ]
 
@@ -80,7 +85,7 @@ class Format:
     extensions: tuple[str, ...]
     sniff: Callable[[bytes], bool]
     open: Callable[[str], Any]
-    inspect: Callable[[str], dict[str, Any]]
+    inspect: Callable[..., dict[str, Any]]  # (path, fallback=None, max_items=16)
     verifier: Callable[[], Any]
     to_hurray: Converter | None = None
     from_hurray: Converter | None = None
@@ -94,6 +99,12 @@ class Format:
     #: lists the files converting ``src`` into ``dst`` would write or find in its way, as far
     #: as names and records tell before converting (None: ``dst`` alone); batches check them
     outputs: Callable[..., list[str]] | None = None
+    #: ``dequantize(tensor, **options)``: the float32 values of a tensor this format's reader
+    #: gave (``open(path).tensor(name)``), None for a tensor of another format's reader
+    dequantize: Callable[..., Any] | None = None
+    #: the format a file of this one converts to when only a directory is given
+    #: (``convert SRC DIR/``, without ``--to``)
+    counterpart: str = "hurray"
 
 
 _REGISTRY: dict[str, Format] = {}
@@ -117,6 +128,21 @@ def format_names() -> tuple[str, ...]:
 
 def formats() -> tuple[Format, ...]:
     return tuple(_REGISTRY.values())
+
+
+def format_options(src: Format, dst: Format, given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split the format-specific options of a conversion ``src`` -> ``dst`` between its import
+    (source) and export (destination) step; an option set away from its default for a format
+    that does not take it is refused (:class:`UsageError`)."""
+    for side, fmt, attr in (("output", dst, "export_options"), ("input", src, "import_options")):
+        for f in formats():
+            for opt, default in getattr(f, attr).items():
+                if f is not fmt and given.get(opt, default) != default:
+                    raise UsageError(f"--{opt.replace('_', '-')} applies to {f.title} {side} only")
+    return (
+        {k: given.get(k, d) for k, d in src.import_options.items()},
+        {k: given.get(k, d) for k, d in dst.export_options.items()},
+    )
 
 
 def get_format(name: str) -> Format:
@@ -157,6 +183,31 @@ def member_of(path: str | os.PathLike[str]) -> tuple[str, int, str] | None:
     """Where the file's name places it in a multi-file model (see :attr:`Format.member_of`)."""
     fmt = format_for_extension(path)
     return fmt.member_of(os.fspath(path)) if fmt is not None and fmt.member_of is not None else None
+
+
+def output_stem(path: str | os.PathLike[str]) -> str:
+    """The name an output made from ``path`` takes before its extension: a multi-file
+    model's prefix (a split set's ``PREFIX``), or the file's stem."""
+    member = member_of(path)
+    return member[2] if member is not None else Path(os.fspath(path)).stem
+
+
+def output_in_directory(src: str, directory: str, src_format: Format, dst_format: str | None) -> str:
+    """``directory/<stem>.<ext>``, as ``cp SRC DIR/`` names its copy: the extension of
+    ``dst_format``, or of the source format's counterpart (GGUF -> .hrry, .hrry -> .gguf)."""
+    fmt = get_format(dst_format if dst_format is not None else src_format.counterpart)
+    return os.path.join(directory, output_stem(src) + fmt.extensions[0])
+
+
+def dequantize_foreign(tensor: Any, **options: Any) -> Any:
+    """The float32 values of a tensor of a foreign format's reader, by the format that made it
+    (:attr:`Format.dequantize`); None when no format claims it."""
+    for f in _REGISTRY.values():
+        if f.dequantize is not None:
+            values = f.dequantize(tensor, **options)
+            if values is not None:
+                return values
+    return None
 
 
 def group_models(paths: Sequence[str]) -> list[tuple[str, ...]]:
@@ -301,6 +352,24 @@ def _recorded_set_count(src: str) -> int | None:
         return None
 
 
+def _dequantize_gguf(tensor: Any, **options: Any) -> Any:
+    G = sys.modules.get("hurray_interop.formats.gguf")  # loaded: a GGUF tensor exists only then
+    if G is None or not isinstance(tensor, G.GGUFTensorInfo):
+        return None
+    from .conversions.gguf import dequantize_gguf
+
+    return dequantize_gguf(tensor, **options)
+
+
+def _dequantize_safetensors(tensor: Any, **options: Any) -> Any:
+    S = sys.modules.get("hurray_interop.formats.safetensors")  # loaded: such a tensor exists only then
+    if S is None or not isinstance(tensor, S.STTensor):
+        return None
+    from .conversions.safetensors import dequantize_safetensors
+
+    return dequantize_safetensors(tensor, **options)
+
+
 def _open_gguf(path: str) -> Any:
     from .formats.gguf_split import open_model
 
@@ -319,22 +388,22 @@ def _open_safetensors(path: str) -> Any:
     return SafetensorsFile(path)
 
 
-def _inspect_gguf(path: str, fallback: str | None = None) -> dict[str, Any]:
+def _inspect_gguf(path: str, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
     from .inspection import inspect_gguf
 
-    return inspect_gguf(path, fallback=fallback)
+    return inspect_gguf(path, fallback=fallback, **shown)
 
 
-def _inspect_hurray(path: str, fallback: str | None = None) -> dict[str, Any]:
+def _inspect_hurray(path: str, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
     from .inspection import inspect_hurray
 
-    return inspect_hurray(path)  # a .hrry has no conversion plan into it
+    return inspect_hurray(path, **shown)  # a .hrry has no conversion plan into it
 
 
-def _inspect_safetensors(path: str, fallback: str | None = None) -> dict[str, Any]:
+def _inspect_safetensors(path: str, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
     from .inspection import inspect_safetensors
 
-    return inspect_safetensors(path)  # no safetensors tensor has an expanded form
+    return inspect_safetensors(path, **shown)  # no safetensors tensor has an expanded form
 
 
 def _gguf_verifier() -> Any:
@@ -360,14 +429,15 @@ register_format(Format(
     verifier=_gguf_verifier, to_hurray=_gguf_to_hurray, from_hurray=_hurray_to_gguf,
     import_options={"q4_1": "overlay"},
     export_options={"merge": False, "split_max_tensors": None, "split_max_size": None},  # docs/conversion-rules.md § 10
-    member_of=_gguf_member_of, outputs=_gguf_outputs,
+    member_of=_gguf_member_of, outputs=_gguf_outputs, dequantize=_dequantize_gguf,
 ))
 register_format(Format(
     name=HURRAY, title="Hurray", extensions=(".hrry",), sniff=_sniff_hurray, open=_open_hurray,
-    inspect=_inspect_hurray, verifier=_hurray_verifier,
+    inspect=_inspect_hurray, verifier=_hurray_verifier, counterpart="gguf",
 ))
 register_format(Format(
     name="safetensors", title="safetensors", extensions=(".safetensors",), sniff=_sniff_safetensors,
     open=_open_safetensors, inspect=_inspect_safetensors, verifier=_safetensors_verifier,
     to_hurray=_safetensors_to_hurray, from_hurray=_hurray_to_safetensors, export_options={"convention": None},
+    dequantize=_dequantize_safetensors,
 ))

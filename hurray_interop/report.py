@@ -6,9 +6,10 @@ Library code returns these; only the CLI renders them.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
-__all__ = ["EXACT", "VALUE_EXACT", "LOSSY", "REFUSED", "TensorPlan", "ConversionReport"]
+__all__ = ["EXACT", "VALUE_EXACT", "LOSSY", "REFUSED", "TensorPlan", "ConversionReport", "fallback_hint",
+           "EXACT_FORM_HINT"]
 
 #: every code and scale bit preserved
 EXACT = "exact"
@@ -18,6 +19,19 @@ VALUE_EXACT = "value-exact"
 LOSSY = "lossy"
 #: not exactly representable and no fallback chosen
 REFUSED = "refused"
+
+#: what a refused tensor whose GGML type has an exact expanded form is told (a plan's row)
+EXACT_FORM_HINT = "--fallback exact stores it exactly"
+
+
+def fallback_hint(expandable: bool, dtypes: Sequence[str]) -> str:
+    """The options that would convert refused tensors, as every refusal says it:
+    ``choose --fallback exact to store them exactly, larger, or --fallback
+    float32|float16|bfloat16 to store them dequantized`` (the ``--fallback exact`` part when
+    ``expandable``: a refused tensor has an exact expanded form; ``dtypes``: the float
+    fallbacks the conversion offers)."""
+    exact = "--fallback exact to store them exactly, larger, or " if expandable else ""
+    return f"choose {exact}--fallback {'|'.join(dtypes)} to store them dequantized"
 
 
 @dataclass
@@ -33,6 +47,12 @@ class TensorPlan:
     reason: str = ""  # why refused, or what the fallback did
     max_abs_error: float | None = None
     substituted_blocks: int = 0  # forbidden scales replaced on all-zero blocks (recorded, restored on export)
+    hint: str = ""  # refused: the option that would convert it (e.g. :data:`EXACT_FORM_HINT`)
+
+    @property
+    def note(self) -> str:
+        """The reason, and the hint of a refused tensor: what a plan's row says."""
+        return "; ".join(x for x in (self.reason, self.hint) if x)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,6 +67,7 @@ class ConversionReport:
     tensors: list[TensorPlan] = field(default_factory=list)
     dry_run: bool = False
     notes: list[str] = field(default_factory=list)
+    hint: str = ""  # with refused tensors: the options that would convert them (:func:`fallback_hint`)
 
     @property
     def refused(self) -> list[TensorPlan]:
@@ -55,6 +76,11 @@ class ConversionReport:
     @property
     def exact(self) -> bool:
         return all(t.status in (EXACT, VALUE_EXACT) for t in self.tensors)
+
+    # bytes_in / bytes_out, per tensor and in total: each tensor's data in the source and in the
+    # destination (an exact expanded form's restore record included), by the same rule in both
+    # directions, so a file shows one figure whichever way it is converted; headers, metadata
+    # and padding are not counted.
 
     @property
     def bytes_in(self) -> int:
@@ -70,6 +96,12 @@ class ConversionReport:
             out[t.status] = out.get(t.status, 0) + 1
         return out
 
+    def substitutions(self) -> tuple[int, int]:
+        """``(blocks, tensors)``: all-zero blocks whose scale (forbidden by the destination's
+        rules) was stored as the rules' substitute and recorded -- a normal, exact case."""
+        subst = [t.substituted_blocks for t in self.tensors if t.substituted_blocks]
+        return sum(subst), len(subst)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "source": self.source,
@@ -82,5 +114,6 @@ class ConversionReport:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "notes": list(self.notes),
+            "hint": self.hint,
             "tensors": [t.to_dict() for t in self.tensors],
         }

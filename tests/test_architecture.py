@@ -111,7 +111,7 @@ ALLOWED = {
     "verification": {"verification", "conversions", "formats", "core", "dequant"},
     "registry": {"conversions", "formats", "core", "inspection", "verification"},
     "_convert": {"registry", "report"},
-    "_verify": {"registry", "verification"},
+    "_verify": {"registry", "verification", "report"},
     "_inspect": {"registry"},
     "__init__": {"_convert", "_verify", "_inspect", "registry", "dequant", "core", "report", "verification"},
     "batch": {"_convert", "_verify", "registry", "report", "verification"},

@@ -357,7 +357,7 @@ def test_verify_fallback_exact_runs_in_a_batch(collection):
     status, out, _ = run_cli(["verify", "--workers", "2", paths[0]])  # without it: no exact mapping
     assert status == 1 and out.startswith("FAILED")
     status, out, err = run_cli(["verify", "--workers", "2", "--fallback", "exact", "--pair", *paths])
-    assert (status, out) == (2, "") and "--fallback applies to round trips" in err
+    assert (status, out) == (2, "") and "--fallback: two GGUF files are not a conversion" in err
 
 
 def test_two_files_of_one_format_are_two_round_trip_tasks(collection):

@@ -399,7 +399,7 @@ def test_verify_set_shard_with_hurray(fixtures_dir, tmp_path):
     status, out, _ = cli("verify", src[0], tmp_path / "merged.hrry", "--json")
     (r,) = json.loads(out)
     assert status == 1 and all(t["values_equal"] is not False for t in r["tensors"]) and len(r["tensors"]) == 8
-    assert any("1 file(s) for a set of 3" in p for p in r["problems"])
+    assert any("merged.hrry exports to one file" in p and "is a shard of a set of 3" in p for p in r["problems"])
 
 
 def test_batch_counts_a_set_as_one_source(fixtures_dir, tmp_path):

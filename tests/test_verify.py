@@ -319,15 +319,20 @@ def test_entry_point_subprocess(model: Path, model_hrry: Path, tmp_path: Path) -
     assert ok.stdout.startswith("OK ") and ok.stderr == ""
 
 
-def test_nonzero_padding_is_a_difference(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A file outside the standard layout (non-zero padding) does not round-trip byte for byte:
-    verify must say so (exit 1) and point at the padding."""
+def test_nonzero_padding_round_trips_and_a_pair_points_at_it(model: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Non-zero padding between tensors is recorded at import and written back: the round trip
+    is byte-identical (exit 0); a pair of GGUFs that differ only there fails (exit 1) and
+    points at the padding."""
     r = gguf.GGUFReader(str(model))
     spans = sorted((int(t.data_offset), int(t.data_offset) + int(t.n_bytes)) for t in r.tensors)
     del r
     gap = next(end for (_, end), (nxt, _) in itertools.pairwise(spans) if nxt > end)
     bad = flipped(model, tmp_path / "pad.gguf", gap, 0xAA)
     rc, out, err = run(["verify", str(bad)], capsys)
+    assert rc == 0, out + err
+    assert out.splitlines()[-1].startswith("OK") and "files byte-identical" in out.splitlines()[-1]
+    rc, out, err = run(["verify", "--pair", str(model), str(bad)], capsys)
     assert rc == 1, out + err
     assert f"padding (offset {gap})" in out
     assert out.splitlines()[-1].startswith("FAILED") and "files differ" in out.splitlines()[-1]

@@ -32,6 +32,13 @@ GGUF's own keys are stored first, under their own names, in file order):
                                       records above then describe the whole set (the
                                       first shard's keys without ``split.*``, every tensor
                                       in set order), docs/conversion-rules.md § 10
+``hurray_interop.gguf.padding``       bytes, only when the source has them: the bytes that are
+                                      not zero in its padding and in gaps between tensors
+                                      (per region, from its first to its last non-zero
+                                      byte; shard, absolute offset and bytes, see
+                                      :func:`~hurray_interop.core.records.encode_byte_runs`),
+                                      at most :data:`MAX_PADDING_BYTES`; the export writes them
+                                      back (docs/conversion-rules.md § 7)
 ``hurray_interop.scale_substitutions.<tensor>``  see :mod:`hurray_interop.core.records`
 ``hurray_interop.gguf.expanded.<tensor>``         ``--fallback exact``: the restore record
                                       of an expanded tensor, see :mod:`.gguf_exact`
@@ -74,11 +81,11 @@ from ..core.model import (
     Shard,
     Tensor,
 )
-from ..core.records import encode_scale_record, restore_scales, scale_record_key
+from ..core.records import decode_byte_runs, encode_byte_runs, encode_scale_record, restore_scales, scale_record_key
 from ..errors import ConversionRefused, FormatError, UnsupportedError, UsageError, errors_name_source
 from ..formats import gguf as G
 from ..parallel import pmap, use_jobs
-from ..report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan
+from ..report import EXACT, EXACT_FORM_HINT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan, fallback_hint
 from ..tables import load_table
 from . import fallback as fallbacks
 from . import gguf_pass as P
@@ -88,7 +95,7 @@ if TYPE_CHECKING:  # the .hrry container, the split sets and --fallback exact ar
     from ..core.hrry import HrryWriter  # when used, so that planning (inspect, --dry-run) starts fast
     from ..formats import gguf_split as S
 
-__all__ = ["gguf_to_hurray", "hurray_to_gguf", "plan_gguf", "KEY_PREFIX"]
+__all__ = ["gguf_to_hurray", "hurray_to_gguf", "plan_gguf", "dequantize_gguf", "KEY_PREFIX"]
 
 KEY_PREFIX = "hurray_interop."
 K_SOURCE = "hurray_interop.source_format"
@@ -98,6 +105,10 @@ K_TAIL = "hurray_interop.gguf.tail_bytes"
 K_TYPES = "hurray_interop.gguf.kv_types"
 K_TENSORS = "hurray_interop.gguf.tensors"
 K_SPLIT = "hurray_interop.gguf.split_layout"
+K_PADDING = "hurray_interop.gguf.padding"
+
+#: most bytes of non-zero padding and gaps between tensors an import records (beyond: refused)
+MAX_PADDING_BYTES = 1 << 20
 
 #: blocks processed per chunk (≈ 8 Mi elements): bounds memory for any tensor size
 CHUNK_BLOCKS = 1 << 18
@@ -262,11 +273,11 @@ def _gguf_value_from_record_unchecked(key: str, value: KVValue, type_str: str, p
         items = list(value.value)
         if et == VT.STRING:
             return G.GGUFValue.of(VT.ARRAY, [s.encode("utf-8") for s in items], VT.STRING)
-        return G.GGUFValue.of(VT.ARRAY, _wide_array(items, et), et)  # type: ignore[arg-type]
+        return G.GGUFValue.of(VT.ARRAY, _wide_array(items, et), et, exact=True)  # type: ignore[arg-type]
     v = value.value
     if vt == VT.STRING:
         v = v.encode("utf-8")
-    return G.GGUFValue.of(vt, v)
+    return G.GGUFValue.of(vt, v, exact=True)  # a recorded FLOAT32 must be one (ints: in range)
 
 
 def _wide_array(items: list[Any], et: "G.ValueType") -> np.ndarray:
@@ -657,6 +668,35 @@ def reference_dequantizer(t: "G.GGMLType") -> Callable[[np.ndarray], np.ndarray]
     return lambda raw: gq.dequantize(raw, qt)
 
 
+def dequantize_gguf(info: "G.GGUFTensorInfo", *, out: np.ndarray | None = None, strict: bool = True,
+                    threads: int | None = None) -> np.ndarray:
+    """The float32 values of a GGUF tensor (numpy order, shape ``info.shape``) as gguf-py decodes
+    them: its reference dequantizer for block types (the oracle ``verify`` holds the shared
+    dequantizer to, bit for bit, for every exactly mapped type), numpy's cast for plain
+    types.  ``out`` as for :func:`hurray_interop.dequant.dequantize`; ``strict`` and ``threads``
+    change nothing here (every GGUF value is defined; gguf-py decodes in this thread).
+    :class:`UnsupportedError` for a type gguf-py has no decoder for."""
+    t, shape = info.ggml_type, _shape(info)
+    if out is None:
+        out = np.empty(shape, dtype=np.float32)
+    elif (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != shape
+          or not out.flags.c_contiguous or not out.flags.writeable):
+        got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise UsageError(f"out must be a writeable C-contiguous float32 array of shape {shape}, got {got}", tensor=info.name)
+    flat = out.reshape(-1)
+    if t.dtype() is not None:
+        flat[...] = info.data.view(t.dtype())
+        return out
+    decode = reference_dequantizer(t)
+    if decode is None:
+        raise UnsupportedError(f"gguf-py has no decoder for {t.name}: its values cannot be given", tensor=info.name)
+    blocks = _blocks(info)
+    per = t.block_elements
+    for sl in _chunks(blocks.shape[0], 1 << 14):  # bounded temporaries for any tensor size
+        flat[sl.start * per : sl.stop * per] = decode(blocks[sl].reshape(1, -1)).reshape(-1)
+    return out
+
+
 def _plan_fallback(job: _Job, fallback: str, reason: str, out: P.Output | None) -> None:
     info = job.info
     deq = reference_dequantizer(info.ggml_type)
@@ -740,14 +780,14 @@ def _refusal_reason(type_name: str, family: str) -> str:
 
 def _plan_only(report: ConversionReport, src: str, refusal: str, dst: Any, dry_run: bool) -> bool:
     """After planning: raise if anything is refused (unless dry run); True when nothing is to be written."""
-    if report.refused and not dry_run:
+    if report.refused:
         from . import gguf_exact
 
         exact = any(gguf_exact.has_form(t.source_type) for t in report.refused)
-        hint = f"--fallback {fallbacks.EXACT} to store them exactly, larger, or " if exact else ""
+        report.hint = fallback_hint(exact, fallbacks.DTYPE_CHOICES)
+    if report.refused and not dry_run:
         raise ConversionRefused(
-            f"{len(report.refused)} tensor(s) {refusal}; nothing was written "
-            f"(choose {hint}--fallback {'|'.join(fallbacks.DTYPE_CHOICES)} to store them dequantized)",
+            f"{len(report.refused)} tensor(s) {refusal}; nothing was written ({report.hint})",
             path=src,
             reasons=[(t.name, t.source_type, t.reason) for t in report.refused],
             report=report,
@@ -780,7 +820,10 @@ def _plan(info: "G.GGUFTensorInfo", *, fallback: str | None, q4_1: str, out: P.O
         elif fallback:
             _plan_fallback(job, fallback, r.reason, out)
         else:
+            from . import gguf_exact
+
             job.plan.status, job.plan.reason, job.plan.mapping = REFUSED, r.reason, "-"
+            job.plan.hint = EXACT_FORM_HINT if gguf_exact.has_form(t.name) else ""
     return job
 
 
@@ -882,7 +925,38 @@ def _import_report(report: ConversionReport, gf: Any, planned: list[_Job], src: 
     return _plan_only(report, src, "cannot be converted exactly", dst, dry_run)
 
 
-def _import_kv(gf: Any, planned: list[_Job]) -> dict[str, KVValue]:
+def _nonzero_span(g: np.ndarray, step: int = 1 << 20) -> tuple[int, int]:
+    """First and one-past-last non-zero byte of ``g`` (which has one), scanned in windows."""
+    first = next(i + int(np.argmax(g[i : i + step] != 0)) for i in range(0, g.size, step) if g[i : i + step].any())
+    for j in range((g.size - 1) // step * step, -1, -step):
+        w = g[j : j + step]
+        if w.any():
+            return first, j + w.size - int(np.argmax(w[::-1] != 0))
+    raise AssertionError("unreachable: g has a non-zero byte")
+
+
+def _padding_runs(gf: Any) -> list[tuple[int, int, np.ndarray]]:
+    """The bytes that are not zero outside the tensor data of every file of ``gf`` (padding
+    and gaps between tensors), per region from its first to its last non-zero byte:
+    ``(shard, absolute offset, bytes)``.  Refused beyond :data:`MAX_PADDING_BYTES`."""
+    files = gf.shards if gf.split_set is not None else [gf]
+    runs = []
+    for part, f in enumerate(files):
+        for start, g in sorted(f.nonzero_padding.items()):
+            a, b = _nonzero_span(g)
+            runs.append((part, start + a, g[a:b]))
+    total = sum(r[2].size for r in runs)
+    if total > MAX_PADDING_BYTES:
+        part, at, _ = runs[0]
+        raise ConversionRefused(
+            f"{total} bytes of padding and gaps between tensors are not zero (the first at offset {at}): more than the "
+            f"{MAX_PADDING_BYTES} bytes an import records, so an export could not write them back; nothing was written",
+            path=files[part].path,
+        )
+    return runs
+
+
+def _import_kv(gf: Any, planned: list[_Job], padding: list[tuple[int, int, np.ndarray]] = ()) -> dict[str, KVValue]:
     """The .hrry KV section of an import: GGUF's metadata, then the records."""
     kv_items, kv_types = _kv_to_hurray(gf)
     tensors = json.dumps([[t.name, t.type_name, list(t.ne), t.offset] for t in gf.tensors], separators=(",", ":"))
@@ -896,6 +970,8 @@ def _import_kv(gf: Any, planned: list[_Job]) -> dict[str, KVValue]:
     ]
     if gf.split_set is not None:
         records.append((K_SPLIT, KVValue("string", gf.split_set.split_layout().dumps())))
+    if padding:
+        records.append((K_PADDING, KVValue("bytes", encode_byte_runs(padding))))
     for j in planned:
         records.extend(j.records)
     return dict(kv_items + records)
@@ -914,18 +990,28 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
     if dry_run or dst is None:
         planned = _import_pass(gf, None, fallback=fallback, q4_1=q4_1, progress=None)
         _import_report(report, gf, planned, src, dst, dry_run)
+        try:
+            _padding_note(report, _padding_runs(gf) if gf.nonzero_padding else [])
+        except ConversionRefused as e:
+            report.notes.append(f"a conversion is refused: {e.message}")
         return report
     from ..core.hrry import HrryWriter
 
+    padding = _padding_runs(gf) if gf.nonzero_padding else []  # refused before anything is written
     fd = None if gf.split_set is not None else P.open_source(getattr(gf, "path", None))
     with _closing_fd(fd), HrryWriter(dst, count_at_finish=True, force=force, inputs=_input_paths(gf, src)) as w:
         out = P.Output(w, w.positional(), fd)
         planned = _import_pass(gf, out, fallback=fallback, q4_1=q4_1, progress=progress)
         _import_report(report, gf, planned, src, dst, dry_run)
-        if gf.nonzero_padding:
-            report.notes.append("the source has non-zero padding bytes; an export will write zeros there")
-        w.finish(_import_kv(gf, planned))
+        _padding_note(report, padding)
+        w.finish(_import_kv(gf, planned, padding))
     return report
+
+
+def _padding_note(report: ConversionReport, padding: list[tuple[int, int, np.ndarray]]) -> None:
+    if padding:
+        report.notes.append(f"{sum(r[2].size for r in padding)} non-zero byte(s) of padding and gaps between tensors "
+                            f"recorded ({K_PADDING}); the export writes them back")
 
 
 def plan_gguf(src: str | os.PathLike[str], *, fallback: str | None = None, q4_1: str = "overlay") -> ConversionReport:
@@ -959,8 +1045,9 @@ class _Export:
 def _scales_of(t: Tensor, kv: dict[str, KVValue], c: BlockCodec, buffer_index: int = 1) -> np.ndarray:
     """The scales of ``t`` as ``c`` stores them, with recorded substitutions undone."""
     s = t.data[buffer_index].view(c.scale.view)
-    rec = kv.get(scale_record_key(t.name, buffer_index))
-    return restore_scales(s, rec.value, key=t.name) if rec is not None else s
+    key = scale_record_key(t.name, buffer_index)
+    rec = kv.get(key)
+    return restore_scales(s, rec.value, key=key, rule=c.scale.stand_in, tensor=t.name) if rec is not None else s
 
 
 def _fits(d: Descriptor, c: BlockCodec, *, storage: str | None = None, symmetric: bool | None = None) -> bool:
@@ -1108,6 +1195,16 @@ def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tu
     return c.name, _BlockSource(c, codes, lambda: _scales_of(t, kv, c), nb)
 
 
+def _record_bytes(kv: dict[str, KVValue], name: str, gtype: str | None, nbytes: int) -> int:
+    """The restore record of an exact expanded form rebuilt as ``gtype`` (``nbytes`` GGML bytes):
+    counted with the tensor's data, as the import counted it (0 for any other tensor)."""
+    from . import gguf_exact
+
+    if gtype is None or not gguf_exact.has_form(gtype) or gguf_exact.record_key(name) not in kv:
+        return 0
+    return gguf_exact.record_bytes(gtype, nbytes)
+
+
 def _layout_name(d: Descriptor) -> str:
     return {RowMajor: "row-major"}.get(type(d.layout), type(d.layout).__name__)
 
@@ -1151,6 +1248,19 @@ def _overlay_members(t: Tensor) -> tuple[Tensor, Tensor] | str:
     return base, corr
 
 
+def _check_zero_minimum(cs: np.ndarray, zero: np.ndarray, start: int, name: str) -> None:
+    """A minimum m = ±0 is stored as correction codes 0 with the scale ±1 (the sign of m,
+    docs/conversion-rules.md § 3a): any other scale on such a block contradicts the form."""
+    if not zero.any():
+        return
+    s = cs[zero]
+    bad = np.abs(s) != 1
+    if bad.any():
+        b = start + int(np.flatnonzero(zero)[int(np.argmax(bad))])
+        raise FormatError(f"block {b}: overlay correction with codes 0 (minimum ±0) has the scale {float(s[bad][0])!r}, "
+                          "not the ±1 the import writes", tensor=name, field="correction scale")
+
+
 def _export_overlay(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tuple[str, Chunks] | str:
     members = _overlay_members(t)
     if isinstance(members, str):
@@ -1169,11 +1279,13 @@ def _export_overlay(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> 
     if problem:
         return problem
     ccodes = corr.data[0].reshape(nb, buffer_size(CORRECTION_STORAGE, c.block_size))
+    cs = corr.data[1].view(c.scale.view)
     for sl in _chunks(nb):  # the one pre-scan of an export: what decides the GGML type (the header comes first)
-        const = _rows_all(ccodes[sl], _CORRECTION_ONES) | _rows_all(ccodes[sl], 0x00)
+        zero = _rows_all(ccodes[sl], 0x00)
+        const = _rows_all(ccodes[sl], _CORRECTION_ONES) | zero
         if not const.all():
             return f"block {sl.start + int(np.argmin(const))}: overlay correction is not a constant minimum"
-    cs = corr.data[1].view(c.scale.view)
+        _check_zero_minimum(cs[sl], zero, sl.start, corr.name)
 
     def mins(sl: slice) -> np.ndarray:
         ones = _rows_all(ccodes[sl], _CORRECTION_ONES)
@@ -1192,6 +1304,8 @@ class _Records:
     tail: int
     types: list[str]
     tensors: list[tuple[str, str, tuple[int, ...], int]]
+    #: per shard (0: the one file), ``{absolute offset: bytes}`` of non-zero padding to write back
+    padding: dict[int, dict[int, memoryview]] = field(default_factory=dict)
 
 
 def _rec_error(path: str, field: str, message: str, tensor: str | None = None) -> FormatError:
@@ -1251,7 +1365,27 @@ def _records(kv: dict[str, KVValue], path: str) -> _Records | None:
             raise _rec_error(path, K_TENSORS, "recorded twice", tensor=name)
         seen.add(name)
         tensors.append((name, tname, tuple(ne), off))
-    return _Records(version, alignment, tail, types, tensors)
+    return _Records(version, alignment, tail, types, tensors, _padding_record(kv, path))
+
+
+def _padding_record(kv: dict[str, KVValue], path: str) -> dict[int, dict[int, memoryview]]:
+    v = kv.get(K_PADDING)
+    if v is None:
+        return {}
+    if v.type != "bytes":
+        raise _rec_error(path, K_PADDING, f"stored as {v.type}, expected bytes")
+    try:
+        runs = decode_byte_runs(v.value, key=K_PADDING)
+    except FormatError as e:
+        raise _rec_error(path, K_PADDING, e.message) from None
+    if sum(r[2].nbytes for r in runs) > MAX_PADDING_BYTES:
+        raise _rec_error(path, K_PADDING, f"more than the {MAX_PADDING_BYTES} bytes an import records")
+    if runs and runs[-1][0] and K_SPLIT not in kv:
+        raise _rec_error(path, K_PADDING, f"names shard {runs[-1][0] + 1}, but the file records no split set")
+    out: dict[int, dict[int, memoryview]] = {}
+    for part, offset, data in runs:
+        out.setdefault(part, {})[offset] = data
+    return out
 
 
 def _check_offsets(rec: _Records, sizes: dict[str, int], path: str) -> bool:
@@ -1410,6 +1544,7 @@ def _hurray_to_gguf(
                 ex.ne = tuple(int(x) for x in reversed(shape)) or (1,)  # type: ignore[arg-type]
             if ex.type_name:
                 plan.bytes_out = G.tensor_nbytes(ex.type_name, ex.ne)
+            plan.bytes_in += _record_bytes(kv, name, ex.type_name, plan.bytes_out)
             exports.append(ex)
             hf.release_pages()  # planning reads codes (overlay checks): keep resident memory bounded
         report.tensors = [e.plan for e in exports]
@@ -1421,8 +1556,11 @@ def _hurray_to_gguf(
         if _plan_only(report, src, "have no exact GGML equivalent", dst, dry_run):
             return report
         if split is not None:
+            # the recorded padding belongs to the recorded layout: not to a new split, nor to changed tensor sizes
+            same = not out_shape.split and all(e.type_name == rec_by_name[e.name][1] for e in exports)
+            padding = records.padding if records is not None and same else {}
             _write_set(hf, src, dst, exports, split, _export_kv(kv, records, src, alignment), out_shape.merge, force,
-                       progress)
+                       progress, padding)
             return report
         _write_single(hf, src, dst, exports, records, kv, alignment, force, progress)
     return report
@@ -1453,6 +1591,7 @@ def _write_single(hf: Any, src: str, dst: Any, exports: list[_Export], records: 
                 kv=gkv,
                 tensors=specs,
                 pad_end=records.tail if records and sizes_ok else True,
+                padding=records.padding.get(0) if records and sizes_ok else None,
             )
         except UsageError as e:  # the layout the file's records or metadata describe is impossible
             where = KEY_PREFIX + "gguf" if records else "metadata"
@@ -1526,8 +1665,10 @@ def _set_note(layout: "S.SplitLayout", dst: Any, merge: bool, dry_run: bool) -> 
 
 
 def _write_set(hf: Any, src: str, dst: Any, exports: list[_Export], layout: "S.SplitLayout",
-               gkv: list[tuple[str, "G.GGUFValue"]], merge: bool, force: bool, progress: Progress) -> None:
-    """Write every shard of ``layout`` (or their merge), all or nothing."""
+               gkv: list[tuple[str, "G.GGUFValue"]], merge: bool, force: bool, progress: Progress,
+               padding: dict[int, dict[int, memoryview]]) -> None:
+    """Write every shard of ``layout`` (or their merge), all or nothing; ``padding``: the
+    recorded non-zero padding per shard (the recorded layout only)."""
     from ..formats import gguf_split as S
 
     from ..files.positional import PositionalWriter
@@ -1553,9 +1694,17 @@ def _write_set(hf: Any, src: str, dst: Any, exports: list[_Export], layout: "S.S
         assert chunks is not None
         return Data(chunks) if hasattr(chunks, "fill") else chunks()
 
+    if padding and max(padding) >= layout.count:
+        raise _rec_error(src, K_PADDING, f"names shard {max(padding) + 1} of a {layout.count}-shard set")
     fd = P.open_source(src)
     with _closing_fd(fd):
-        S.write_set(dst, layout, dict(gkv), data_for, merge=merge, force=force, inputs=(src,), progress=progress)
+        try:
+            S.write_set(dst, layout, dict(gkv), data_for, merge=merge, force=force, inputs=(src,), progress=progress,
+                        padding=padding)
+        except UsageError as e:
+            if padding and e.message.startswith(G.PADDING_MISPLACED):
+                raise _rec_error(src, K_PADDING, e.message) from None
+            raise
 
 
 def _export_fallback(ex: _Export, t: Tensor, fallback: str, reason: str) -> None:

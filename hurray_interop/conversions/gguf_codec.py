@@ -211,6 +211,11 @@ class ScaleType:
     zero_text: str
     kernel: str  # the scan of kernels.scale_class that finds ``bad`` and ``zero`` values
 
+    def stand_in(self, originals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rule of a scale-substitution record (core/records.py): which ``originals``
+        the import replaces, and the stand-ins it stores for them."""
+        return self.zero(originals), self.one(originals)
+
 
 SCALE_TYPES: Mapping[str, ScaleType] = MappingProxyType({
     "float16": ScaleType(

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from ..files.positional import PositionalWriter
     from .gguf_pass import Output
 
-__all__ = ["RECORD_PREFIX", "record_key", "has_form", "ExactPlan", "plan", "export"]
+__all__ = ["RECORD_PREFIX", "record_key", "record_bytes", "has_form", "ExactPlan", "plan", "export"]
 
 RECORD_PREFIX = "hurray_interop.gguf.expanded."
 #: GGML blocks per chunk (2 Mi elements of 256-element blocks: bounded temporaries)
@@ -72,6 +72,12 @@ _ONES = 0x55  # four uint2 codes 1
 
 def record_key(tensor: str) -> str:
     return RECORD_PREFIX + tensor
+
+
+def record_bytes(ggml_type: str, nbytes: int) -> int:
+    """The header part of the restore record of a ``ggml_type`` tensor of ``nbytes`` GGML bytes:
+    what the report counts with the tensor's expanded form, on import and on export alike."""
+    return nbytes // X._specs()[ggml_type].block_bytes * X.form(ggml_type).record_bytes
 
 
 def has_form(ggml_type: str) -> bool:
@@ -178,7 +184,7 @@ def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray,
     composite, _, members = _layout(name, ggml_type, shape, patch_index)
     size = sum(h.byte_size for _, d in members for h in d.buffers)
     names = ((name,) if composite else ()) + tuple(mn for mn, _ in members)
-    return ExactPlan(ggml_type, f, names, size, blocks.shape[0] * f.record_bytes, int(patch_index.size))
+    return ExactPlan(ggml_type, f, names, size, record_bytes(ggml_type, blocks.size), int(patch_index.size))
 
 
 def _layout(name: str, ggml_type: str, shape: tuple[int, ...],

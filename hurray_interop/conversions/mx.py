@@ -60,7 +60,7 @@ import numpy as np
 
 from ..core.elements import ElementType, buffer_size, element_type, pack, unpack
 from ..core.model import MXFP, BufferHandle, Descriptor, RowMajor, Tensor
-from ..core.records import decode_scale_record, encode_scale_record, restore_scales, scale_record_key
+from ..core.records import check_stand_ins, decode_scale_record, encode_scale_record, restore_scales, scale_record_key
 from ..errors import ConversionRefused, FormatError, InconsistentError, UnsupportedError, UsageError
 from ..report import EXACT
 from ..tables import load_table
@@ -630,6 +630,14 @@ def mxfp_geometry(tensor: Tensor) -> tuple[MXElement, tuple[int, ...], int, int]
     return el, shape, q.block_size, axis
 
 
+def _stand_in(shift: int, originals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rule :func:`check_block` follows, for a substitution record: the source bytes it
+    replaces on all-zero blocks (below the E8M0 range once shifted, never 0xFF) and the
+    stand-in it stores for them."""
+    low = (originals.astype(np.int16) + shift < 1) if shift else originals == 0x00
+    return low & (originals != 0xFF), np.full(originals.shape, SUBSTITUTE_SCALE, np.uint8)
+
+
 def _export_scales(tensor: Tensor, el: MXElement, record: bytes | None, int8: str) -> np.ndarray:
     q = tensor.descriptor.quantization
     assert isinstance(q, MXFP)
@@ -644,6 +652,7 @@ def _export_scales(tensor: Tensor, el: MXElement, record: bytes | None, int8: st
         out = np.array(hs, copy=True)
     if record is not None:
         key = scale_record_key(tensor.name)
+        check_stand_ins(hs, record, functools.partial(_stand_in, shift), key=key, tensor=tensor.name)
         out = restore_scales(out, record, key=key)
         idx, _ = decode_scale_record(record, key=key)
         bad = np.setdiff1d(bad, idx.astype(np.intp))

@@ -96,6 +96,31 @@ def _plain_descriptor(et: Any, shape: tuple[int, ...], nbytes: int) -> Descripto
     return Descriptor(element_type=et, shape=shape, buffers=(BufferHandle.cpu(nbytes),), layout=RowMajor())
 
 
+def dequantize_safetensors(t: Any, **options: Any) -> np.ndarray:
+    """The float32 values of a tensor of :meth:`SafetensorsFile.tensor` by the import's mapping
+    and the shared dequantizer (``options`` as for :func:`hurray_interop.dequant.dequantize`):
+    the data tensor of an MX pair as the Hurray MXFP tensor the import makes of the pair (its
+    logical shape); a plain tensor as its Hurray element type.  The scale tensor of a pair,
+    and dtypes that travel as bytes, have no values of their own (:class:`UsageError`,
+    :class:`UnsupportedError`)."""
+    from ..dequant import dequantize
+
+    st = t.file
+    for p in detect_pairs(st)[0]:
+        if t.name == p.scale.name:
+            raise UsageError(f"is the scale tensor of the MX pair {p.data.name!r}: dequantize that one",
+                             path=st.path, tensor=t.name)
+        if t.name == p.data.name:
+            imp = mx.from_codes(st.raw(p.data.name).reshape(p.shape[:-1] + (-1,)), st.raw(p.scale.name).reshape(p.scale.shape),
+                                element=p.element, block_size=p.block_size, axis=-1, name=p.hurray_name, packed=True)
+            return dequantize(imp.tensor, **options)
+    et, exact_type = hurray_type_for(t.dtype, tensor=t.name)
+    if not exact_type:
+        raise UnsupportedError(f"dtype {t.dtype} travels as bytes (no Hurray element type): it has no values here",
+                               path=st.path, tensor=t.name)
+    return dequantize(Tensor(t.name, _plain_descriptor(et, tuple(t.shape), int(t.data.size)), (t.data,)), **options)
+
+
 def pair_label(p: Any) -> str:
     el = mx.mx_element(p.element)
     return f"{el.ocp} ({p.convention})"
@@ -212,9 +237,11 @@ def safetensors_to_hurray(
         _check_unique([n for n, _ in plan.items], "two source tensors map to the Hurray name", src)
         if any(n == "" for n, _ in plan.items):  # Hurray index names have at least one byte
             raise UnsupportedError("a tensor with an empty name cannot be stored in Hurray", path=src, tensor="")
+        if plan.refusals:
+            rep.hint = report.fallback_hint(False, fallbacks.DTYPE_CHOICES)
         if plan.refusals and not dry_run and dst is not None:
             raise ConversionRefused(
-                f"{len(plan.refusals)} tensor(s) not exactly representable (choose a fallback to store them dequantized): "
+                f"{len(plan.refusals)} tensor(s) not exactly representable ({rep.hint}): "
                 + "; ".join(f"{t}: {r}" for t, _, r in plan.refusals),
                 path=src, reasons=plan.refusals, report=rep,
             )
@@ -490,11 +517,11 @@ def hurray_to_safetensors(
             if hname not in done:
                 ex.unrecorded(hname)
         if ex.refused:
+            rep.hint = report.fallback_hint(False, fallbacks.DTYPE_CHOICES)
             if dry_run or dst is None:
                 return rep
             raise ConversionRefused(
-                f"{len(ex.refused)} tensor(s) have no exact safetensors form; nothing was written "
-                "(choose --fallback float32|float16|bfloat16 to write them dequantized)",
+                f"{len(ex.refused)} tensor(s) have no exact safetensors form; nothing was written ({rep.hint})",
                 path=src, reasons=ex.refused, report=rep,
             )
         _check_unique([o[0] for o in ex.out], "two tensors would be written as", src)

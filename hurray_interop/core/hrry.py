@@ -267,7 +267,8 @@ class HrryFile:
         raw = tr.unpack(_TRAILER, "trailer")
         (ioff, ilen, kvoff, kvlen, crc, tres, tmagic) = raw
         if tmagic != TRAILER_MAGIC:
-            raise self._err(BadMagicError, f"trailer magic is {tmagic!r}, expected b'HRRY'", "trailer_magic", t0 + 36)
+            raise self._err(BadMagicError, f"trailer magic is {tmagic!r}, expected b'HRRY': the file looks truncated or "
+                            "incomplete (a .hrry ends with its trailer)", "trailer_magic", t0 + 36)
         if any(tres):
             raise self._err(FormatError, "reserved bytes must be zero", "trailer _reserved", t0 + 32)
         end_of_body = t0

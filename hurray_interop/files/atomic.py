@@ -41,7 +41,7 @@ from .positional import writeback_function
 #: bytes written between two starts of the kernel's writeback (see AtomicOutput.write)
 WRITEBACK_STEP = 8 << 20
 
-__all__ = ["AtomicOutput", "AtomicOutputSet", "check_output_path", "transient"]
+__all__ = ["AtomicOutput", "AtomicOutputSet", "check_output_path", "missing_directory", "transient"]
 
 
 def _os_error(e: OSError, path: Path, doing: str) -> UsageError:
@@ -49,6 +49,12 @@ def _os_error(e: OSError, path: Path, doing: str) -> UsageError:
     if isinstance(e, PermissionError):
         reason = "permission denied"
     return UsageError(f"cannot {doing}: {reason}", path=path)
+
+
+def missing_directory(directory: "str | os.PathLike[str]", note: str = "") -> UsageError:
+    """The one error for an output directory that does not exist: the folder of an output file,
+    of a split set's shards, or the parent of a batch's ``--out-dir`` (``note`` adds why)."""
+    return UsageError("the output directory does not exist" + (f" ({note})" if note else ""), path=directory)
 
 
 def check_output_path(
@@ -78,7 +84,7 @@ def check_output_path(
         raise OutputExistsError("output exists (pass force to overwrite)", path=dest)
     parent = dest.parent if str(dest.parent) else Path(".")
     if not parent.is_dir():
-        raise UsageError(f"directory {os.fspath(parent)!r} does not exist", path=dest)
+        raise missing_directory(parent) if not parent.exists() else UsageError("not a directory", path=parent)
     return dest
 
 

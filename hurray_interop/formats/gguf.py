@@ -49,8 +49,10 @@ where ``string`` is ``u64 length, bytes`` and an array value is
 
 from __future__ import annotations
 
+import bisect
 import enum
 import functools
+import math
 import mmap
 import os
 import struct
@@ -131,6 +133,9 @@ class ValueType(enum.IntEnum):
 
 
 _VALUE_TYPE_IDS = frozenset(int(t) for t in ValueType)
+
+#: how the writer's refusal of a misplaced ``padding`` override starts
+PADDING_MISPLACED = "padding override at"
 
 #: exact little-endian dtype of each fixed-size value type; BOOL keeps its raw byte
 _SCALAR_DTYPE: dict[ValueType, np.dtype] = {
@@ -358,8 +363,14 @@ class GGUFValue:
     # -- construction ------------------------------------------------------
 
     @classmethod
-    def of(cls, vtype: ValueType | int, value: Any, element_type: ValueType | int | None = None) -> "GGUFValue":
-        """Build a value of an explicit type from Python or numpy input (range-checked)."""
+    def of(cls, vtype: ValueType | int, value: Any, element_type: ValueType | int | None = None, *,
+           exact: bool = False) -> "GGUFValue":
+        """Build a value of an explicit type from Python or numpy input (range-checked).
+
+        Integers must lie in the type's range and finite floats must stay finite at its
+        width; floats are rounded to FLOAT32 unless ``exact``, which holds them to the
+        exact rule of :func:`_check_floats` (a value recorded as FLOAT32 must be one).
+        """
         vtype = ValueType(vtype)
         if vtype == ValueType.ARRAY:
             if element_type is None:
@@ -373,14 +384,14 @@ class GGUFValue:
                 if any(v is None or v.type != ValueType.ARRAY for v in items):
                     raise UsageError("elements of an array of arrays must be ARRAY GGUFValues")
                 return cls(vtype, items, et)
-            return cls(vtype, _exact_array(value, et), et)
+            return cls(vtype, _exact_array(value, et, exact), et)
         if element_type is not None:
             raise UsageError(f"element_type given for scalar type {vtype.name}")
         if vtype == ValueType.STRING:
             if isinstance(value, str):
                 value = value.encode("utf-8")
             return cls(vtype, bytes(value))
-        arr = _exact_array([value], vtype)
+        arr = _exact_array([value], vtype, exact)
         return cls(vtype, arr[0])
 
     # -- convenience -------------------------------------------------------
@@ -425,7 +436,31 @@ class GGUFValue:
         return f"GGUFValue({self.type.name}, {self.value!r})"
 
 
-def _exact_array(values: Any, et: ValueType) -> np.ndarray:
+def _check_floats(src: np.ndarray, out: np.ndarray, et: ValueType, exact: bool) -> None:
+    """The float twin of the integer range rule: a finite value must stay finite at the
+    type's width, and with ``exact`` it must come back bit for bit when widened again
+    (0.1 is refused as FLOAT32; ±0, subnormals and ±inf are kept, a NaN only when its
+    payload survives the narrowing; docs/conversion-rules.md § 7)."""
+    if src.dtype.kind == "f" and src.dtype.itemsize > out.dtype.itemsize:
+        lost = np.isinf(out) & np.isfinite(src)
+        if exact:
+            u = f"u{src.dtype.itemsize}"
+            lost |= out.astype(src.dtype).view(u) != src.view(u)
+        bad = np.flatnonzero(lost)
+        first = int(bad[0]) if bad.size else None
+    elif exact and src.dtype.kind != "f":  # integers (or Python objects) for a float type
+        pairs = enumerate(zip(src.tolist(), out.tolist()))
+        first = next((i for i, (a, b) in pairs if not math.isfinite(b) or a != b), None)
+    else:
+        return
+    if first is not None:
+        v, w = src[first].item(), float(out[first])
+        what = "is out of range for" if math.isinf(w) and not math.isinf(v) else "is not exactly representable as"
+        at = f"element {first}: " if src.size > 1 else ""
+        raise UsageError(f"{at}value {v!r} {what} {et.name}")
+
+
+def _exact_array(values: Any, et: ValueType, exact: bool = False) -> np.ndarray:
     dt = _SCALAR_DTYPE.get(et)
     if dt is None:
         raise UsageError(f"{et.name} is not a fixed-size value type")
@@ -451,9 +486,14 @@ def _exact_array(values: Any, et: ValueType) -> np.ndarray:
             info = np.iinfo(dt)
             if int(src.min()) < info.min or int(src.max()) > info.max:
                 raise UsageError(f"value out of range for {et.name}")
-        return np.asarray(src, dtype=dt).reshape(-1)
+        if dt.kind != "f":
+            return np.asarray(src, dtype=dt).reshape(-1)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below, not warned
+            out = np.asarray(src, dtype=dt).reshape(-1)
     except (TypeError, ValueError, OverflowError) as e:
         raise UsageError(f"cannot encode {values!r} as {et.name}: {e}") from None
+    _check_floats(src.reshape(-1), out, et, exact)
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -1202,6 +1242,7 @@ class GGUFWriterStream:
                 raise UsageError(f"pad_end={pad_end}: must be between 0 and {pad}")
         self._data_end = data_end
         self._tail = tail
+        self._pad_at = self._check_padding()
 
         if isinstance(dst, (str, os.PathLike)):
             self._fh: BinaryIO = open(dst, "wb")
@@ -1218,6 +1259,27 @@ class GGUFWriterStream:
         except BaseException:
             self.abort()
             raise
+
+    def _check_padding(self) -> list[int]:
+        """The padding overrides, sorted: each must lie inside one padding region of this
+        layout (before the first tensor, between two, or in the end padding)."""
+        starts = sorted(self._padding)
+        regions, pos = [], self.metadata_end
+        for i in self._order:
+            _, _, _, off, nb = self._specs[i]
+            if nb:
+                regions.append((pos, self.data_offset + off))
+                pos = self.data_offset + off + nb
+        regions.append((pos, self._data_end + self._tail))
+        ends = [b for _, b in regions]
+        prev = -1
+        for o in starts:
+            n = len(self._padding[o])
+            r = bisect.bisect_right(ends, o)
+            if not n or o < prev or r == len(regions) or not regions[r][0] <= o or o + n > regions[r][1]:
+                raise UsageError(f"{PADDING_MISPLACED} {o} ({n} bytes) is not inside the padding of this layout")
+            prev = o + n
+        return starts
 
     def _file_order(self) -> list[int]:
         """Tensor indices by offset; data ranges must not overlap (empty tensors occupy nothing)."""
@@ -1261,7 +1323,8 @@ class GGUFWriterStream:
                     raise UsageError(f"padding override at {start} ({len(override)} bytes) runs past {target}")
                 self._write(override)
                 continue
-            nxt = min([o for o in self._padding if start < o < target], default=target)
+            i = bisect.bisect_right(self._pad_at, start)
+            nxt = min(self._pad_at[i], target) if i < len(self._pad_at) else target
             n = nxt - start
             while n:
                 k = min(n, 1 << 20)

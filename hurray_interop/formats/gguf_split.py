@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..errors import FormatError, SplitSetError, UnsupportedError, UsageError
-from ..files.atomic import AtomicOutputSet
+from ..files.atomic import AtomicOutputSet, missing_directory
 from . import gguf as G
 
 __all__ = [
@@ -883,9 +883,11 @@ def write_shard(
     data_for: DataFor,
     *,
     on_tensor: Callable[[int], None] | None = None,
+    padding: Mapping[int, Any] | None = None,
 ) -> int:
     """Write one GGUF file exactly as ``shard`` describes (``dst``: a path or an open
-    binary file); ``on_tensor(nbytes)`` after each tensor.  Returns the bytes written."""
+    binary file); ``on_tensor(nbytes)`` after each tensor; ``padding``: the writer's
+    overrides of zero padding.  Returns the bytes written."""
     w = G.GGUFWriterStream(
         dst,
         version=shard.version,
@@ -893,6 +895,7 @@ def write_shard(
         kv=shard_kv(shard, model_kv),
         tensors=[r.spec() for r in shard.tensors],
         pad_end=True if shard.tail_bytes is None else shard.tail_bytes,
+        padding=padding,
     )
     with w:
         for spec in w.tensors_in_file_order:
@@ -930,8 +933,10 @@ def write_set(
     force: bool = False,
     inputs: Iterable["str | os.PathLike[str]"] = (),
     progress: Progress = None,
+    padding: Mapping[int, Mapping[int, Any]] | None = None,
 ) -> list[Path]:
-    """Write the set ``layout`` describes; returns the paths written.
+    """Write the set ``layout`` describes; returns the paths written.  ``padding``: per shard
+    number (0-based), the writer's ``padding`` overrides (ignored with ``merge``).
 
     Without ``merge``: every shard, named as gguf-split names them (see
     :func:`set_paths`), all or nothing
@@ -953,12 +958,15 @@ def write_set(
     step = _progress_counter(sum(s.nbytes for s in shards), progress)
     with AtomicOutputSet(paths, force=force, inputs=inputs) as outs:
         for i, shard in enumerate(shards):
-            write_shard(outs.open(i), shard, model_kv, data_for, on_tensor=step)
+            pad = None if merge or padding is None else padding.get(i)
+            write_shard(outs.open(i), shard, model_kv, data_for, on_tensor=step, padding=pad)
             outs.close(i)
         return outs.commit()
 
 
 def _refuse_other_sets(first: Path, count: int) -> None:
+    if not first.parent.is_dir():  # the message every output gives (AtomicOutputSet checks the rest)
+        raise missing_directory(first.parent)
     prefix = _prefix_of(first)
     for other, p in _shards_beside(first.parent, prefix):
         if other.count != count:

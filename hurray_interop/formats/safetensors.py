@@ -56,6 +56,7 @@ from ..tables import load_table
 
 __all__ = [
     "STEntry",
+    "STTensor",
     "SafetensorsFile",
     "MXPair",
     "CONVENTIONS",
@@ -126,10 +127,33 @@ class STEntry:
         return self.end - self.begin
 
 
+@dataclass(frozen=True)
+class STTensor:
+    """One tensor as :meth:`SafetensorsFile.tensor` gives it: its header entry, a zero-copy
+    read-only view of its bytes, and the file it is in (an MX pair's other half is there)."""
+
+    entry: STEntry
+    data: np.ndarray
+    file: "SafetensorsFile"
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def dtype(self) -> str:
+        return self.entry.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.entry.shape
+
+
 class SafetensorsFile:
     """A memory-mapped, strictly validated safetensors file.
 
-    ``entries`` are in header order; ``raw(name)`` is a zero-copy read-only uint8 view.
+    ``entries`` are in header order; ``raw(name)`` is a zero-copy read-only uint8 view;
+    ``tensor(name)`` the :class:`STTensor` that ``hurray_interop.dequantize`` takes.
     """
 
     def __init__(self, path: "str | os.PathLike[str]") -> None:
@@ -178,6 +202,10 @@ class SafetensorsFile:
         v = self._buf[self.data_offset + e.begin : self.data_offset + e.end]
         v.flags.writeable = False
         return v
+
+    def tensor(self, name: str) -> STTensor:
+        """The tensor ``name`` (its entry and bytes); :class:`UsageError` for an unknown name."""
+        return STTensor(self.entry(name), self.raw(name), self)
 
     def array(self, name: str) -> np.ndarray:
         """The tensor as a numpy array (ml_dtypes for BF16/F8; raw uint8 bytes for F4/F6)."""

@@ -23,6 +23,7 @@ import functools
 import os
 import tempfile
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -47,7 +48,22 @@ __all__ = [
     "ForeignVerifier",
     "run_roundtrip",
     "scratch_dir",
+    "reporting",
 ]
+
+#: the ``progress(done, total)`` callback of the check running in this context (tensors
+#: compared), set by :func:`reporting`
+_PROGRESS: ContextVar[Callable[[int, int], None] | None] = ContextVar("verify_progress", default=None)
+
+
+@contextmanager
+def reporting(progress: Callable[[int, int], None] | None) -> Iterator[None]:
+    """Inside the block, the value checks report ``progress(done, total)`` per tensor compared."""
+    token = _PROGRESS.set(progress)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
 
 #: elements compared per chunk: 1 MiB of float32 a side, so both decoders' chunks and the
 #: comparison's temporaries stay in the L2 cache, and memory is bounded for any tensor
@@ -68,10 +84,13 @@ class TensorCheck:
     values_equal: bool | None = None
     max_abs_diff: float | None = None
     where: str = ""
+    #: the conversion's own report explains the difference (a lossy or value-exact fallback
+    #: the options asked for, proven to be what that conversion writes): e.g. "lossy as reported"
+    reported: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.bytes_equal is not False and self.values_equal is not False
+        return bool(self.reported) or (self.bytes_equal is not False and self.values_equal is not False)
 
 
 @dataclass
@@ -84,6 +103,8 @@ class VerifyResult:
     problems: list[str] = field(default_factory=list)
     file_bytes_equal: bool | None = None
     error: str | None = None
+    #: what to do about the refused tensors (e.g. the option that checks them exactly), or ""
+    hint: str = ""
 
     @property
     def ok(self) -> bool:
@@ -97,12 +118,17 @@ class VerifyResult:
         bad = [t.name for t in self.tensors if not t.ok]
         if self.ok:
             files = "files byte-identical, " if self.file_bytes_equal else ""
-            tensors = f"{n} tensors exact (bytes and values)" if n else "no tensors (metadata only)"
+            reported = [t for t in self.tensors if t.reported]
+            exact = n - len(reported)
+            tensors = f"{exact} tensors exact (bytes and values)" if n else "no tensors (metadata only)"
+            if reported:
+                tensors += f", {len(reported)} {_as_reported(reported)}"
             return f"OK     {what}: {self.kind}, {files}{tensors}"
         parts = []
         refused = [t for t in self.tensors if t.mapping == "refused"]
         if refused:
-            parts.append(f"{len(refused)} tensor(s) refused: no exact Hurray mapping (first: {refused[0].name}, {refused[0].source_type})")
+            parts.append(f"{len(refused)} tensor(s) refused: no exact Hurray mapping (first: {refused[0].name}, "
+                         f"{refused[0].source_type})" + (f" ({self.hint})" if self.hint else ""))
             bad = [t.name for t in self.tensors if not t.ok and t.mapping != "refused"]
         if self.file_bytes_equal is False:
             parts.append("files differ")
@@ -115,8 +141,15 @@ class VerifyResult:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["ok"] = self.ok
+        d["reported"] = sum(1 for t in self.tensors if t.reported)
         d["summary"] = self.summary_line()
         return d
+
+
+def _as_reported(reported: list[TensorCheck]) -> str:
+    """"3 lossy as reported (first: NAME, ...)": the tensors the conversion's report explains."""
+    kinds = sorted({t.reported.split(" as reported")[0] for t in reported})
+    return f"{'/'.join(kinds)} as reported (first: {reported[0].name}, {reported[0].reported.split(': ', 1)[-1]})"
 
 
 # ---------------------------------------------------------------------------
@@ -275,6 +308,9 @@ class Unit:
     block: int = 1
     signed_zero_equal: bool = False
     row: int = 0  # elements per row of ``reference()`` (0: the last axis; see compare_values)
+    shape: tuple[int, ...] | None = None  # the shape the Hurray tensor must have (None: not checked)
+    #: other names the Hurray tensor may have (a convention that renames it on export)
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -289,6 +325,8 @@ class ForeignChecks:
     metadata_diffs: Callable[[Any, Any], list[str]]  # metadata differences of two opened files
     entries: Callable[[Any], dict[str, RawEntry]]  # stored tensors by name, in file order
     units: Callable[[Any], Iterator[Unit]]  # the tensors as imported to Hurray
+    #: the hint for tensors a round trip's import refused, from their source types ("": none)
+    refusal_hint: Callable[[list[str]], str] = lambda types: ""
 
 
 def _release_pages(*files: Any) -> None:
@@ -321,16 +359,24 @@ class ForeignVerifier:
         export, so it runs while the export is written.  Also the names only ``hf`` has."""
         done: list[tuple[Unit, TensorCheck, bool]] = []
         known: set[str] = set()
-        for u in self.checks.units(src):
+        units, step = list(self.checks.units(src)), _PROGRESS.get()
+        for i, u in enumerate(units):
+            if step is not None:
+                step(i, len(units))
             _release_pages(src, hf)
-            known.add(u.name)
+            name = next((n for n in (u.name, *u.aliases) if n in hf), None)
+            known.add(u.name if name is None else name)
             chk = TensorCheck(u.name, u.label, "-")
-            done.append((u, chk, u.name in hf))
-            if u.name not in hf:
+            done.append((u, chk, name is not None))
+            if name is None:
                 chk.values_equal, chk.where = False, "missing from the Hurray file"
                 continue
-            t = hf.tensor(u.name)
+            t = hf.tensor(name)
             chk.mapping = t.describe()
+            shape = tuple(int(x) for x in t.shape)
+            if u.shape is not None and shape != u.shape:  # another model's tensor of that name
+                chk.values_equal, chk.where = False, f"shape {list(shape)} in the Hurray file, {list(u.shape)} in the source"
+                continue
             ref = u.reference()
             if ref is None:
                 continue
@@ -338,6 +384,8 @@ class ForeignVerifier:
                 u.name, t, ref, block=u.block, signed_zero_equal=u.signed_zero_equal, row=u.row,
                 release=functools.partial(_release_pages, src, hf),
             )
+        if step is not None:
+            step(len(units), len(units))
         return done, [n for n in hf.top_level_names() if n not in known]
 
     def finish(
@@ -394,30 +442,51 @@ class ForeignVerifier:
             from_hurray=fmt.from_hurray,
             suffix=fmt.extensions[0],
             check=check,
+            hint=c.refusal_hint,
         )
 
-    def pair_with_hurray(self, path: str, fmt: Any, hrry_path: str, result: VerifyResult) -> None:
-        """Compare a file of this format with a .hrry: export the .hrry, compare files and tensors."""
-        c = self.checks
+    def pair_with_hurray(
+        self, path: str, fmt: Any, hrry_path: str, result: VerifyResult, *,
+        export_options: dict[str, Any] | None = None, explained: frozenset[str] = frozenset(),
+    ) -> Any:
+        """Compare a file of this format with a .hrry: export the .hrry (with ``export_options``,
+        those of the conversion that wrote ``path`` from it), compare files and tensors.
+        ``explained``: tensors the import's report says it stored differently (a fallback, proven
+        to be what that import writes): their export refusal and the file difference they make
+        are expected.  Returns the export's report (None when it was refused)."""
         with scratch_dir() as tmp:
-            back = os.path.join(tmp, "export" + fmt.extensions[0])
-            try:
-                fmt.from_hurray(hrry_path, back)
-            except ConversionRefused as exc:
-                result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have {c.no_exact}")
-                back = ""
-            diff = first_byte_diff(path, back) if back else None
-            if back:
-                result.file_bytes_equal = diff is None
-            with ExitStack() as stack:
-                src = stack.enter_context(c.open(path))
-                hf = stack.enter_context(HrryFile(hrry_path))
-                exported = stack.enter_context(c.open(back)) if back else None
-                if diff is not None:
-                    where = self._where(src, diff, "end of file ({sa} vs {sb} bytes)")
-                    result.problems.append(f"the Hurray file exports to {c.exported_as} that differs first at {where}")
-                    result.problems.extend(c.metadata_diffs(src, exported))
-                self.against_hurray(src, hf, result, exported, files_equal=False, hurray_label=hrry_path)
+            back, report = self.export(hrry_path, fmt, os.path.join(tmp, "export" + fmt.extensions[0]),
+                                       result, export_options, explained)
+            self.compare_export(path, back, hrry_path, result, explained)
+        return report
+
+    def export(self, hrry_path: str, fmt: Any, back: str, result: VerifyResult,
+               export_options: dict[str, Any] | None, explained: frozenset[str]) -> tuple[str, Any]:
+        """Export ``hrry_path`` to ``back``: ``(back, report)``, or ``("", None)`` when refused."""
+        try:
+            return back, fmt.from_hurray(hrry_path, back, **(export_options or {}))
+        except ConversionRefused as exc:
+            if not {name for name, _, _ in exc.reasons} <= explained:
+                result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have {self.checks.no_exact}")
+            return "", None
+
+    def compare_export(self, path: str, back: str, hrry_path: str, result: VerifyResult,
+                       explained: frozenset[str] = frozenset()) -> None:
+        """The files ``path`` and ``back`` (the export of ``hrry_path``; "" when refused), and
+        every tensor of ``path`` against the .hrry's and the export's."""
+        c = self.checks
+        diff = first_byte_diff(path, back) if back else None
+        if back and not explained:
+            result.file_bytes_equal = diff is None
+        with ExitStack() as stack:
+            src = stack.enter_context(c.open(path))
+            hf = stack.enter_context(HrryFile(hrry_path))
+            exported = stack.enter_context(c.open(back)) if back else None
+            if diff is not None and not explained:
+                where = self._where(src, diff, "end of file ({sa} vs {sb} bytes)")
+                result.problems.append(f"the Hurray file exports to {c.exported_as} that differs first at {where}")
+                result.problems.extend(c.metadata_diffs(src, exported))
+            self.against_hurray(src, hf, result, exported, files_equal=False, hurray_label=hrry_path)
 
     def pair_same(self, a: str, b: str, result: VerifyResult) -> None:
         """Compare two files of this format: first differing byte, metadata, tensor bytes."""
@@ -462,11 +531,13 @@ def run_roundtrip(
     suffix: str,
     check: Callable[[str, str, Callable[[], tuple[int, int, int] | None]], None],
     compare: Callable[[str, str], Any] = first_byte_diff,
+    hint: Callable[[list[str]], str] = lambda types: "",
 ) -> None:
     """Import ``path`` to Hurray, then ``check(hurray_copy, exported_copy, first_difference)``
     while a worker thread exports the copy back (in a temporary directory) and compares
     the files (``compare(path, exported)``: None when identical): ``first_difference()``
-    waits for that and returns its result."""
+    waits for that and returns its result.  A refused import gives one refused row per tensor,
+    and ``hint(source types)`` says what to do about them."""
     with scratch_dir() as tmp:
         mid = os.path.join(tmp, "roundtrip.hrry")
         back = os.path.join(tmp, "roundtrip" + suffix)
@@ -476,7 +547,9 @@ def run_roundtrip(
             except ConversionRefused as exc:
                 for name, typ, reason in exc.reasons:
                     result.tensors.append(TensorCheck(name, typ, "refused", values_equal=False, where=reason))
-                result.problems.append(f"{len(exc.reasons)} tensor(s) cannot be converted exactly")
+                result.problems.append(f"{len(exc.reasons)} tensor(s) cannot be converted exactly" if exc.reasons
+                                       else exc.message)  # refused as a whole (e.g. GGUF padding beyond the record limit)
+                result.hint = hint([typ for _, typ, _ in exc.reasons])
                 return
 
             def export() -> tuple[int, int, int] | None:

@@ -12,9 +12,10 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from ..conversions import fallback as fallbacks
+from ..conversions import gguf_exact
 from ..conversions.gguf import reference_dequantizer
 from ..core.hrry import HrryFile
-from ..errors import ConversionRefused
 from ..formats import gguf as G
 from ..formats import gguf_split as S
 from .common import (ForeignChecks, ForeignVerifier, RawEntry, Rows, Unit, VerifyResult, first_byte_diff,
@@ -122,6 +123,7 @@ def _units(gf: "G.GGUFFile") -> Iterator[Unit]:
             block=info.ggml_type.block_elements,
             signed_zero_equal=info.type_name == "MXFP4",
             row=info.ggml_type.block_elements,  # the reference decodes blocks, bounded for any row length
+            shape=tuple(int(n) for n in reversed(info.ne)),
         )
 
 
@@ -182,22 +184,31 @@ class _GGUFVerifier(ForeignVerifier):
             self._against_set(path, _exported(back), mid, result, diffs, "the Hurray file", files_equal=diffs is None)
 
         run_roundtrip(path, result, to_hurray=fmt.to_hurray, from_hurray=fmt.from_hurray, suffix=".gguf",
-                      check=check, compare=lambda a, b: _shard_diffs(a, _exported(b)))
+                      check=check, hint=self.checks.refusal_hint, compare=lambda a, b: _shard_diffs(a, _exported(b)))
 
-    def pair_with_hurray(self, path: str, fmt: Any, hrry_path: str, result: VerifyResult) -> None:
-        if _set_count(path) is None:
-            return super().pair_with_hurray(path, fmt, hrry_path, result)
+    def pair_with_hurray(
+        self, path: str, fmt: Any, hrry_path: str, result: VerifyResult, *,
+        export_options: dict[str, Any] | None = None, explained: frozenset[str] = frozenset(),
+    ) -> Any:
+        """A GGUF (one file or a set) against a .hrry: the export is one file or a set too
+        (as the .hrry recorded, or as ``export_options`` say); a layout that differs from the
+        GGUF's is a difference, and the tensors are still compared one by one."""
         with scratch_dir() as tmp:
-            back = os.path.join(tmp, "export.gguf")
-            try:
-                fmt.from_hurray(hrry_path, back)
-            except ConversionRefused as exc:
-                result.problems.append(f"{hrry_path}: {len(exc.reasons)} tensor(s) have {self.checks.no_exact}")
-            paths = _exported(back)
-            diffs = _shard_diffs(path, paths) if paths else None
+            back, report = self.export(hrry_path, fmt, os.path.join(tmp, "export.gguf"), result,
+                                       export_options, explained)
+            paths = _exported(back) if back else []
+            count = _set_count(path)
+            if count is None and paths == [Path(back)]:
+                self.compare_export(path, back, hrry_path, result, explained)
+                return report
+            diffs = None
             if paths:
-                result.file_bytes_equal = diffs is None
-            self._against_set(path, paths, hrry_path, result, diffs, hrry_path, files_equal=False)
+                layout = _layout_difference(path, count, hrry_path, len(paths) if back and paths != [Path(back)] else None)
+                diffs = [layout] if layout else _shard_diffs(path, paths)
+                if not explained:
+                    result.file_bytes_equal = diffs is None
+            self._against_set(path, paths, hrry_path, result, None if explained else diffs, hrry_path, files_equal=False)
+        return report
 
     def _against_set(self, path: str, exported: list[Path], hrry_path: str, result: VerifyResult, diffs: Any,
                      label: str, *, files_equal: bool) -> None:
@@ -208,6 +219,20 @@ class _GGUFVerifier(ForeignVerifier):
             for problem in diffs or ():
                 result.problems.append(problem)
             self.against_hurray(src, hf, result, exp, files_equal=files_equal, hurray_label=label)
+
+
+def _layout_difference(path: str, count: int | None, hrry_path: str, exported: int | None) -> str:
+    """The first difference of two GGUF layouts: the set of ``count`` shards ``path`` belongs to
+    (None: one file) and the ``exported`` shards the .hrry exports to (None: one file); "" if equal."""
+    if count == exported:
+        return ""
+    ours = "one file" if exported is None else f"a set of {exported} shards"
+    theirs = "is one file" if count is None else f"is a shard of a set of {count}"
+    hint = ""
+    if count is None or exported is None:  # the options that change the layout, in convert's order
+        option = "--merge" if count is None else "--split-max-tensors N (or --split-max-size S)"
+        hint = f" (if {path} was converted from it with {option}: verify {hrry_path} {path} {option})"
+    return f"{hrry_path} exports to {ours}, {path} {theirs}{hint}"
 
 
 def _shard_diffs(path: str, exported: list[Path]) -> list[str] | None:
@@ -235,6 +260,14 @@ def _file_diffs(files: list[tuple[Path, "G.GGUFFile"]], others: Sequence[Path], 
     return out
 
 
+def _refusal_hint(types: list[str]) -> str:
+    """The conversion summary's advice: types with an exact expanded form are checked by
+    ``--fallback exact`` (docs/conversion-rules.md § 9)."""
+    if any(gguf_exact.has_form(t) for t in types):
+        return f"choose --fallback {fallbacks.EXACT} to verify them in their exact expanded form"
+    return ""
+
+
 VERIFIER = _GGUFVerifier(
     ForeignChecks(
         title="GGUF",
@@ -245,5 +278,6 @@ VERIFIER = _GGUFVerifier(
         metadata_diffs=_kv_diffs,
         entries=_entries,
         units=_units,
+        refusal_hint=_refusal_hint,
     )
 )

@@ -13,7 +13,7 @@ import numpy as np
 from ..conversions import mx
 from ..conversions.safetensors import pair_label
 from ..core.elements import unpack
-from ..formats.safetensors import SafetensorsFile, detect_pairs, hurray_type_for
+from ..formats.safetensors import SafetensorsFile, detect_pairs, hurray_type_for, pair_names
 from .common import ForeignChecks, ForeignVerifier, RawEntry, Unit
 
 __all__ = ["VERIFIER"]
@@ -79,6 +79,15 @@ def _entries(st: SafetensorsFile) -> dict[str, RawEntry]:
     }
 
 
+def _aliases(p: Any) -> tuple[str, ...]:
+    """The Hurray name an export may have written this pair from: compressed-tensors names the
+    pair of a Hurray ``X`` without the ``.weight`` suffix ``X.weight_packed``, read back as ``X.weight``."""
+    base = p.hurray_name.rsplit(".", 1)[0]
+    if base != p.hurray_name and pair_names(base, p.convention) == (p.data.name, p.scale.name):
+        return (base,)
+    return ()
+
+
 def _units(st: SafetensorsFile) -> Iterator[Unit]:
     pairs, used = detect_pairs(st)
     by_data = {p.data.name: p for p in pairs}
@@ -86,9 +95,11 @@ def _units(st: SafetensorsFile) -> Iterator[Unit]:
         p = by_data.get(e.name)
         if p is not None:
             ref = functools.partial(_pair_reference, st, p)
-            yield Unit(p.hurray_name, pair_label(p), (p.data.name, p.scale.name), ref, block=p.block_size)
+            yield Unit(p.hurray_name, pair_label(p), (p.data.name, p.scale.name), ref, block=p.block_size,
+                       shape=tuple(int(n) for n in p.shape), aliases=_aliases(p))
         elif e.name not in used:  # (the scale half of a pair is checked with its data tensor)
-            yield Unit(e.name, e.dtype, (e.name,), functools.partial(_plain_reference, st, e.name), row=1)
+            yield Unit(e.name, e.dtype, (e.name,), functools.partial(_plain_reference, st, e.name), row=1,
+                       shape=tuple(int(n) for n in e.shape))
 
 
 VERIFIER = ForeignVerifier(
