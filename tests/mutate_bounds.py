@@ -93,7 +93,11 @@ SITES: list[tuple[str, str, str, int]] = [
     # core/records.py
     ("core/records.py", "if len(raw) < _HEAD.size:", "<", 0),
     ("core/records.py", "if count > 1 and not np.all(blocks[1:] > blocks[:-1]):", ">", 1),
-    ("core/records.py", "if blocks.size and int(blocks[-1]) >= out.size:", ">=", 0),
+    ("core/records.py", "if blocks.size and int(blocks[-1]) >= scales.size:", ">=", 0),
+    ("core/records.py", "    while pos < mv.nbytes:", "<", 0),
+    ("core/records.py", "if mv.nbytes - pos < _RUN.size:", "<", 0),
+    ("core/records.py", "if length == 0 or length > mv.nbytes - pos:", ">", 0),
+    ("core/records.py", "if (part, offset) < prev:", "<", 0),
     # conversions/gguf.py (the GGUF conversion records)
     ("conversions/gguf.py", "if alignment < 1 or alignment & (alignment - 1) or alignment > 1 << 30:", "<", 0),
     ("conversions/gguf.py", "if alignment < 1 or alignment & (alignment - 1) or alignment > 1 << 30:", ">", 0),

@@ -621,13 +621,43 @@ def test_scale_record_indices_strictly_ascending():
 
 
 def test_scale_record_block_index_against_the_block_count():
-    """records.py restore_scales: ``blocks[-1] >= out.size`` (last index 7, 8, 9 for 8 blocks).
+    """records.py _checked_record (restore_scales): ``blocks[-1] >= scales.size`` (last index 7, 8, 9 for 8 blocks).
     The issue's surviving mutant accepted an index equal to the block count."""
     from hurray_interop.core.records import restore_scales
 
     check_rule(lambda d: lambda: restore_scales(np.ones(8, np.uint8), _scale_record([1, 8 + d])), r"names block \d+, tensor has 8 blocks",
                (False, True, True))
     assert restore_scales(np.ones(8, np.uint8), _scale_record([1, 7])).tolist() == [1, 0, 1, 1, 1, 1, 1, 0]
+
+
+def _runs(raw: bytes) -> Callable[[], Any]:
+    from hurray_interop.core.records import decode_byte_runs
+
+    return lambda: decode_byte_runs(raw, key="runs")
+
+
+def _run(part: int, offset: int, data: bytes, claim: int | None = None) -> bytes:
+    return struct.pack("<IQQ", part, offset, len(data) if claim is None else claim) + data
+
+
+def test_byte_runs_entry_header_against_the_end():
+    """records.py decode_byte_runs: ``pos < mv.nbytes`` and ``mv.nbytes - pos < _RUN.size``: after
+    one complete run, 19, 20, 21 bytes of a second (its 20-byte entry header and 1 data byte)."""
+    second = _run(0, 8, b"y")
+    check_rule(lambda d: _runs(_run(0, 0, b"x") + second[: 20 + d]), r"entry 1 at byte \d+ is truncated", UNDER)
+    assert [bytes(r[2]) for r in _runs(_run(0, 0, b"x") + second)()] == [b"x", b"y"]
+
+
+def test_byte_runs_length_against_the_end():
+    """records.py decode_byte_runs: ``length > mv.nbytes - pos`` (a run claiming 1, 2, 3 bytes with 2 left)."""
+    check_rule(lambda d: _runs(_run(0, 0, b"ab", claim=2 + d)), r"entry 0 claims \d+ bytes, 2 remain")
+    assert bytes(_runs(_run(0, 0, b"ab"))()[0][2]) == b"ab"
+
+
+def test_byte_runs_ascending_and_disjoint():
+    """records.py decode_byte_runs: ``(part, offset) < prev``: a 4-byte run at 10, then one at 13, 14, 15."""
+    check_rule(lambda d: _runs(_run(0, 10, b"abcd") + _run(0, 14 + d, b"e")), "overlaps or precedes the one before", UNDER)
+    assert _runs(_run(0, 10, b"abcd") + _run(0, 14, b"e"))()[1][1] == 14
 
 
 # ============================================================================================

@@ -48,14 +48,14 @@ def _spans(path: Path) -> list[tuple[int, int, str]]:
     return out
 
 
-def _known_exit_0(path: Path) -> dict[int, str]:
-    """Bytes of the .hrry whose flip the export does not see today, each a case another branch
-    (``hostile-fixes``) fixes; excluded here exactly, with the issue item:
+def _once_ignored(path: Path) -> dict[int, str]:
+    """Bytes of the .hrry whose flip the export did not notice before issue #20's fixes
+    (``hostile-fixes``), by class:
 
-    * issue #20, "float32 metadata range": KV values recorded as GGUF FLOAT32 are stored as
-      float64; a flip below float32's precision rounds away on export;
-    * issue #20, "substitute-scale mismatch": the stored substitute scale of a block whose
-      original scale is recorded (all-zero blocks) is replaced by the record on export.
+    * "float32 metadata": KV values recorded as GGUF FLOAT32 are stored as float64; a flip
+      below float32's precision rounded away on export (now refused: not a float32);
+    * "substitute scale": the stored substitute scale of a block whose original scale is
+      recorded (all-zero blocks) was replaced by the record on export (now refused).
     """
     from hurray_interop.core.hrry import HrryFile
     from hurray_interop.core.records import SCALE_RECORD_PREFIX, decode_scale_record
@@ -72,7 +72,7 @@ def _known_exit_0(path: Path) -> dict[int, str]:
             (klen,) = struct.unpack_from("<H", raw, pos)
             end = pos + 2 + klen + len(v.encode())
             if k in float32:
-                out.update((i, "issue #20 float32 metadata range (hostile-fixes)") for i in range(pos + 2 + klen + 1, end))
+                out.update((i, "float32 metadata") for i in range(pos + 2 + klen + 1, end))
             pos = end
         for k, v in kv.items():
             if not k.startswith(SCALE_RECORD_PREFIX):
@@ -81,7 +81,7 @@ def _known_exit_0(path: Path) -> dict[int, str]:
             blocks, orig = decode_scale_record(v.value, key=k)
             at = f.buffer_offsets(name)[int(idx) if idx else 1]
             for b in blocks.tolist():
-                out.update((at + b * orig.shape[1] + j, "issue #20 substitute-scale mismatch (hostile-fixes)") for j in range(orig.shape[1]))
+                out.update((at + b * orig.shape[1] + j, "substitute scale") for j in range(orig.shape[1]))
     return out
 
 
@@ -128,7 +128,6 @@ def test_verify_with_one_flipped_bit(pairs, tmp_path, monkeypatch, stem, n, seed
     gguf, hrry = pairs[stem]
     graw, hraw = gguf.read_bytes(), hrry.read_bytes()
     spans = _spans(hrry)
-    known = _known_exit_0(hrry)
     rng = random.Random(seed)
     mg, mh = tmp_path / "m.gguf", tmp_path / "m.hrry"
     seen = {0: 0, 1: 0, 2: 0}
@@ -158,7 +157,7 @@ def test_verify_with_one_flipped_bit(pairs, tmp_path, monkeypatch, stem, n, seed
         seen[status] += 1
         if status == 0:
             assert not in_gguf, f"a flipped bit of the GGUF (byte {i}, bit {bit}) passed verify"
-            if i in known or where == "tensor_count_hint":
+            if where == "tensor_count_hint":
                 continue
             assert _same_meaning(hrry, mh), f"flipped bit in {where} (byte {i}, bit {bit}) passed verify"
     assert seen[1] > 0 and seen[2] > 0, seen
@@ -178,3 +177,26 @@ def test_flipped_padding_bit_of_the_hrry_is_meaningless(pairs, tmp_path):
     m.write_bytes(bytes(raw))
     status, _, err = run_cli(["verify", "-q", os.fspath(gguf), os.fspath(m)])
     assert status == 0, err
+
+
+@pytest.mark.parametrize("stem", ["kv-types", "tiny-llama"])
+def test_bits_the_export_once_ignored_now_fail_verify(pairs, tmp_path, stem):
+    """Issue #20 (float32 metadata range; substitute-scale mismatch): a flip in a FLOAT32
+    metadata value stored as float64, or in a recorded block's stored substitute scale, passed
+    verify (exit 0). Sampled bytes of both classes, lowest and highest bit: exit 1 or 2."""
+    gguf, hrry = pairs[stem]
+    raw0 = hrry.read_bytes()
+    by_class: dict[str, list[int]] = {}
+    for i, what in sorted(_once_ignored(hrry).items()):
+        by_class.setdefault(what, []).append(i)
+    assert "float32 metadata" in by_class and (stem == "kv-types" or "substitute scale" in by_class), sorted(by_class)
+    rng = random.Random(43)
+    m = tmp_path / "m.hrry"
+    for what, where in by_class.items():
+        for i in rng.sample(where, min(6, len(where))):
+            for bit in (0, 7):
+                raw = bytearray(raw0)
+                raw[i] ^= 1 << bit
+                m.write_bytes(bytes(raw))
+                status, out, err = run_cli(["verify", "-q", os.fspath(gguf), os.fspath(m)])
+                assert status in (1, 2) and "internal error" not in out + err, (what, i, bit, status, out, err)
