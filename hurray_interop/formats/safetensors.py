@@ -235,25 +235,11 @@ class SafetensorsFile:
         self.close()
 
 
-def _is_text(s: str) -> bool:
-    """False for a string holding a lone surrogate (a ``\\uD800``-``\\uDFFF`` escape that JSON
-    decodes but that is no Unicode text: it cannot be printed or stored as UTF-8)."""
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
             raise InconsistentError(f"duplicate key {k!r} in the JSON header", field="header", key=k)
-        bad = k if not _is_text(k) else v if isinstance(v, str) and not _is_text(v) else None
-        if bad is not None:  # the safetensors package (serde_json) refuses these too
-            what = "key" if bad is k else f"value of {k!r}"
-            raise FormatError(f"{what} {bad!r} holds a lone surrogate escape: not Unicode text", field="header", key=k)
         out[k] = v
     return out
 
@@ -282,9 +268,6 @@ def _parse_header(raw: bytes, data_size: int, path: Path) -> tuple[dict[str, str
         second = text.find(key, first + 1) if first >= 0 else -1
         pos = second if second >= 0 else max(first, 0)
         e.offset = 8 + len(text[:pos].encode("utf-8"))
-        raise e.located(path=path)
-    except FormatError as e:  # a lone surrogate (_no_dupes)
-        e.offset = _entry_offset(text, str(e.details.get("key", "")))
         raise e.located(path=path)
     except (json.JSONDecodeError, RecursionError) as e:
         pos = getattr(e, "pos", 0)
