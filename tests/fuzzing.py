@@ -225,6 +225,235 @@ def safetensors_json_mutant(data: bytes, rng: random.Random) -> bytes:
     return struct.pack("<Q", len(raw)) + raw + data[8 + hl :]
 
 
+# --------------------------------------------------------------------------
+# structure-aware families (issue #20's hostile-input campaign): each takes the valid
+# original and a Random and returns one mutant that moves one count, length or offset to
+# or around its limit, or rewrites one header/record in a way a byte mutator rarely finds
+
+#: deltas applied to a field's valid value: at and around its limits
+_BOUNDARY_DELTAS = (-1, 1, -2, 2, -8, 8, 32, -32)
+
+
+def gguf_fields(data: bytes) -> list[tuple[int, str, int]]:
+    """``(offset, struct code, valid value)`` of every count, length and offset of a valid
+    GGUF: the header counts, each key and string length, array counts, n_dims, each ne and
+    each tensor data offset (found by the reader, then read back with struct)."""
+    from hurray_interop.formats.gguf import GGUFFile, ValueType
+
+    g = GGUFFile(data)
+    out = [(8, "<Q", struct.unpack_from("<Q", data, 8)[0]), (16, "<Q", struct.unpack_from("<Q", data, 16)[0])]
+    for key, at in g.kv_offsets.items():
+        klen = struct.unpack_from("<Q", data, at)[0]
+        out.append((at, "<Q", klen))
+        vat = at + 8 + klen + 4
+        vt = g.kv[key].type
+        if vt == ValueType.STRING:
+            out.append((vat, "<Q", struct.unpack_from("<Q", data, vat)[0]))
+        elif vt == ValueType.ARRAY:
+            out.append((vat + 4, "<Q", struct.unpack_from("<Q", data, vat + 4)[0]))
+            if g.kv[key].element_type == ValueType.STRING and len(g.kv[key].value):
+                out.append((vat + 12, "<Q", struct.unpack_from("<Q", data, vat + 12)[0]))  # first string's length
+    for t in g.tensors:
+        at = t.info_offset
+        nlen = struct.unpack_from("<Q", data, at)[0]
+        out.append((at, "<Q", nlen))
+        nd_at = at + 8 + nlen
+        nd = struct.unpack_from("<I", data, nd_at)[0]
+        out.append((nd_at, "<I", nd))
+        for j in range(nd):
+            out.append((nd_at + 4 + 8 * j, "<Q", struct.unpack_from("<Q", data, nd_at + 4 + 8 * j)[0]))
+        off_at = nd_at + 4 + 8 * nd + 4
+        out.append((off_at, "<Q", struct.unpack_from("<Q", data, off_at)[0]))
+    return out
+
+
+def gguf_boundary_mutant(data: bytes, rng: random.Random, fields: list[tuple[int, str, int]] | None = None) -> bytes:
+    """One field moved by a small delta (or the alignment), to 0, to twice its value or to
+    the largest value of its width; or the file cut 1 byte before/after a field boundary."""
+    fields = fields if fields is not None else gguf_fields(data)
+    at, code, v = rng.choice(fields)
+    width = struct.calcsize(code)
+    if rng.random() < 0.15:  # cut at a field boundary, +-1
+        cut = max(0, min(len(data) - 1, at + rng.choice([0, width]) + rng.choice([-1, 0, 1])))
+        return data[:cut]
+    top = (1 << (8 * width)) - 1
+    new = rng.choice([v + rng.choice(_BOUNDARY_DELTAS), v + rng.choice(_BOUNDARY_DELTAS), 0, 2 * v, top, top // 2 + rng.choice([0, 1])])
+    new = min(max(new, 0), top)
+    if new == v:
+        new = v + 1 if v < top else v - 1
+    b = bytearray(data)
+    struct.pack_into(code, b, at, new)
+    return bytes(b)
+
+
+#: JSON texts a header key or value may be rewritten to (escapes decoded by json.loads)
+_ESCAPED_NAMES = ('"\\ud800"', '"\\udfff"', '"x\\udc80y"', '"\\ud83d\\ude00"', '"\\u0000"', '"\\u00e9"', '"\\ufeff"',
+                  '"\\"quoted\\""', '"\\\\"', '""', '"\\u0041\\u0042"')
+_HUGE_NUMBERS = ("1e400", "-1e400", "1e309", "-0", "0.0", "1E2", "9" * 5000, "18446744073709551616", "-9223372036854775809", "1.5")
+
+
+def safetensors_escape_mutant(data: bytes, rng: random.Random) -> bytes:
+    """The JSON header rewritten as text: a tensor name or a ``__metadata__`` key/value replaced
+    by an escape (lone surrogates, NUL, a pair), a name re-spelled with \\uXXXX escapes so that
+    it duplicates another after unescaping, or an offset/shape number replaced by a huge,
+    negative-zero or float literal. The data section is kept."""
+    (hl,) = struct.unpack_from("<Q", data, 0)
+    header = json.loads(data[8 : 8 + hl])
+    names = [k for k in header if k != "__metadata__"]
+    enc = {k: json.dumps(k) for k in header}
+    parts = {k: json.dumps(v) for k, v in header.items()}
+    kind = rng.randrange(5)
+    name = rng.choice(names)
+    if kind == 0:  # a name becomes an escape
+        enc[name] = rng.choice(_ESCAPED_NAMES)
+    elif kind == 1:  # another tensor's name, spelled with escapes: a duplicate only after unescaping
+        other = rng.choice(names)
+        enc[name] = '"' + "".join(f"\\u{ord(c):04x}" if ord(c) < 0x10000 else c for c in other) + '"'
+    elif kind == 2:  # metadata key or value with an escape
+        meta = dict(header.get("__metadata__") or {"format": "pt"})
+        k = rng.choice(list(meta))
+        items = [f"{json.dumps(a)}: {json.dumps(b)}" for a, b in meta.items() if a != k]
+        esc = rng.choice(_ESCAPED_NAMES)
+        items.append(f"{esc}: {json.dumps(meta[k])}" if rng.random() < 0.5 else f"{json.dumps(k)}: {esc}")
+        enc.setdefault("__metadata__", '"__metadata__"')
+        parts["__metadata__"] = "{" + ", ".join(items) + "}"
+    elif kind == 3:  # a number of data_offsets or shape replaced by a literal json.dumps never writes
+        e = header[name]
+        field = rng.choice(["data_offsets", "shape"]) if e["shape"] else "data_offsets"
+        vals = [str(x) for x in e[field]]
+        vals[rng.randrange(len(vals))] = rng.choice(_HUGE_NUMBERS)
+        parts[name] = json.dumps({k: v for k, v in e.items() if k != field})[:-1] + f', "{field}": [{", ".join(vals)}]}}'
+    else:  # a raw duplicate key: the same tensor twice, once escaped
+        dup = '"' + "".join(f"\\u{ord(c):04x}" for c in name) + '"'
+        text = "{" + ", ".join(f"{enc[k]}: {parts[k]}" for k in header) + f", {dup}: {parts[name]}" + "}"
+        raw = text.encode("utf-8", "surrogatepass")
+        raw += b" " * (-len(raw) % 8)
+        return struct.pack("<Q", len(raw)) + raw + data[8 + hl :]
+    text = "{" + ", ".join(f"{enc[k]}: {parts[k]}" for k in enc) + "}"
+    raw = text.encode("utf-8", "surrogatepass")
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + data[8 + hl :]
+
+
+#: family name -> (parse driver format, mutant function)
+FAMILIES: dict[str, tuple[str, Callable[[bytes, random.Random], bytes]]] = {
+    "gguf-bounds": ("gguf", gguf_boundary_mutant),
+    "safetensors-escapes": ("safetensors", safetensors_escape_mutant),
+}
+
+
+def split_set_mutant(shards: list[bytes], rng: random.Random) -> tuple[list[bytes | None], str]:
+    """One mutant of a split set (the shards' bytes, in order): a split.* value moved to or
+    around its limit in one shard, one shard truncated, one shard missing, duplicated or
+    swapped, or an extra shard. Returns the new list (None = no such file; extra entries
+    are extra shards) and a description."""
+    from hurray_interop.formats.gguf import GGUFFile
+
+    out: list[bytes | None] = list(shards)
+    i = rng.randrange(len(shards))
+    kind = rng.randrange(6)
+    if kind <= 1:  # a split key
+        g = GGUFFile(shards[i])
+        key = rng.choice(["split.no", "split.count", "split.tensors.count"])
+        at = g.kv_offsets[key] + 8 + len(key) + 4
+        code = "<i" if key == "split.tensors.count" else "<H"
+        v = struct.unpack_from(code, shards[i], at)[0]
+        lim = {"split.no": [len(shards) - 1, len(shards), 0, i + 1, i - 1, 0xFFFF],
+               "split.count": [0, 1, len(shards) - 1, len(shards) + 1, 0xFFFF],
+               "split.tensors.count": [v - 1, v + 1, 0, -1, 2**31 - 1, -(2**31)]}[key]
+        lo, hi = (-(2**31), 2**31 - 1) if code == "<i" else (0, 0xFFFF)
+        new = rng.choice(sorted({min(max(x, lo), hi) for x in lim} - {v}))
+        b = bytearray(shards[i])
+        struct.pack_into(code, b, at, new)
+        out[i] = bytes(b)
+        return out, f"shard {i + 1}: {key} {v} -> {new}"
+    if kind == 2:  # truncated
+        cut = rng.choice([len(shards[i]) - 1, len(shards[i]) // 2, rng.randrange(1, len(shards[i]))])
+        out[i] = shards[i][:cut]
+        return out, f"shard {i + 1} cut to {cut} bytes"
+    if kind == 3:
+        out[i] = None
+        return out, f"shard {i + 1} missing"
+    if kind == 4:  # another shard's bytes under this shard's name
+        j = rng.choice([j for j in range(len(shards)) if j != i])
+        out[i] = shards[j]
+        return out, f"shard {j + 1} copied over shard {i + 1}"
+    out.append(shards[rng.randrange(len(shards))])
+    return out, "an extra shard beyond the count"
+
+
+def records_mutant(kv: dict, rng: random.Random) -> tuple[dict, str]:
+    """One mutant of the conversion records of a .hrry's KV (``hurray_interop.gguf.*`` and
+    scale-substitution records): a number moved to or around its limit, a JSON tensor row
+    edited, a record dropped or given the wrong type. Returns the new KV and a description."""
+    from hurray_interop.core.kv import KVValue
+
+    kv = dict(kv)
+    keys = [k for k in kv if k.startswith("hurray_interop.")]
+    key = rng.choice(keys)
+    v = kv[key]
+    if rng.random() < 0.08:
+        del kv[key]
+        return kv, f"{key} dropped"
+    if rng.random() < 0.08:
+        kv[key] = rng.choice([KVValue("string", "x"), KVValue("uint64", 1), KVValue("bytes", b"\0" * 12), KVValue("int64", -1)])
+        return kv, f"{key} retyped"
+    if v.type in ("uint64", "int64"):
+        x = int(v.value)
+        new = rng.choice([x - 1, x + 1, 0, 2 * x, x * 2 + 1, 1 << 30, 1 << 31, 2**63 - 1, 32, 31, 33])
+        kv[key] = KVValue("uint64", max(new, 0))
+        return kv, f"{key} {x} -> {new}"
+    if v.type == "string" and key.endswith(".tensors"):
+        rows = json.loads(v.value)
+        r = rng.randrange(len(rows))
+        row = rows[r]
+        kind = rng.randrange(6)
+        if kind == 0:
+            row[3] = max(0, row[3] + rng.choice([-1, 1, -32, 32, 2**62, 2**40]))
+        elif kind == 1:
+            j = rng.randrange(len(row[2]))
+            row[2][j] = max(0, row[2][j] + rng.choice([-1, 1, 32, -32]))
+        elif kind == 2:
+            row[2] = row[2] + [1] if len(row[2]) < 5 else row[2][:-1]
+        elif kind == 3:
+            row[1] = rng.choice(["F32", "Q4_0", "Q8_0", "I8", "Q4_K", "XX"])
+        elif kind == 4:
+            rows.append(list(row) if rng.random() < 0.5 else [row[0] + "x", row[1], row[2], row[3]])
+        else:
+            rows.pop(r)
+        kv[key] = KVValue("string", json.dumps(rows))
+        return kv, f"{key} row {r} kind {kind}"
+    if v.type == "array" and v.element_type == "string":
+        items = list(v.value)
+        kind = rng.randrange(3)
+        if kind == 0 and items:
+            items.pop(rng.randrange(len(items)))
+        elif kind == 1:
+            items.insert(rng.randrange(len(items) + 1), rng.choice(["UINT8", "STRING", "ARRAY[FLOAT32]", "INT64"]))
+        elif items:
+            items[rng.randrange(len(items))] = rng.choice(["UINT32", "FLOAT32", "BOOL", "ARRAY[STRING]", "FLOAT64", "nope"])
+        kv[key] = KVValue("array", items, "string")
+        return kv, f"{key} types edited ({kind})"
+    if v.type == "bytes" and len(v.value) >= 12:  # a scale-substitution record: u32 itemsize | u64 count | ...
+        b = bytearray(v.value)
+        itemsize, count = struct.unpack_from("<IQ", b, 0)
+        kind = rng.randrange(4)
+        if kind == 0:
+            struct.pack_into("<Q", b, 4, max(0, count + rng.choice([-1, 1, 2**61])))
+        elif kind == 1 and count:
+            last = 12 + 8 * (count - 1)
+            struct.pack_into("<Q", b, last, struct.unpack_from("<Q", b, last)[0] + rng.choice([1, 2**20, 2**63]))
+        elif kind == 2:
+            b = b[: len(b) - rng.choice([1, itemsize])] if len(b) > 12 else b + b"\0"
+        else:
+            struct.pack_into("<I", b, 0, rng.choice([0, 1, 2, 3, 4, 8, 16]))
+        kv[key] = KVValue("bytes", bytes(b))
+        return kv, f"{key} record edited ({kind})"
+    # anything else: a string record gets hostile JSON
+    kv[key] = KVValue("string", rng.choice(["", "[", "{}", "[[]]", "null", '{"format": 1}', "[" * 5000]))
+    return kv, f"{key} replaced"
+
+
 def _parse_gguf(m: bytes, path: Path) -> None:
     from hurray_interop.formats.gguf import GGUFFile
 
@@ -277,6 +506,9 @@ def _vm_size() -> int:
 def _campaign(fmt: str, src: Path, n: int, seed: int, budget: int, per_mutant_timeout: int) -> dict:
     from hurray_interop.errors import FormatError, HurrayInteropError
 
+    family = FAMILIES.get(fmt)
+    if family is not None:
+        fmt = family[0]
     parse, ext = _DRIVERS[fmt]
     data = src.read_bytes()
     regions = {"gguf": lambda: gguf_regions(data), "hrry": lambda: hrry_regions(src), "safetensors": lambda: safetensors_regions(data)}[fmt]()
@@ -294,7 +526,15 @@ def _campaign(fmt: str, src: Path, n: int, seed: int, budget: int, per_mutant_ti
     work = Path(tempfile.mkdtemp()) / f"mutant{ext}"
     errors = accepted = 0
     escapes: list[dict] = []
-    for k, m in mutants(data, n, seed, regions, fixup):
+    if family is not None:
+        make, fam_rng = family[1], random.Random(seed)
+        if make is gguf_boundary_mutant:
+            fields = gguf_fields(data)
+            make = lambda d, r: gguf_boundary_mutant(d, r, fields)  # noqa: E731
+        source: Iterator[tuple[int, bytes]] = ((k, make(data, fam_rng)) for k in range(n))
+    else:
+        source = mutants(data, n, seed, regions, fixup)
+    for k, m in source:
         signal.alarm(per_mutant_timeout)
         try:
             parse(m, work)
@@ -381,16 +621,20 @@ def run_bounded(code: str, *, budget: int = 256 << 20, timeout: float = 30.0) ->
 
 
 def run_cli(argv: Sequence[str]) -> tuple[int, str, str]:
-    """``hurray_interop.cli.main(argv)`` in-process; returns (status, stdout, stderr)."""
+    """``hurray_interop.cli.main(argv)`` in-process; returns (status, stdout, stderr).
+
+    Both streams encode strictly as UTF-8, as a terminal or a pipe does (a ``StringIO``
+    would accept text that cannot be printed, e.g. a lone surrogate from a JSON escape)."""
     import contextlib
     import io
 
     from hurray_interop import cli
 
-    out, err = io.StringIO(), io.StringIO()
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)
+    err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = cli.main(list(argv))
-    return status, out.getvalue(), err.getvalue()
+    return status, out.buffer.getvalue().decode("utf-8"), err.buffer.getvalue().decode("utf-8")  # type: ignore[attr-defined]
 
 
 #: internal errors already pinned by a failing ``test_bug_*`` test (signature -> test name); the

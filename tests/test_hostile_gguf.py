@@ -247,3 +247,97 @@ def test_uint64_array_with_values_above_int64_encodes_exactly():
         GGUFValue.of(ValueType.ARRAY, [0, 2**64], ValueType.UINT64)
     with pytest.raises(UsageError, match="out of range for INT64"):
         GGUFValue.of(ValueType.ARRAY, [-1, 2**63], ValueType.INT64)
+
+
+# -- structure-aware boundaries (issue #20's campaign) -------------------------------------------
+
+
+def test_boundary_mutants_raise_only_located_project_errors(fixtures_dir):
+    """Every count, length, n_dims, ne and data offset of the fixtures moved to or around its
+    limit (+-1, +-2, +-8, +-32, 0, twice, the width's maximum) or the file cut at a field
+    boundary +-1, parsed in the bounded child: only located project errors."""
+    for name, n, seed in (("kv-types.gguf", 400, 111), ("tiny-llama.gguf", 400, 222)):
+        n = fuzz_count(n)
+        r = run_campaign("gguf-bounds", fixtures_dir / name, n, seed)
+        assert r["escape_count"] == 0, json.dumps(r["escapes"][:10], indent=1)
+        assert r["errors"] + r["accepted"] == n and r["errors"] > n // 2, r
+
+
+def test_cli_on_boundary_mutants_end_to_end(fixtures_dir, tmp_path, monkeypatch):
+    """Boundary mutants through ``convert`` to .hrry: exit 0/1/2, one line naming the input,
+    no output or temporary file after a failure, a valid .hrry after success."""
+    import random
+
+    from fuzzing import gguf_boundary_mutant, gguf_fields
+    from hurray_interop.core.hrry import HrryFile
+
+    monkeypatch.setattr(os, "fsync", lambda fd: None)  # speed only
+    raw = (fixtures_dir / "kv-types.gguf").read_bytes()
+    fields = gguf_fields(raw)
+    rng = random.Random(909)
+    src, out = tmp_path / "in" / "m.gguf", tmp_path / "out" / "m.hrry"
+    src.parent.mkdir()
+    out.parent.mkdir()
+    seen = {0: 0, 1: 0, 2: 0}
+    for _ in range(max(40, fuzz_count(40) // 20)):
+        m = gguf_boundary_mutant(raw, rng, fields)
+        src.write_bytes(m)
+        before = set(os.listdir(out.parent))
+        status, _, err = run_cli(["convert", os.fspath(src), os.fspath(out), "-q"])
+        assert_cli_contract(status, err, output=out, before=before)
+        assert status != 2 or os.fspath(src) in err, err
+        seen[status] += 1
+        if status == 0:
+            with HrryFile(out) as f:
+                f.validate()
+            out.unlink()
+    assert seen[2] > 0, seen
+
+
+def _write_set(folder: Path, prefix: str, shards: list) -> Path:
+    """Write a (mutated) set: entry i is shard i + 1 of ``count`` = the original count (None: absent)."""
+    count = 3
+    for i, b in enumerate(shards):
+        if b is not None:
+            (folder / f"{prefix}-{i + 1:05d}-of-{count:05d}.gguf").write_bytes(b)
+    return folder / f"{prefix}-00001-of-{count:05d}.gguf"
+
+
+def test_cli_on_split_set_mutants(fixtures_dir, tmp_path, monkeypatch):
+    """Split sets with one defect each (a split.no / split.count / split.tensors.count moved to
+    or around its limit in one shard, one shard truncated, missing, another shard's copy, an
+    extra shard 4 of 3) through ``convert`` and ``inspect`` of the first shard: never exit 0
+    for ``convert`` (each defect breaks the set), one line naming a file of the set, no output,
+    no traceback."""
+    import random
+
+    from fuzzing import split_set_mutant
+
+    monkeypatch.setattr(os, "fsync", lambda fd: None)  # speed only
+    shards = [(fixtures_dir / f"tiny-split-{i:05d}-of-00003.gguf").read_bytes() for i in (1, 2, 3)]
+    rng = random.Random(717)
+    seen: dict[int, int] = {0: 0, 1: 0, 2: 0}
+    for k in range(max(40, fuzz_count(40) // 20)):
+        folder = tmp_path / f"m{k}"
+        folder.mkdir()
+        mutated, what = split_set_mutant(shards, rng)
+        if mutated[0] is None and len(mutated) == 3:  # the first shard missing: convert the second
+            first = _write_set(folder, "s", mutated).with_name("s-00002-of-00003.gguf")
+        else:
+            first = _write_set(folder, "s", mutated)
+        if len(mutated) > 3:
+            (folder / "s-00004-of-00003.gguf").write_bytes(mutated[3])
+        out = tmp_path / "out" / f"m{k}.hrry"
+        out.parent.mkdir(exist_ok=True)
+        before = set(os.listdir(out.parent))
+        status, _, err = run_cli(["convert", os.fspath(first), os.fspath(out), "-q"])
+        assert_cli_contract(status, err, output=out, before=before)
+        if what == "shard 1: split.count 3 -> 0":  # gguf-split's own "not a split": shard 1 is a file by itself
+            assert status == 0, (what, err)
+        else:
+            assert status != 0, f"{what}: converted"
+            assert os.fspath(folder) in err, (what, err)
+        seen[status] += 1
+        status, _, err = run_cli(["inspect", os.fspath(first)])
+        assert_cli_contract(status, err)
+    assert seen[2] > 0, seen

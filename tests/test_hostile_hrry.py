@@ -458,3 +458,64 @@ def test_bug_corrupt_scale_record_error_names_the_file(tmp_path, fixtures_dir, o
     assert status == 2 and "scale substitution record holds" in err, err
     assert_cli_contract(status, err, output=dst)
     assert err.startswith(f"hurray-interop: error: {bad}: "), err
+
+
+# -- conversion records as a fuzzing family (issue #20's campaign) ---------------------------------
+
+
+def test_cli_on_record_mutants_end_to_end(converted, tmp_path, monkeypatch):
+    """The records a GGUF export replays (``hurray_interop.gguf.*``: version, alignment, tail
+    bytes, value types, tensor rows; scale-substitution records), one mutated per file
+    (numbers to and around their limits, rows edited, records dropped or retyped), exported
+    to GGUF: exit 0/1/2, one line naming the .hrry, no output after a failure, and a written
+    GGUF reads back."""
+    import random
+
+    from fuzzing import records_mutant
+    from hurray_interop.core.hrry import load, save
+    from hurray_interop.formats.gguf import read_gguf
+
+    monkeypatch.setattr(os, "fsync", lambda fd: None)  # speed only
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    seen = {0: 0, 1: 0, 2: 0}
+    n = max(40, fuzz_count(40) // 20)
+    for which, seed in (("kv-types", 808), ("tiny-llama", 809)):
+        tensors, kv = load(converted[which])
+        rng = random.Random(seed)
+        for k in range(n):
+            mkv, what = records_mutant(kv, rng)
+            src = tmp_path / f"{which}-{k}.hrry"
+            save(src, tensors, mkv, force=True)
+            out = outdir / "m.gguf"
+            before = set(os.listdir(outdir))
+            status, _, err = run_cli(["convert", os.fspath(src), os.fspath(out), "-q"])
+            assert_cli_contract(status, err, output=out, before=before)
+            assert status != 2 or os.fspath(src) in err, (what, err)
+            seen[status] += 1
+            if status == 0:
+                with read_gguf(out):
+                    pass
+                out.unlink()
+            src.unlink()
+    assert seen[2] > n // 2 and seen[0] > 0, seen
+
+
+@pytest.mark.parametrize("kind,value", [("uint64", 1), ("string", "abcdefghijklmnop"), ("int64", -1)])
+def test_bug_scale_record_of_another_type_is_a_format_error(converted, tmp_path, kind, value):
+    """Found by the record family above: a ``hurray_interop.scale_substitutions.*`` record stored
+    as an integer or a string (not bytes) reached ``len()`` / ``struct.unpack_from`` in
+    core/records.py -> ``internal error: TypeError: object of type 'int' has no len()``. Now exit 2,
+    one line naming the .hrry, the tensor and the record."""
+    from hurray_interop.core.hrry import HrryFile
+    from hurray_interop.core.kv import KVValue
+
+    with HrryFile(converted["tiny-llama"]) as f:
+        key = next(k for k in f.kv if k.startswith("hurray_interop.scale_substitutions."))
+    src = _with_records(converted["tiny-llama"], tmp_path / "rec.hrry", **{key: KVValue(kind, value)})
+    dst = tmp_path / "o.gguf"
+    status, _, err = run_cli(["convert", os.fspath(src), os.fspath(dst), "-q"])
+    assert_cli_contract(status, err, output=dst)
+    tensor = key.removeprefix("hurray_interop.scale_substitutions.")
+    assert status == 2 and err.startswith(f"hurray-interop: error: {src}: ") and tensor in err, err
+    assert "scale substitution record is stored as" in err and "expected bytes" in err, err

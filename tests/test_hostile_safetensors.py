@@ -11,7 +11,11 @@ and a set of corrupt files; this file adds:
    JSON mutants (hostile shapes, offsets, dtypes, duplicated entries, lying
    header lengths, nesting) of both fixture conventions;
 3. mutants converted end to end (to .hrry and through it to .gguf) by the CLI;
-4. regressions for the reader defects found here (fixed in bf7ae13 and 2381cab).
+4. regressions for the reader defects found here (fixed in bf7ae13 and 2381cab);
+5. the header as JSON *text* (issue #20's campaign): escapes (``\\uXXXX``, lone surrogates,
+   NUL), names that duplicate another only after unescaping, and number literals
+   ``json.dumps`` never writes (``1e400``, ``-0``, 5000 digits), parsed in a bounded child
+   and run through ``inspect`` / ``convert`` with stdout and stderr encoding strict UTF-8.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from fuzzing import (
     run_bounded,
     run_campaign,
     run_cli,
+    safetensors_escape_mutant,
     safetensors_json_mutant,
     safetensors_regions,
 )
@@ -272,3 +277,80 @@ def test_truncation_at_every_boundary(fixtures_dir, tmp_path, name):
             SafetensorsFile(p)
         e = ei.value
         assert e.path == os.fspath(p) and e.offset is not None and 0 <= e.offset <= max(cut, 8), (cut, str(e))
+
+
+# -- the header as JSON text: escapes, surrogates, duplicates after unescaping, huge numbers --------
+
+
+def test_escape_mutants_raise_only_project_errors(fixtures_dir):
+    n = fuzz_count(400)
+    r = run_campaign("safetensors-escapes", fixtures_dir / "gpt-oss-tiny.safetensors", n, 31)
+    assert r["escape_count"] == 0, json.dumps(r["escapes"][:10], indent=1)
+    assert r["errors"] + r["accepted"] == n and r["errors"] > n // 4 and r["accepted"] > 0, r
+
+
+def test_cli_on_escape_mutants_end_to_end(fixtures_dir, tmp_path, monkeypatch):
+    """``inspect``, ``inspect --json`` and ``convert`` of header-text mutants: exit 0/1/2, one
+    line, no internal error (stdout/stderr are strict UTF-8, like a terminal), and a refusal
+    names the input file, not the output."""
+    import random
+
+    monkeypatch.setattr(os, "fsync", lambda fd: None)  # speed only
+    src, outdir = tmp_path / "in" / "m.safetensors", tmp_path / "out"
+    src.parent.mkdir()
+    outdir.mkdir()
+    n = max(40, fuzz_count(40) // 20)
+    seen = {0: 0, 1: 0, 2: 0}
+    for name in ("gpt-oss-tiny.safetensors", "mxfp8-tiny.safetensors"):
+        raw = (fixtures_dir / name).read_bytes()
+        rng = random.Random(606)
+        for _ in range(n):
+            m = safetensors_escape_mutant(raw, rng)
+            src.write_bytes(m)
+            for argv in (["inspect", os.fspath(src)], ["inspect", "--json", os.fspath(src)]):
+                status, _, err = run_cli(argv)
+                assert_cli_contract(status, err)
+            out = outdir / "m.hrry"
+            before = set(os.listdir(outdir))
+            status, _, err = run_cli(["convert", os.fspath(src), os.fspath(out), "-q"])
+            assert_cli_contract(status, err, output=out, before=before)
+            assert status != 2 or os.fspath(src) in err, err
+            seen[status] += 1
+            if status == 0:
+                out.unlink()
+            assert src.read_bytes() == m
+    assert seen[2] > 0 and seen[0] > 0, seen
+
+
+SURROGATE_HEADERS = {
+    "tensor-name": '{"\\ud800": ' + entry("U8", [2], [0, 2]) + "}",
+    "name-inside": '{"w\\udc80x": ' + entry("U8", [2], [0, 2]) + "}",
+    "metadata-key": '{"__metadata__": {"\\ud800": "v"}, "w": ' + entry("U8", [2], [0, 2]) + "}",
+    "metadata-value": '{"__metadata__": {"k": "\\udfff"}, "w": ' + entry("U8", [2], [0, 2]) + "}",
+}
+
+
+@pytest.mark.parametrize("case", list(SURROGATE_HEADERS))
+def test_bug_lone_surrogate_in_the_header_refusal_names_the_input(tmp_path, case):
+    """Issue #20: ``convert`` of a safetensors file whose tensor name or ``__metadata__`` key/value
+    is a lone surrogate (JSON ``"\\ud800"``) was refused naming the *output* file
+    (``o.hrry: tensor '\\ud800': tensor name is not encodable as UTF-8``). Now exit 2, one line
+    naming the input, nothing written. (``inspect`` shows such text escaped: tests/test_inspect.py.)"""
+    src, dst = tmp_path / "s.safetensors", tmp_path / "o.hrry"
+    src.write_bytes(st(SURROGATE_HEADERS[case], b"ab"))
+    SafetensorsFile(src).close()  # the reader keeps the text as it is
+    status, out, err = run_cli(["convert", os.fspath(src), os.fspath(dst)])
+    assert_cli_contract(status, err, output=dst, before=set(os.listdir(tmp_path)))
+    assert status == 2 and err.startswith(f"hurray-interop: error: {src}: ") and "lone surrogate" in err, err
+    assert out == ""
+
+
+def test_bug_empty_tensor_name_refusal_names_the_input(tmp_path):
+    """A tensor named ``""`` (legal JSON, legal safetensors) cannot be a Hurray index name; the
+    refusal named the output file (``o.hrry: tensor names must be non-empty strings``). Now it
+    names the input and the (empty) tensor, exit 2, nothing written."""
+    src, dst = tmp_path / "s.safetensors", tmp_path / "o.hrry"
+    src.write_bytes(st('{"": ' + entry("U8", [2], [0, 2]) + "}", b"ab"))
+    status, _, err = run_cli(["convert", os.fspath(src), os.fspath(dst)])
+    assert_cli_contract(status, err, output=dst, before=set(os.listdir(tmp_path)))
+    assert status == 2 and err.startswith(f"hurray-interop: error: {src}: ") and "empty name" in err, err

@@ -59,6 +59,8 @@ def encode_scale_record(blocks: np.ndarray, original: np.ndarray) -> bytes:
 
 def decode_scale_record(raw: bytes, *, key: str = "") -> tuple[np.ndarray, np.ndarray]:
     """Return ``(block indices as uint64, original scale bytes as uint8[count, itemsize])``."""
+    if not isinstance(raw, (bytes, bytearray, memoryview)):  # a KV value of another type
+        raise FormatError(f"scale substitution record is stored as {type(raw).__name__}, expected bytes", field=key or "scale record")
     if len(raw) < _HEAD.size:
         raise FormatError("scale substitution record is truncated", field=key or "scale record")
     itemsize, count = _HEAD.unpack_from(raw, 0)
