@@ -335,10 +335,12 @@ def test_bug_lone_surrogate_in_the_header_refusal_names_the_input(tmp_path, case
     """Issue #20: ``convert`` of a safetensors file whose tensor name or ``__metadata__`` key/value
     is a lone surrogate (JSON ``"\\ud800"``) was refused naming the *output* file
     (``o.hrry: tensor '\\ud800': tensor name is not encodable as UTF-8``). Now exit 2, one line
-    naming the input, nothing written. (``inspect`` shows such text escaped: tests/test_inspect.py.)"""
+    naming the input and the header offset, nothing written: the reader refuses such text, as the
+    safetensors package does (``inspect`` too: tests/test_inspect.py)."""
     src, dst = tmp_path / "s.safetensors", tmp_path / "o.hrry"
     src.write_bytes(st(SURROGATE_HEADERS[case], b"ab"))
-    SafetensorsFile(src).close()  # the reader keeps the text as it is
+    with pytest.raises(FormatError, match="lone surrogate"):
+        SafetensorsFile(src)
     status, out, err = run_cli(["convert", os.fspath(src), os.fspath(dst)])
     assert_cli_contract(status, err, output=dst, before=set(os.listdir(tmp_path)))
     assert status == 2 and err.startswith(f"hurray-interop: error: {src}: ") and "lone surrogate" in err, err

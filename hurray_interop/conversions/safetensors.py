@@ -152,28 +152,12 @@ def _check_unique(names: list[str], what: str, path: Any) -> None:
         raise InconsistentError(f"{what} {dup!r}", path=path, tensor=dup)
 
 
-def _utf8(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _check_storable_text(st: SafetensorsFile, names: list[str], src: Any) -> None:
-    """Names and ``__metadata__`` a .hrry can hold (UTF-8, names of at least one byte), checked
-    before anything is written so that the error names the input: the reader keeps a lone
-    surrogate escape of the JSON header (``"\\ud800"``) as it is, for ``inspect`` to show."""
-    if "" in names:  # Hurray index names have at least one byte
+    """Names a .hrry can hold, checked before anything is written so that the error names the
+    input: Hurray index names have at least one byte (the reader refuses text that is not
+    Unicode, a lone surrogate escape of the JSON header)."""
+    if "" in names:
         raise UnsupportedError("a tensor with an empty name cannot be stored in Hurray", path=src, tensor="")
-    bad = next((n for n in names if not _utf8(n)), None)
-    if bad is not None:
-        raise FormatError(f"tensor name {bad!r} holds a lone surrogate escape: not UTF-8 text, cannot be stored in Hurray",
-                          path=src, tensor=bad, field="header")
-    bad = next((f"{k!r}: {v!r}" for k, v in (st.metadata or {}).items() if not (_utf8(k) and _utf8(v))), None)
-    if bad is not None:
-        raise FormatError(f"entry {bad} holds a lone surrogate escape: not UTF-8 text, cannot be stored in Hurray",
-                          path=src, field="__metadata__")
 
 
 @dataclass
