@@ -156,7 +156,8 @@ def _through_hurray(
             exc.reasons = [(name, types.get(name, typ), why) for name, typ, why in exc.reasons]
         raise exc from None
     _as_from_source(second, first, sf.name)
-    second.notes = first.notes + [f"converted through Hurray ({len(first.tensors)} tensors)"] + second.notes
+    # the intermediate file's forms (form_notes) are not the user's: it is deleted
+    second.notes = first.notes + [f"converted through a temporary Hurray file ({len(first.tensors)} tensors)"] + second.notes
     return second
 
 

@@ -263,8 +263,8 @@ def convert_task(group: Group, output: str, options: ConvertOptions) -> tuple[Fi
     counts = ", ".join(f"{v} {k}" for k, v in sorted(report.counts().items()))
     line = f"{src} -> {output}: {len(report.tensors)} tensors ({counts})"
     if options.dry_run:
-        status = REFUSED if report.refused else OK
-        hint = f"; {report.hint}" if report.refused and report.hint else ""
+        status = REFUSED if report.would_refuse else OK
+        hint = f"; {report.refusal or report.hint}" if report.would_refuse and (report.refusal or report.hint) else ""
         return (FileResult(src, status, f"{line}, dry run: nothing written{hint}", seconds=seconds),)
     return (FileResult(src, OK, line, output=output, seconds=seconds),)
 

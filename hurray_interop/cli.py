@@ -338,7 +338,7 @@ def _render_conversion(report: ConversionReport, out: TextIO) -> None:
             note = (note + "; " if note else "") + f"max abs error {t.max_abs_error:.6g}"
         rows.append((t.name, t.source_type, t.mapping, t.status, _fmt_bytes(t.bytes_in), _fmt_bytes(t.bytes_out), note))
     _table(rows, out)
-    for n in report.notes + _substitution_note(report):
+    for n in report.notes + report.form_notes + _substitution_note(report):
         out.write(f"note: {n}\n")
     counts = ", ".join(f"{v} {k}" for k, v in sorted(report.counts().items()))
     what = (f"{report.source} ({report.source_format}) -> {report.destination} ({report.destination_format}): "
@@ -346,6 +346,9 @@ def _render_conversion(report: ConversionReport, out: TextIO) -> None:
     hint = f"; {report.hint}" if report.refused and report.hint else ""
     if report.refused and not report.dry_run:  # the conversion stopped before writing anything
         out.write(f"refused: nothing written; {what}{hint}\n")
+        return
+    if report.refusal:  # a dry run: the conversion would stop before writing
+        out.write(f"would refuse: {what}; {report.refusal}\n")
         return
     sizes = f", {_fmt_bytes(report.bytes_in)} -> {_fmt_bytes(report.bytes_out)} of tensor data"
     out.write(f"{'would convert' if report.dry_run else 'converted'} {what}{sizes}{hint}\n")
@@ -418,7 +421,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
         out.write(json.dumps(report.to_dict(), indent=2) + "\n")
     elif not args.quiet:
         _render_conversion(report, out)
-    if args.dry_run and report.refused:
+    if args.dry_run and report.would_refuse:
         return EXIT_FAILED
     return EXIT_OK
 
@@ -534,7 +537,8 @@ def _cmd_verify_any(args: argparse.Namespace, out: TextIO) -> int:
     from .batch import plan_verify
 
     batch = plan_verify(args.files, pair=args.pair, each=args.each, jobs=args.jobs, **_verify_options(args))
-    return _run_batch(batch, args, out, "verified exact")
+    lossy = args.fallback not in (None, FALLBACK_EXACT) or args.q4_1 == "requantize"  # pairs pass "as reported"
+    return _run_batch(batch, args, out, "verified (lossy as reported)" if lossy else "verified exact")
 
 
 def _run_batch(batch: Any, args: argparse.Namespace, out: TextIO, verb: str) -> int:

@@ -307,7 +307,7 @@ def _add_plan(info: dict[str, Any], plan: Any, source_key: str, fallback: str | 
         for t in plan.tensors
     ]
     info["tensor_columns"] = ["name", source_key, "hurray_mapping", "status", "bytes_in", "bytes_out", "reason"]
-    info["notes"] = list(plan.notes)
+    info["notes"] = plan.notes + plan.form_notes + ([f"the conversion would be refused: {plan.refusal}"] if plan.refusal else [])
     info["summary"] = {
         "tensors": len(plan.tensors),
         "elements": None,  # filled in by the format that knows its shapes

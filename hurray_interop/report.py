@@ -68,10 +68,20 @@ class ConversionReport:
     dry_run: bool = False
     notes: list[str] = field(default_factory=list)
     hint: str = ""  # with refused tensors: the options that would convert them (:func:`fallback_hint`)
+    #: notes on the forms the destination stores (overlays, expanded forms): shown after ``notes``,
+    #: left out where the destination is an intermediate file (GGUF -> safetensors through Hurray)
+    form_notes: list[str] = field(default_factory=list)
+    #: a refusal of the whole file that a dry run found (the conversion would stop with it), "" if none
+    refusal: str = ""
 
     @property
     def refused(self) -> list[TensorPlan]:
         return [t for t in self.tensors if t.status == REFUSED]
+
+    @property
+    def would_refuse(self) -> bool:
+        """A dry run whose conversion would be refused: a tensor, or the whole file."""
+        return bool(self.refused or self.refusal)
 
     @property
     def exact(self) -> bool:
@@ -109,11 +119,12 @@ class ConversionReport:
             "source_format": self.source_format,
             "destination_format": self.destination_format,
             "dry_run": self.dry_run,
-            "exact": self.exact,
+            "exact": self.exact and not self.refusal,
+            "refusal": self.refusal,
             "counts": self.counts(),
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
-            "notes": list(self.notes),
+            "notes": self.notes + self.form_notes,
             "hint": self.hint,
             "tensors": [t.to_dict() for t in self.tensors],
         }

@@ -12,6 +12,8 @@ Oracles: the source file's own bytes, and gguf-py's reader for the tensor offset
 
 from __future__ import annotations
 
+import json
+
 import shutil
 import struct
 from pathlib import Path
@@ -134,8 +136,13 @@ def test_junk_at_the_record_limit(tmp_path: Path, length: int, capsys: pytest.Ca
     assert main(["convert", str(src), str(h)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and "more than the" in err and not h.exists()
-    assert main(["convert", "--dry-run", str(src), str(h)]) == 0  # the plan shows it, as a note
-    assert "a conversion is refused" in capsys.readouterr().out
+    assert main(["convert", "--dry-run", str(src), str(h)]) == 1  # the plan says the conversion would be refused
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("would refuse: ") and "more than the" in last, last
+    assert main(["convert", "--dry-run", "--json", str(src), str(h)]) == 1
+    assert "more than the" in json.loads(capsys.readouterr().out)["refusal"]
+    assert main(["inspect", str(src)]) == 0  # inspect describes the file; its notes say what convert would do
+    assert "the conversion would be refused: " in capsys.readouterr().out
     assert main(["verify", str(src)]) == 1  # the round trip fails, saying why
     assert f"FAILED {src}: round-trip, {length} bytes of padding" in capsys.readouterr().out
 

@@ -128,3 +128,14 @@ def test_planning_leaves_no_scale_pages_resident(tmp_path: Path, monkeypatch: py
     before = _rss_file()
     hurray_interop.convert(mid, tmp_path / "m.safetensors", fallback="bfloat16")
     assert len(seen) == 1 and seen[0] < 1 << 20, f"{seen[0] >> 10} KiB of file pages stayed resident"
+
+
+def test_gguf_to_safetensors_notes_are_about_the_output(fixtures_dir: Path, tmp_path: Path) -> None:
+    """GGUF -> safetensors goes through a temporary .hrry in exact expanded forms: the report says
+    nothing of those forms (the user asked for a dtype fallback and gets floats)."""
+    rep = hurray_interop.convert(fixtures_dir / "tiny-llama-kquant.gguf", tmp_path / "k.safetensors", fallback="bfloat16")
+    notes = rep.notes + rep.form_notes
+    assert not any("expanded form" in n or "minimum overlay" in n for n in notes), notes
+    assert any(n.startswith("converted through a temporary Hurray file") for n in notes), notes
+    direct = hurray_interop.convert(fixtures_dir / "tiny-llama-kquant.gguf", tmp_path / "k.hrry", fallback="exact")
+    assert any("expanded form" in n for n in direct.form_notes)  # the .hrry's own report keeps them

@@ -925,9 +925,9 @@ def _import_report(report: ConversionReport, gf: Any, planned: list[_Job], src: 
     if any(j.plan.status == LOSSY for j in planned):
         report.notes.append("lossy tensors were stored as chosen; see max abs error per tensor")
     if any(j.plan.mapping.startswith("overlay") and not j.expanded for j in planned):
-        report.notes.append(_overlay_note())
+        report.form_notes.append(_overlay_note())
     if any(j.expanded for j in planned):
-        report.notes.append(_exact_note(planned))
+        report.form_notes.append(_exact_note(planned))
     if gf.split_set is not None:
         report.notes.append(gf.describe())
     return _plan_only(report, src, "cannot be converted exactly", dst, dry_run)
@@ -1001,7 +1001,7 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
         try:
             _padding_note(report, _padding_runs(gf) if gf.nonzero_padding else [])
         except ConversionRefused as e:
-            report.notes.append(f"a conversion is refused: {e.message}")
+            report.refusal = e.message
         return report
     from ..core.hrry import HrryWriter
 
