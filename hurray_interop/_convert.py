@@ -19,7 +19,7 @@ from .errors import ConversionRefused, HurrayInteropError, OutputExistsError, Us
 from .files.atomic import missing_directory, transient
 from .parallel import check_jobs
 from .registry import FALLBACK_CHOICES, FALLBACK_EXACT, HURRAY, Format, detect_format, format_options, output_in_directory
-from .report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport
+from .report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, fallback_hint
 
 __all__ = ["convert"]
 
@@ -139,9 +139,12 @@ def _through_hurray(
         first = _intermediate(src_s, sf, mid, {**first_opts, "dry_run": False})
     except ConversionRefused as exc:
         if not dry_run:
+            report = exc.details.get("report")
+            if isinstance(report, ConversionReport):
+                exc.message = exc.message.replace(report.hint, _for_destination(report, dst_s, df))
             raise _renamed(exc, mid, dst_s, "while writing the intermediate Hurray file") from None
         first = sf.to_hurray(src_s, None, **first_opts)  # type: ignore[misc]  # the import's plan: what it refuses
-        first.destination, first.destination_format = dst_s, df.name
+        _for_destination(first, dst_s, df)
         return first
     except HurrayInteropError as exc:
         raise _renamed(exc, mid, dst_s, "while writing the intermediate Hurray file") from None
@@ -159,6 +162,21 @@ def _through_hurray(
     # the intermediate file's forms (form_notes) are not the user's: it is deleted
     second.notes = first.notes + [f"converted through a temporary Hurray file ({len(first.tensors)} tensors)"] + second.notes
     return second
+
+
+def _for_destination(report: ConversionReport, dst_s: str, df: Format) -> str:
+    """The import's report of a conversion through Hurray as one into ``dst_s`` (format ``df``):
+    its destination, and the hints of what it refuses -- only the float fallbacks, since
+    ``--fallback exact`` stores forms no format but Hurray holds. Returns the new hint."""
+    report.destination, report.destination_format = dst_s, df.name
+    report.form_notes = []  # the intermediate file's forms, and its scale substitutions, are not the output's
+    for t in report.tensors:
+        t.substituted_blocks = 0
+    if report.refused:
+        report.hint = fallback_hint(False, DTYPE_FALLBACKS)
+        for t in report.refused:
+            t.hint = ""
+    return report.hint
 
 
 _SEVERITY = (EXACT, VALUE_EXACT, LOSSY, REFUSED)

@@ -89,7 +89,8 @@ def _check_roundtrip_options(opts: dict[str, Any]) -> None:
         )
     extra = _given(opts, but=("fallback", "src_format"))
     if extra:
-        raise UsageError(f"{', '.join(extra)} describe(s) a conversion: give its SRC and DST (verify SRC DST {' '.join(extra)})")
+        given = _flags({**opts, "fallback": CONVERSION_OPTIONS["fallback"], "src_format": CONVERSION_OPTIONS["src_format"]})
+        raise UsageError(f"{', '.join(extra)} describe(s) a conversion: give its SRC and DST (verify SRC DST {given})")
 
 
 def verify_roundtrip(
@@ -166,7 +167,10 @@ def _in_directory(src: str, dst: str, src_fmt: Format, opts: dict[str, Any]) -> 
 def _existing_output(src: str, dst: str, fmt: Format, opts: dict[str, Any]) -> str:
     """``dst`` as ``convert`` named it: a GGUF split set given as ``PREFIX.gguf`` (or a bare
     prefix) is found by its first shard (the format's ``outputs``); else ``dst`` itself."""
-    if os.path.exists(dst) or fmt.outputs is None:
+    if os.path.exists(dst):
+        return dst
+    if fmt.outputs is None:
+        detect_format(dst, opts["dst_format"])  # the missing file, said as for any input, before any work
         return dst
     export = {k: opts[k] for k in fmt.export_options}
     found = sorted(p for p in fmt.outputs(src, dst, **export)[1:] if os.path.exists(p))
@@ -282,10 +286,10 @@ def plan_checks(
             fa = detect_format(files[0], opts["src_format"])
             fb = detect_format(_in_directory(files[0], files[1], fa, opts), opts["dst_format"], must_exist=False)
         except HurrayInteropError:
-            fa = fb = None  # the check reports the bad file
+            fa = fb = None  # a missing or unknown file: the pair check reports it (not two round trips)
         if pair and fa is not None and fa is fb:
             _check_same_format_pair(fa, opts)
-        if pair or fa is not fb:
+        if pair or fa is None or fa is not fb:
             return [(files[0], files[1])]
     _check_roundtrip_options(opts)
     return [g[:1] for g in group_models(files)]

@@ -338,17 +338,21 @@ def _render_conversion(report: ConversionReport, out: TextIO) -> None:
             note = (note + "; " if note else "") + f"max abs error {t.max_abs_error:.6g}"
         rows.append((t.name, t.source_type, t.mapping, t.status, _fmt_bytes(t.bytes_in), _fmt_bytes(t.bytes_out), note))
     _table(rows, out)
-    for n in report.notes + report.form_notes + _substitution_note(report):
-        out.write(f"note: {n}\n")
+    stopped = report.refused and not report.dry_run  # the conversion stopped before writing anything
+    for n in [] if stopped else report.notes + report.form_notes + _substitution_note(report):
+        out.write(f"note: {n}\n")  # (a refused run's notes would describe what was not written)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(report.counts().items()))
     what = (f"{report.source} ({report.source_format}) -> {report.destination} ({report.destination_format}): "
             f"{len(report.tensors)} tensors ({counts})")
     hint = f"; {report.hint}" if report.refused and report.hint else ""
-    if report.refused and not report.dry_run:  # the conversion stopped before writing anything
+    if stopped:
         out.write(f"refused: nothing written; {what}{hint}\n")
         return
     if report.refusal:  # a dry run: the conversion would stop before writing
         out.write(f"would refuse: {what}; {report.refusal}\n")
+        return
+    if report.refused:  # a dry run whose conversion would refuse these tensors
+        out.write(f"would refuse: {what}{hint}\n")
         return
     sizes = f", {_fmt_bytes(report.bytes_in)} -> {_fmt_bytes(report.bytes_out)} of tensor data"
     out.write(f"{'would convert' if report.dry_run else 'converted'} {what}{sizes}{hint}\n")
@@ -537,7 +541,8 @@ def _cmd_verify_any(args: argparse.Namespace, out: TextIO) -> int:
     from .batch import plan_verify
 
     batch = plan_verify(args.files, pair=args.pair, each=args.each, jobs=args.jobs, **_verify_options(args))
-    lossy = args.fallback not in (None, FALLBACK_EXACT) or args.q4_1 == "requantize"  # pairs pass "as reported"
+    # pairs of a lossy conversion pass "as reported" (float32 is value-exact: its values are equal)
+    lossy = args.fallback in ("float16", "bfloat16") or args.q4_1 == "requantize"
     return _run_batch(batch, args, out, "verified (lossy as reported)" if lossy else "verified exact")
 
 

@@ -89,7 +89,7 @@ def test_a_dry_run_suggests_fallback_exact_per_refused_tensor_and_in_its_summary
     refused = [line for line in out.splitlines() if " refused " in line]
     assert {line.split()[1] for line in refused} == {"Q4_K", "Q6_K"}
     assert all(line.endswith("--fallback exact stores it exactly") for line in refused)
-    assert out.splitlines()[-1].startswith("would convert ") and HINT in out.splitlines()[-1]
+    assert out.splitlines()[-1].startswith("would refuse: ") and HINT in out.splitlines()[-1]
 
 
 def test_inspect_plan_suggests_fallback_exact(files):

@@ -40,7 +40,7 @@ def made(fixtures_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 def _verdict(rc: int, out: str, err: str) -> str:
     """The FAILED summary line of a pair that differs (exit 1, nothing on stderr)."""
     assert (rc, err) == (1, ""), (rc, err)
-    assert "hurray-verify-" not in out and "export.gguf" not in out
+    assert "hurray-interop-verify-" not in out + err and "export.gguf" not in out + err
     last = out.strip().splitlines()[-1]
     assert last.startswith("FAILED "), last
     return last
