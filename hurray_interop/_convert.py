@@ -18,7 +18,8 @@ from typing import Any, Callable
 from .errors import ConversionRefused, HurrayInteropError, OutputExistsError, UsageError
 from .files.atomic import missing_directory, transient
 from .parallel import check_jobs
-from .registry import FALLBACK_CHOICES, FALLBACK_EXACT, HURRAY, Format, detect_format, format_options, output_in_directory
+from .registry import (FALLBACK_CHOICES, FALLBACK_EXACT, HURRAY, Format, detect_format, format_options,
+                       import_to_intermediate, output_in_directory)
 from .report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, fallback_hint
 
 __all__ = ["convert"]
@@ -114,29 +115,13 @@ def _renamed(exc: HurrayInteropError, old: str, new: str, note: str = "") -> Hur
     return exc
 
 
-def _intermediate(src_s: str, sf: Format, mid: str, opts: dict[str, Any]) -> ConversionReport:
-    """The import into the intermediate .hrry.  With a dtype fallback, a source whose import
-    has exact expanded forms stores them instead (their values are the reference decoder's,
-    bit for bit): the export then dequantizes and casts each tensor once, in windows, into
-    the same bytes, where the dtype fallback would write (and the export copy) the whole
-    model as floats.  A source those forms refuse (non-finite super-block scales) takes the
-    dtype fallback itself."""
-    with transient():  # the intermediate file is deleted at the end: only the result is made durable
-        if sf.exact_fallback and opts["fallback"] in DTYPE_FALLBACKS and opts.get("q4_1") != "requantize":
-            try:
-                return sf.to_hurray(src_s, mid, **{**opts, "fallback": FALLBACK_EXACT})  # type: ignore[misc]
-            except ConversionRefused:
-                pass
-        return sf.to_hurray(src_s, mid, **opts)  # type: ignore[misc]
-
-
 def _through_hurray(
     src_s: str, sf: Format, dst_s: str, df: Format, mid: str, first_opts: dict[str, Any], second_opts: dict[str, Any]
 ) -> ConversionReport:
     # a dry run writes the intermediate too (and deletes it): the export's plan needs the file
     dry_run = first_opts["dry_run"]
     try:
-        first = _intermediate(src_s, sf, mid, {**first_opts, "dry_run": False})
+        first = import_to_intermediate(src_s, sf, mid, {**first_opts, "dry_run": False})
     except ConversionRefused as exc:
         if not dry_run:
             report = exc.details.get("report")

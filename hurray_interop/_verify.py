@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 from .errors import ConversionRefused, HurrayInteropError, UsageError
 from .parallel import check_jobs, use_jobs
 from .registry import (FALLBACK_CHOICES, FALLBACK_EXACT, HURRAY, Format, detect_format, format_options, get_format,
-                       group_models, output_in_directory)
+                       group_models, import_to_intermediate, output_in_directory)
 from .report import LOSSY, VALUE_EXACT
 from .verification.common import TensorCheck, VerifyResult, reporting, scratch_dir
 
@@ -251,7 +251,7 @@ def _through_hurray(path: str, fmt: Format, dst: str, dst_fmt: Format, result: V
     import_opts, export_opts = format_options(fmt, dst_fmt, opts)
     with scratch_dir() as tmp:
         mid = os.path.join(tmp, "through.hrry")
-        plans = _plans(fmt.to_hurray(path, mid, fallback=opts["fallback"], **import_opts))
+        plans = _plans(import_to_intermediate(path, fmt, mid, {"fallback": opts["fallback"], **import_opts}))
         first = VerifyResult(kind="pair", source=path, other=mid)
         fmt.verifier().pair_with_hurray(path, fmt, mid, first, explained=frozenset(plans))
         _mark_reported(first, plans)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .core.dataclass import dataclass
 from .conversions.fallback import CHOICES as FALLBACK_CHOICES  # the --fallback vocabulary (no numpy)
 from .conversions.fallback import EXACT as FALLBACK_EXACT
-from .errors import BadMagicError, FormatError, HurrayInteropError, UsageError
+from .errors import BadMagicError, ConversionRefused, FormatError, HurrayInteropError, UsageError
 
 __all__ = [
     "FALLBACK_CHOICES",
@@ -44,6 +44,7 @@ __all__ = [
     "Format",
     "register_format",
     "format_options",
+    "import_to_intermediate",
     "get_format",
     "format_names",
     "formats",
@@ -146,6 +147,25 @@ def format_options(src: Format, dst: Format, given: Mapping[str, Any]) -> tuple[
         {k: given.get(k, d) for k, d in src.import_options.items()},
         {k: given.get(k, d) for k, d in dst.export_options.items()},
     )
+
+
+def import_to_intermediate(src_s: str, sf: Format, mid: str, opts: dict[str, Any]) -> Any:
+    """The import into the intermediate .hrry of a conversion between two foreign formats
+    (``convert`` writes it, ``verify`` checks such a pair through it: one rule for both).
+    With a dtype fallback, a source whose import has exact expanded forms stores them
+    instead (their values are the reference decoder's, bit for bit): the export then
+    dequantizes and casts each tensor once, in windows, into the same bytes, where the dtype
+    fallback would write (and the export copy) the whole model as floats.  A source those
+    forms refuse (non-finite super-block scales) takes the dtype fallback itself."""
+    from .files.atomic import transient
+
+    with transient():  # the intermediate file is deleted at the end: only the result is made durable
+        if sf.exact_fallback and opts["fallback"] not in (None, FALLBACK_EXACT) and opts.get("q4_1") != "requantize":
+            try:
+                return sf.to_hurray(src_s, mid, **{**opts, "fallback": FALLBACK_EXACT})  # type: ignore[misc]
+            except ConversionRefused:  # e.g. a non-finite super-block scale: the dtype fallback stores it
+                pass
+        return sf.to_hurray(src_s, mid, **opts)  # type: ignore[misc]
 
 
 def get_format(name: str) -> Format:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hurray_interop.cli import main
@@ -77,3 +78,50 @@ def test_a_refused_hrry_import_keeps_its_hint(fixtures_dir: Path, tmp_path: Path
     shutil.copyfile(fixtures_dir / "tiny-llama-kquant.gguf", src)
     rc, out, _ = cli(["convert", src, tmp_path / "k.hrry"], capsys)
     assert rc == 1 and "--fallback exact to store them exactly" in out.splitlines()[-1]
+
+
+def _hrry_of(path: Path, type_name: str, values: np.ndarray) -> Path:
+    from gguf_factory import write_gguf_raw
+
+    src = write_gguf_raw(path.with_suffix(".gguf"), [("w", type_name, values.shape, values.astype(
+        {"F32": np.float32, "F16": np.float16}[type_name]))])
+    assert main(["convert", str(src), str(path), "-q"]) == 0
+    return path
+
+
+def test_two_hrry_files_are_compared_in_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``verify --pair A.hrry B.hrry`` (and a lossy pair's repeated import) compares values in
+    windows, whatever the tensors' size and however each layout chunks: the first difference
+    is found past the first window, equal values of two layouts are equal, and no whole
+    tensor is ever held as floats."""
+    import tracemalloc
+
+    import hurray_interop
+    from hurray_interop.verification import hurray as VH
+
+    monkeypatch.setattr(VH, "CHUNK_ROWS_ELEMENTS", 1000)  # windows of 1,000 values: several per tensor
+    n = 3 * 4096
+    x = (np.arange(n, dtype=np.float32) % 97 - 48) / 4  # exactly representable in float16
+    a = _hrry_of(tmp_path / "a.hrry", "F32", x.reshape(3, 4096))
+    b = _hrry_of(tmp_path / "b.hrry", "F16", x.reshape(3, 4096))
+    y = x.copy()
+    y[9001] += 1
+    c = _hrry_of(tmp_path / "c.hrry", "F32", y.reshape(3, 4096))
+    same = hurray_interop.verify(a, b)
+    (t,) = same.tensors
+    assert (t.bytes_equal, t.values_equal) == (False, True), t
+    (t,) = hurray_interop.verify(a, c).tensors
+    assert (t.values_equal, t.where, t.max_abs_diff) == (False, "element 9001", 1.0), t
+    monkeypatch.setattr(VH, "CHUNK_ROWS_ELEMENTS", 1 << 18)
+    big = np.zeros(1 << 23, dtype=np.float32)  # 32 MiB of float32 per tensor
+    big[-1] = 1
+    d = _hrry_of(tmp_path / "d.hrry", "F32", big.reshape(1024, -1))
+    e = _hrry_of(tmp_path / "e.hrry", "F32", np.zeros_like(big).reshape(1024, -1))
+    tracemalloc.start()
+    try:
+        (t,) = hurray_interop.verify(d, e).tensors
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (t.values_equal, t.where) == (False, f"element {big.size - 1}")
+    assert peak < 12 << 20, f"{peak >> 20} MiB traced for two 32 MiB tensors"
