@@ -139,3 +139,36 @@ def test_gguf_to_safetensors_notes_are_about_the_output(fixtures_dir: Path, tmp_
     assert any(n.startswith("converted through a temporary Hurray file") for n in notes), notes
     direct = hurray_interop.convert(fixtures_dir / "tiny-llama-kquant.gguf", tmp_path / "k.hrry", fallback="exact")
     assert any("expanded form" in n for n in direct.form_notes)  # the .hrry's own report keeps them
+
+
+def _q4_k(path: Path, shape: tuple[int, int], seed: int = 0) -> Path:
+    """A Q4_K tensor of random super-blocks with finite d and dmin (gguf-py's block layout:
+    f16 d, f16 dmin, 12 bytes of 6-bit scales and minimums, 128 bytes of nibbles)."""
+    rng = np.random.default_rng(seed)
+    n = shape[0] * shape[1] // 256
+    blocks = rng.integers(0, 256, (n, 144), dtype=np.uint8)
+    blocks[:, 0:2] = np.frombuffer(rng.uniform(0.001, 0.01, n).astype(np.float16).tobytes(), np.uint8).reshape(n, 2)
+    blocks[:, 2:4] = np.frombuffer(rng.uniform(0.001, 0.01, n).astype(np.float16).tobytes(), np.uint8).reshape(n, 2)
+    return write_gguf_raw(path, [("w", "Q4_K", shape, blocks)])
+
+
+def _peak_of_gguf_export(tmp_path: Path, shape: tuple[int, int], tag: str) -> int:
+    src = _q4_k(tmp_path / f"{tag}.gguf", shape)
+    tracemalloc.start()
+    try:
+        rep = hurray_interop.convert(src, tmp_path / f"{tag}.safetensors", fallback="bfloat16")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [t.status for t in rep.tensors] == ["lossy"] and rep.tensors[0].source_type == "Q4_K"
+    return peak
+
+
+def test_gguf_kquant_to_safetensors_memory_does_not_grow_with_the_tensor(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The case issue 20 measured (a Q4_K_M GGUF to safetensors with a float fallback peaked at
+    6.7 GB): the import into the temporary .hrry and the export both stream."""
+    monkeypatch.setattr(CS, "WINDOW_ELEMENTS", 1 << 16, raising=False)
+    small = _peak_of_gguf_export(tmp_path, (256, 4096), "small")  # 1 Mi values
+    large = _peak_of_gguf_export(tmp_path, (2048, 4096), "large")  # 8 Mi values: 32 MiB as float32
+    assert large < small + (8 << 20), (small >> 20, large >> 20)  # the whole tensor as float32 alone is 32 MiB
