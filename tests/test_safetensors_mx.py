@@ -724,3 +724,30 @@ def test_export_restores_recorded_scales_with_one_decode_of_the_record(monkeypat
     bad = Tensor("w", imp.tensor.descriptor, (imp.tensor.data[0], np.where(np.arange(4) == 3, 0x70, stored).astype(np.uint8)))
     with pytest.raises(FormatError, match="block 3: stored scale 0x70 is not the stand-in 0x7f"):
         mx.to_numpy(bad, record=rec)
+
+
+def test_dequantizing_every_tensor_finds_the_pairs_once(fixtures_dir, monkeypatch):
+    """hurray_interop.dequantize of each tensor of a checkpoint looks the MX pairs up on the
+    reader, found once per file (was: all pairs found again per tensor, O(n²) over a file);
+    the values are those of the pair's Hurray tensor."""
+    import hurray_interop
+    from hurray_interop.errors import UsageError
+    from hurray_interop.formats import safetensors as S
+
+    calls = []
+    find = S._find_pairs
+    monkeypatch.setattr(S, "_find_pairs", lambda st: calls.append(st) or find(st))
+    with S.SafetensorsFile(fixtures_dir / GPT) as st:
+        pairs = {p.data.name: p for p in S.detect_pairs(st)[0]}
+        scales = {p.scale.name for p in pairs.values()}
+        done = 0
+        for name in st.names:
+            if name in scales:
+                with pytest.raises(UsageError, match="scale tensor of the MX pair"):
+                    hurray_interop.dequantize(st.tensor(name))
+                continue
+            vals = hurray_interop.dequantize(st.tensor(name))
+            if name in pairs:
+                assert vals.shape == tuple(pairs[name].shape)
+            done += 1
+        assert len(calls) == 1 and done == len(st.names) - len(scales) and pairs

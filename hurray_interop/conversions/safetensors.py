@@ -118,7 +118,8 @@ def dequantize_safetensors(t: Any, **options: Any) -> np.ndarray:
     from ..dequant import dequantize
 
     st = t.file
-    for p in detect_pairs(st)[0]:
+    p = st.pairs_by_name.get(t.name)  # the file's pairs are found once (SafetensorsFile.mx_pairs)
+    if p is not None:
         if t.name == p.scale.name:
             raise UsageError(f"is the scale tensor of the MX pair {p.data.name!r}: dequantize that one",
                              path=st.path, tensor=t.name)
