@@ -68,9 +68,9 @@ from ..core.records import decode_scale_record, scale_record_key
 from ..errors import ConversionRefused, FormatError, InconsistentError, UnsupportedError, UsageError, errors_name_source
 from . import fallback as fallbacks
 from . import gguf_metadata
-from ..formats import gguf as G
 from . import mx
 from .gguf import K_TYPES, KEY_PREFIX, gguf_metadata_records, gguf_value, kv_to_hurray
+from ..formats import gguf as G
 from ..formats.safetensors import (
     CONVENTIONS,
     FileRange,
@@ -313,7 +313,7 @@ def _gguf_keys(st: SafetensorsFile, rep: report.ConversionReport) -> dict[str, K
     GGUF types, which a GGUF export writes back; the report says how many, and which entries
     under the prefix are not GGUF metadata (those stay in the safetensors metadata record)."""
     decoded, problems = gguf_metadata.decode(st.metadata or {}, st.path)
-    items = []
+    items: list[tuple[str, Any]] = []
     for key, v in decoded:  # the entries decode() returned a problem for are not among these
         why = _key_problem(key, v)
         if why is None:
