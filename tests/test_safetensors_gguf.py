@@ -148,7 +148,7 @@ def test_gguf_metadata_reaches_safetensors_metadata_with_its_types(tmp_path: Pat
         md = f.metadata()
     with G.read_gguf(str(TINY)) as gf:
         want = {f"gguf.{k}": v for k, v in gf.kv.items()}
-    assert md is not None and set(md) == set(want)
+    assert md is not None and set(md) == set(want) | {"format"} and md["format"] == "pt"
     for name, v in want.items():
         rec = json.loads(md[name])
         assert rec["type"] == _kv(TINY)[list(want).index(name)][1]
@@ -270,13 +270,16 @@ def test_a_dry_run_shows_the_plan_of_the_conversion(tmp_path: Path, fallback: li
 
 
 def test_metadata_without_a_gguf_key_is_named_when_gguf_has_no_place_for_it(tmp_path: Path) -> None:
-    src = _st_with_metadata(tmp_path, {"format": "pt", "gguf.k": json.dumps({"type": "UINT8", "value": 1})})
+    """An entry without a GGUF key is named by a GGUF export; ``format`` (the framework tag
+    every safetensors writer adds) is left out silently."""
+    src = _st_with_metadata(tmp_path, {"format": "pt", "author": "me", "gguf.k": json.dumps({"type": "UINT8", "value": 1})})
     for dst in (tmp_path / "direct.gguf", tmp_path / "mid.hrry", tmp_path / "back.gguf"):
         rc, out, err = run_cli(["convert", str(tmp_path / "mid.hrry" if dst.name == "back.gguf" else src), str(dst), "--json"])
         assert rc == 0, err
         notes = json.loads(out)["notes"]
-        said = [n for n in notes if "without a GGUF key not written: format" in n]
-        assert len(said) == (0 if dst.suffix == ".hrry" else 1), notes  # the .hrry keeps it
+        said = [n for n in notes if "without a GGUF key not written" in n]
+        assert said == ([] if dst.suffix == ".hrry" else ["1 safetensors __metadata__ entry without a GGUF key not "
+                                                            "written: author"]), notes  # the .hrry keeps them
 
 
 def test_gguf_key_length_is_held_to_the_hurray_limit(tmp_path: Path) -> None:
@@ -287,3 +290,122 @@ def test_gguf_key_length_is_held_to_the_hurray_limit(tmp_path: Path) -> None:
     kv, notes = _gguf_keys(tmp_path, {f"gguf.{k}": rec for k in keys.values()})
     assert set(kv) == {keys[65534], keys[65535]}
     assert sum("not a valid key" in n for n in notes) == 1
+
+
+def _bad_entries(notes: list[str]) -> list[str]:
+    """The ``__metadata__`` entries the report says are kept as safetensors metadata only."""
+    tail = "; kept as safetensors metadata only, not as GGUF metadata"
+    return [n[len("__metadata__ entry "):].split(": ", 1)[0] for n in notes if n.endswith(tail)]
+
+
+def _through_hrry(tmp_path: Path, metadata: dict[str, str]) -> tuple[dict, list[str]]:
+    """safetensors → .hrry → GGUF (both exit 0): the GGUF's keys and the import's notes."""
+    from hurray_interop.formats import gguf as G
+
+    src = _st_with_metadata(tmp_path, metadata)
+    rc, out, err = run_cli(["convert", str(src), str(tmp_path / "s.hrry"), "--json", "--force"])
+    assert rc == 0, err
+    notes = json.loads(out)["notes"]
+    rc, _, err = run_cli(["convert", str(tmp_path / "s.hrry"), str(tmp_path / "h.gguf"), "-q", "--force"])
+    assert rc == 0, err
+    with G.read_gguf(str(tmp_path / "h.gguf")) as gf:  # the tool's own reader takes what it wrote
+        return {k: v.to_python() for k, v in gf.kv.items()}, notes
+
+
+_ONE = json.dumps({"type": "UINT32", "value": 1})
+
+
+@pytest.mark.parametrize("bad", ["hurray_interop.a: b", "a\x00: b", "a\x00", "x: " + "k" * 65533])
+def test_a_bad_gguf_key_with_a_colon_is_kept_out_of_the_gguf_metadata(tmp_path: Path, bad: str) -> None:
+    """Keys holding ": " (reserved, with a NUL, over-long) are named and kept out like any
+    other invalid key, on the way to a .hrry and to GGUF directly."""
+    md = {f"gguf.{bad}": _ONE, "gguf.ok": _ONE, "gguf.ok: too": _ONE}
+    kv, notes = _through_hrry(tmp_path, md)
+    assert kv == {"ok": 1, "ok: too": 1}
+    assert _bad_entries(notes) == [f"gguf.{bad}".split(": ", 1)[0]]
+    assert sum("not a valid key" in n for n in notes) == 1
+    kv, _ = _gguf_keys(tmp_path, md)
+    assert kv == {"ok": 1, "ok: too": 1}
+
+
+@pytest.mark.parametrize("n", [65534, 65535, 65536])
+def test_gguf_key_length_with_a_colon_at_the_limit(tmp_path: Path, n: int) -> None:
+    """The key length limit (65535 UTF-8 bytes) for a key holding ": ", at −1, the limit, +1."""
+    key = ("x: " + "k" * n)[:n]
+    kv, notes = _through_hrry(tmp_path, {f"gguf.{key}": _ONE, "gguf.ok": _ONE})
+    assert kv == ({"ok": 1, key: 1} if n <= 65535 else {"ok": 1}), notes
+    assert len(_bad_entries(notes)) == (n > 65535)
+
+
+def test_gguf_split_keys_are_not_taken_as_gguf_metadata(tmp_path: Path) -> None:
+    """split.* keys belong to the GGUF container (the GGUF import strips them): named, not
+    written, and the GGUF export is a file the reader takes."""
+    u16 = lambda v: json.dumps({"type": "UINT16", "value": v})  # noqa: E731
+    md = {"gguf.split.count": u16(3), "gguf.split.no": u16(0), "gguf.split.tensors.count": json.dumps({"type": "INT32", "value": 1}),
+          "gguf.split.other": _ONE, "gguf.ok": _ONE}
+    kv, notes = _through_hrry(tmp_path, md)
+    assert kv == {"split.other": 1, "ok": 1}
+    assert _bad_entries(notes) == ["gguf.split.count", "gguf.split.no", "gguf.split.tensors.count"]
+    assert all("split key" in n for n in notes if "kept as safetensors metadata only" in n)
+
+
+@pytest.mark.parametrize(("rec", "ok"), [
+    ({"type": "UINT32", "value": 64}, True),
+    ({"type": "UINT32", "value": 1}, True),
+    ({"type": "UINT32", "value": 2**30}, True),  # the limit
+    ({"type": "UINT32", "value": 2**30 - 1}, False),
+    ({"type": "UINT32", "value": 2**31}, False),  # limit + 1 (power of two)
+    ({"type": "UINT32", "value": 0}, False),
+    ({"type": "UINT32", "value": 48}, False),
+    ({"type": "UINT8", "value": 64}, False),
+    ({"type": "UINT64", "value": 64}, False),
+    ({"type": "STRING", "value": "64"}, False),
+])
+def test_gguf_alignment_is_checked_at_import(tmp_path: Path, rec: dict, ok: bool) -> None:
+    """general.alignment is the GGUF container's: a UINT32 power of two (as the GGUF reader
+    requires, up to the 2^30 a GGUF export writes) becomes the key, else it is named at import."""
+    from hurray_interop.formats import gguf as G
+
+    md = {"gguf.general.alignment": json.dumps(rec), "gguf.ok": _ONE}
+    if not ok:
+        kv, notes = _through_hrry(tmp_path, md)
+        assert kv == {"ok": 1} and _bad_entries(notes) == ["gguf.general.alignment"], notes
+        return
+    src = _st_with_metadata(tmp_path, md)
+    for a, b in [(src, "s.hrry"), ("s.hrry", "s.gguf")]:
+        rc, _, err = run_cli(["convert", str(tmp_path / a), str(tmp_path / b), "-q"])
+        assert rc == 0, err
+    with G.read_gguf(str(tmp_path / "s.gguf")) as gf:
+        assert gf.alignment == rec["value"] and {k: v.to_python() for k, v in gf.kv.items()} == {
+            "general.alignment": rec["value"], "ok": 1}
+
+
+def test_gguf_to_safetensors_loads_in_torch_with_format_pt(tmp_path: Path) -> None:
+    """The __metadata__ of GGUF metadata says "format": "pt" (loaders such as transformers
+    refuse metadata without a known format); the way back does not name it."""
+    torch_st = pytest.importorskip("safetensors.torch")
+    from safetensors import safe_open
+
+    out = tmp_path / "t.safetensors"
+    _convert(TINY, out)
+    with safe_open(str(out), "np") as f:
+        assert f.metadata()["format"] == "pt"
+        names = set(f.keys())
+    assert set(torch_st.load_file(str(out))) == names and names
+    rc, o, err = run_cli(["convert", str(out), str(tmp_path / "back.gguf"), "--json"])
+    assert rc == 0, err
+    assert not [n for n in json.loads(o)["notes"] if "without a GGUF key" in n or "format" in n.split(":")[0]]
+    assert _kv(tmp_path / "back.gguf") == _kv(TINY)
+
+
+def test_a_recorded_format_is_kept(tmp_path: Path) -> None:
+    """A .hrry that records the source's own __metadata__ exports it as it was: no format added."""
+    from safetensors import safe_open
+
+    src = _st_with_metadata(tmp_path, {"gguf.ok": _ONE})
+    for a, b in [(src, "s.hrry"), ("s.hrry", "again.safetensors")]:
+        rc, _, err = run_cli(["convert", str(tmp_path / a), str(tmp_path / b), "-q"])
+        assert rc == 0, err
+    assert (tmp_path / "again.safetensors").read_bytes() == src.read_bytes()
+    with safe_open(str(tmp_path / "again.safetensors"), "np") as f:
+        assert f.metadata() == {"gguf.ok": _ONE}

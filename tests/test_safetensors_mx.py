@@ -696,3 +696,58 @@ def test_layout_record_with_a_lying_shape_is_refused_before_writing(fixtures_dir
     with pytest.raises(InconsistentError, match=r"tensor 'model.layers.0.mlp.router.bias'.*needs 12 bytes.*holds 8"):
         hurray_to_safetensors(tmp_path / "bad2.hrry", tmp_path / "o.safetensors")
     assert not (tmp_path / "o.safetensors").exists() and not _leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("element", ["int8", "float8_e4m3"])
+def test_export_restores_recorded_scales_with_one_decode_of_the_record(monkeypatch, element):
+    """The export puts the recorded source scales back (MXINT8: through the exponent shift)
+    after checking the stored stand-ins, decoding the record once; a record the stored scales
+    contradict is refused."""
+    from hurray_interop.conversions import mx
+    from hurray_interop.core import records
+    from hurray_interop.core.model import Tensor
+    from hurray_interop.errors import FormatError
+
+    codes = np.ones((4, 32), np.uint8)
+    codes[1] = codes[3] = 0  # all-zero blocks: their 0x00 scales are replaced by the stand-in
+    scales = np.array([[120], [0], [130], [0]], np.uint8)
+    el = mx.mx_element(element)
+    imp = mx.from_codes(codes.view(el.np_dtype), scales.view(ml_dtypes.float8_e8m0fnu), element=element, name="w")
+    rec = imp.kv[records.scale_record_key("w")]
+    assert imp.substituted_blocks.tolist() == [1, 3]
+    calls = []
+    decode = records.decode_scale_record
+    monkeypatch.setattr(records, "decode_scale_record", lambda *a, **k: calls.append(1) or decode(*a, **k))
+    back = mx.to_numpy(imp.tensor, record=rec)
+    assert bytes(back.scales.view(np.uint8)) == bytes(scales) and len(calls) == 1
+    stored = np.asarray(imp.tensor.data[1]).view(np.uint8)
+    bad = Tensor("w", imp.tensor.descriptor, (imp.tensor.data[0], np.where(np.arange(4) == 3, 0x70, stored).astype(np.uint8)))
+    with pytest.raises(FormatError, match="block 3: stored scale 0x70 is not the stand-in 0x7f"):
+        mx.to_numpy(bad, record=rec)
+
+
+def test_dequantizing_every_tensor_finds_the_pairs_once(fixtures_dir, monkeypatch):
+    """hurray_interop.dequantize of each tensor of a checkpoint looks the MX pairs up on the
+    reader, found once per file (was: all pairs found again per tensor, O(n²) over a file);
+    the values are those of the pair's Hurray tensor."""
+    import hurray_interop
+    from hurray_interop.errors import UsageError
+    from hurray_interop.formats import safetensors as S
+
+    calls = []
+    find = S._find_pairs
+    monkeypatch.setattr(S, "_find_pairs", lambda st: calls.append(st) or find(st))
+    with S.SafetensorsFile(fixtures_dir / GPT) as st:
+        pairs = {p.data.name: p for p in S.detect_pairs(st)[0]}
+        scales = {p.scale.name for p in pairs.values()}
+        done = 0
+        for name in st.names:
+            if name in scales:
+                with pytest.raises(UsageError, match="scale tensor of the MX pair"):
+                    hurray_interop.dequantize(st.tensor(name))
+                continue
+            vals = hurray_interop.dequantize(st.tensor(name))
+            if name in pairs:
+                assert vals.shape == tuple(pairs[name].shape)
+            done += 1
+        assert len(calls) == 1 and done == len(st.names) - len(scales) and pairs

@@ -30,13 +30,19 @@ import numpy as np
 from ..errors import HurrayInteropError
 from ..formats import gguf as G
 
-__all__ = ["PREFIX", "SAFETENSORS_METADATA", "encode", "decode", "unwritten_note"]
+__all__ = ["PREFIX", "FORMAT", "FORMAT_PT", "SAFETENSORS_METADATA", "encode", "decode", "unwritten_note"]
 
 #: the prefix of the ``__metadata__`` entries that hold GGUF keys
 PREFIX = "gguf."
 #: the .hrry record in which a safetensors import keeps the source's ``__metadata__`` (a JSON
 #: object; ``KV_METADATA`` of :mod:`.safetensors`)
 SAFETENSORS_METADATA = "hurray_interop.safetensors.metadata"
+
+#: the ``__metadata__`` entry naming the framework of a checkpoint; a safetensors export
+#: of GGUF metadata writes ``"format": "pt"`` (as ``safetensors.torch.save_file`` does), which
+#: loaders such as HF transformers require when ``__metadata__`` is present
+FORMAT = "format"
+FORMAT_PT = "pt"
 
 VT = G.ValueType
 _INTS = {VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64}
@@ -184,12 +190,13 @@ def _is_unicode(s: str) -> bool:
     return True
 
 
-def decode(metadata: Mapping[str, str], path: Any = None) -> tuple[list[tuple[str, "G.GGUFValue | list[str]"]], list[str]]:
+def decode(metadata: Mapping[str, str], path: Any = None) -> tuple[list[tuple[str, "G.GGUFValue | list[str]"]], list[tuple[str, str]]]:
     """The GGUF keys the ``gguf.*`` entries of ``metadata`` hold, in order (an ARRAY[STRING]
-    given as JSON as a list of ``str``, see :data:`STRINGS`), and one line per entry under
-    the prefix that does not hold one (why), which the caller reports."""
+    given as JSON as a list of ``str``, see :data:`STRINGS`), and ``(entry name, why)`` for
+    each entry under the prefix that does not hold one (not among the keys), which the
+    caller reports."""
     items: list[tuple[str, G.GGUFValue | list[str]]] = []
-    problems: list[str] = []
+    problems: list[tuple[str, str]] = []
     for name, text in metadata.items():
         if not name.startswith(PREFIX):
             continue
@@ -200,20 +207,21 @@ def decode(metadata: Mapping[str, str], path: Any = None) -> tuple[list[tuple[st
             items.append((key, _entry(key, text, path)))
         except (ValueError, KeyError, TypeError, OverflowError, RecursionError, HurrayInteropError) as e:
             why = getattr(e, "message", None) or (f"unknown type {e}" if isinstance(e, KeyError) else str(e))
-            problems.append(f"{name}: {why}")
+            problems.append((name, why))
     return items, problems
 
 
 def unwritten_note(kv: Mapping[str, Any]) -> list[str]:
     """For a GGUF export of a .hrry made from safetensors: a note naming the recorded
-    ``__metadata__`` entries that hold no GGUF key (``format`` ...), which GGUF has no place
-    for; empty when there are none."""
+    ``__metadata__`` entries that hold no GGUF key, which GGUF has no place for; empty when
+    there are none.  ``format`` (:data:`FORMAT`: the framework tag every safetensors writer
+    adds, and a safetensors export writes) is not named."""
     v = kv.get(SAFETENSORS_METADATA)
     try:
         md = json.loads(v.value) if v is not None and v.type == "string" else {}
     except (ValueError, RecursionError):
         md = {}  # a corrupt record is the safetensors export's error to report
-    other = [k for k in md if not k.startswith(PREFIX)] if isinstance(md, dict) else []
+    other = [k for k in md if not k.startswith(PREFIX) and k != FORMAT] if isinstance(md, dict) else []
     if not other:
         return []
     return [f"{len(other)} safetensors __metadata__ entr{'y' if len(other) == 1 else 'ies'} without a GGUF key not "

@@ -60,7 +60,7 @@ import numpy as np
 
 from ..core.elements import ElementType, buffer_size, element_type, pack, unpack
 from ..core.model import MXFP, BufferHandle, Descriptor, RowMajor, Tensor
-from ..core.records import check_stand_ins, decode_scale_record, encode_scale_record, restore_scales, scale_record_key
+from ..core.records import encode_scale_record, restore_scales, scale_record_key
 from ..errors import ConversionRefused, FormatError, InconsistentError, UnsupportedError, UsageError
 from ..report import EXACT
 from ..tables import load_table
@@ -651,11 +651,10 @@ def _export_scales(tensor: Tensor, el: MXElement, record: bytes | None, int8: st
         bad = np.zeros(0, np.intp)
         out = np.array(hs, copy=True)
     if record is not None:
-        key = scale_record_key(tensor.name)
-        check_stand_ins(hs, record, functools.partial(_stand_in, shift), key=key, tensor=tensor.name)
-        out = restore_scales(out, record, key=key)
-        idx, _ = decode_scale_record(record, key=key)
-        bad = np.setdiff1d(bad, idx.astype(np.intp))
+        # checked against the stored scales, whose recorded blocks hold the stand-in (never out
+        # of the OCP range, so none of them is in ``bad``); the originals go into ``out``
+        out = restore_scales(hs, record, key=scale_record_key(tensor.name), rule=functools.partial(_stand_in, shift),
+                             tensor=tensor.name, into=out)
     if bad.size:
         raise ConversionRefused(
             f"Hurray scale byte {int(hs[bad[0]]):#04x} at block {int(bad[0])} is 2^{int(hs[bad[0]]) - 127}; as an OCP "

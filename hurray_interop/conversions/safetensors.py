@@ -70,6 +70,7 @@ from . import fallback as fallbacks
 from . import gguf_metadata
 from . import mx
 from .gguf import K_TYPES, KEY_PREFIX, gguf_metadata_records, gguf_value, kv_to_hurray
+from ..formats import gguf as G
 from ..formats.safetensors import (
     CONVENTIONS,
     FileRange,
@@ -117,7 +118,8 @@ def dequantize_safetensors(t: Any, **options: Any) -> np.ndarray:
     from ..dequant import dequantize
 
     st = t.file
-    for p in detect_pairs(st)[0]:
+    p = st.pairs_by_name.get(t.name)  # the file's pairs are found once (SafetensorsFile.mx_pairs)
+    if p is not None:
         if t.name == p.scale.name:
             raise UsageError(f"is the scale tensor of the MX pair {p.data.name!r}: dequantize that one",
                              path=st.path, tensor=t.name)
@@ -152,10 +154,10 @@ def _check_unique(names: list[str], what: str, path: Any) -> None:
         raise InconsistentError(f"{what} {dup!r}", path=path, tensor=dup)
 
 
-def _check_storable_text(st: SafetensorsFile, names: list[str], src: Any) -> None:
+def _check_storable_text(names: list[str], src: Any) -> None:
     """Names a .hrry can hold, checked before anything is written so that the error names the
-    input: Hurray index names have at least one byte (the reader refuses text that is not
-    Unicode, a lone surrogate escape of the JSON header)."""
+    input: Hurray index names have at least one byte (the safetensors reader already refused
+    text that is not Unicode, a lone surrogate escape of the JSON header)."""
     if "" in names:
         raise UnsupportedError("a tensor with an empty name cannot be stored in Hurray", path=src, tensor="")
 
@@ -257,7 +259,7 @@ def safetensors_to_hurray(
         plan.mark_fallback_scales()
         _check_unique([n for n, _ in plan.items], "two source tensors map to the Hurray name", src)
         if not dry_run and dst is not None:  # inspect and --dry-run show the plan of such a file
-            _check_storable_text(st, [n for n, _ in plan.items], src)
+            _check_storable_text([n for n, _ in plan.items], src)
         if plan.refusals:
             rep.hint = report.fallback_hint(False, fallbacks.DTYPE_CHOICES)
         if plan.refusals and not dry_run and dst is not None:
@@ -276,12 +278,33 @@ def safetensors_to_hurray(
     return rep
 
 
-def _valid_key(key: str) -> bool:
-    """A GGUF key the .hrry can hold beside the records (as the GGUF import requires)."""
+#: the largest data alignment a GGUF export writes (the GGUF import's record allows no more)
+MAX_ALIGNMENT = 1 << 30
+
+
+def _alignment_problem(v: Any) -> str | None:
+    """Why a ``general.alignment`` value cannot be the GGUF key (the GGUF reader requires a
+    UINT32 power of two; the export writes at most :data:`MAX_ALIGNMENT`), or None."""
+    if not isinstance(v, G.GGUFValue) or v.type != G.ValueType.UINT32:
+        return "general.alignment must be a UINT32"
+    a = int(v.value)
+    if a < 1 or a & (a - 1) or a > MAX_ALIGNMENT:
+        return f"general.alignment {a} is not a power of two up to 2^30"
+    return None
+
+
+def _key_problem(key: str, v: Any) -> str | None:
+    """Why the GGUF key ``key`` (value ``v``) cannot be GGUF metadata of the .hrry (as the GGUF
+    import requires, and keys the GGUF container writes itself), or None."""
     try:
-        return "\x00" not in key and len(key.encode("utf-8")) <= 0xFFFF and not key.startswith(KEY_PREFIX)
+        ok = "\x00" not in key and len(key.encode("utf-8")) <= 0xFFFF and not key.startswith(KEY_PREFIX)
     except UnicodeEncodeError:
-        return False
+        ok = False
+    if not ok:
+        return f"not a valid key (UTF-8 without NUL, at most 65535 bytes, outside {KEY_PREFIX!r})"
+    if key in G.SPLIT_KEYS:
+        return "a GGUF split key, which the GGUF container writes itself for a split set"
+    return _alignment_problem(v) if key == "general.alignment" else None
 
 
 def _gguf_keys(st: SafetensorsFile, rep: report.ConversionReport) -> dict[str, KVValue]:
@@ -289,15 +312,16 @@ def _gguf_keys(st: SafetensorsFile, rep: report.ConversionReport) -> dict[str, K
     § 3.11) as .hrry KV entries -- the keys with their natural types, then the record of their
     GGUF types, which a GGUF export writes back; the report says how many, and which entries
     under the prefix are not GGUF metadata (those stay in the safetensors metadata record)."""
-    items, problems = gguf_metadata.decode(st.metadata or {}, st.path)
-    for key, _ in items:
-        if not _valid_key(key):
-            problems.append(f"{gguf_metadata.PREFIX}{key}: not a valid key (UTF-8 without NUL, at most 65535 bytes, "
-                            f"outside {KEY_PREFIX!r})")
-    bad = {p.split(": ", 1)[0] for p in problems}
-    items = [(k, v) for k, v in items if gguf_metadata.PREFIX + k not in bad]
-    for p in problems:
-        rep.notes.append(f"__metadata__ entry {p}; kept as safetensors metadata only, not as GGUF metadata")
+    decoded, problems = gguf_metadata.decode(st.metadata or {}, st.path)
+    items: list[tuple[str, Any]] = []
+    for key, v in decoded:  # the entries decode() returned a problem for are not among these
+        why = _key_problem(key, v)
+        if why is None:
+            items.append((key, v))
+        else:
+            problems.append((gguf_metadata.PREFIX + key, why))
+    for name, why in problems:
+        rep.notes.append(f"__metadata__ entry {name}: {why}; kept as safetensors metadata only, not as GGUF metadata")
     if not items:
         return {}
     kv: dict[str, KVValue] = {}
@@ -622,7 +646,8 @@ def hurray_to_safetensors(
     shapes first; stored tensors are copied from the .hrry by the kernel, fallbacks are
     dequantized, cast and measured window by window (:data:`WINDOW_ELEMENTS` values), each
     written at its offset.  ``__metadata__``: the recorded source ``__metadata__``, else the
-    GGUF metadata the file records as ``gguf.<key>`` entries (docs/format-notes.md § 3.11).
+    GGUF metadata the file records as ``gguf.<key>`` entries (docs/format-notes.md § 3.11)
+    after ``"format": "pt"``.
     """
     if convention is not None and convention not in CONVENTIONS:
         raise UsageError(f"unknown convention {convention!r} (one of: {', '.join(CONVENTIONS)})")
@@ -664,7 +689,8 @@ def hurray_to_safetensors(
 
 def _gguf_entries(hf: HrryFile, src: Any, rep: report.ConversionReport) -> dict[str, str] | None:
     """The ``__metadata__`` of an export whose source recorded no safetensors metadata: the
-    GGUF metadata the .hrry records, as ``gguf.<key>`` entries (None when there is none)."""
+    GGUF metadata the .hrry records, as ``gguf.<key>`` entries after ``"format": "pt"``
+    (None when there is none)."""
     records = gguf_metadata_records(hf.kv, os.fspath(src))
     if records is None:
         other = [k for k in hf.kv if not k.startswith(KEY_PREFIX)]
@@ -674,12 +700,13 @@ def _gguf_entries(hf: HrryFile, src: Any, rep: report.ConversionReport) -> dict[
                              + (" …" if len(other) > 5 else ""))
         return None
     rep.notes.append(f"GGUF metadata: {len(records)} key(s) written to __metadata__ as gguf.<key> entries "
-                     "with their GGUF types")
-    return gguf_metadata.encode(
+                     f"with their GGUF types, and {gguf_metadata.FORMAT}={gguf_metadata.FORMAT_PT}")
+    entries = gguf_metadata.encode(
         (k, list(v.value)) if ts == gguf_metadata.STRINGS and (v.type, v.element_type) == ("array", "string")
         else (k, gguf_value(k, v, ts, os.fspath(src)))
         for k, ts, v in records
     )
+    return {gguf_metadata.FORMAT: gguf_metadata.FORMAT_PT, **entries}  # what loaders (transformers) require
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, UsageError
 
 __all__ = [
     "SCALE_RECORD_PREFIX", "scale_record_key", "encode_scale_record", "decode_scale_record", "check_stand_ins",
@@ -133,13 +133,20 @@ def _check_stand_ins(s: np.ndarray, blocks: np.ndarray, orig: np.ndarray, rule: 
 
 
 def restore_scales(scales: np.ndarray, raw_record: bytes, *, key: str = "", rule: StandIn | None = None,
-                   tensor: str | None = None) -> np.ndarray:
+                   tensor: str | None = None, into: np.ndarray | None = None) -> np.ndarray:
     """Return a copy of ``scales`` (a 1-D numeric array) with the recorded original bits put back;
-    given the importer's ``rule``, after :func:`check_stand_ins` (every exporter passes it)."""
-    out = np.array(scales, copy=True).reshape(-1)
-    blocks, orig = _checked_record(out, raw_record, key)
+    given the importer's ``rule``, after :func:`check_stand_ins` (every exporter passes it).
+    ``into``: an array of the same size and item size (the export's own mapping of the stored
+    scales) that receives the originals in place of the copy, and is returned; ``scales``,
+    the stored ones, are what ``rule`` checks.  The record is decoded once."""
+    s = np.asarray(scales).reshape(-1)
+    blocks, orig = _checked_record(s, raw_record, key)
     if rule is not None:
-        _check_stand_ins(out, blocks, orig, rule, key, tensor)
+        _check_stand_ins(s, blocks, orig, rule, key, tensor)
+    out = np.array(s, copy=True) if into is None else into.reshape(-1)
+    if out.size != s.size or out.dtype.itemsize != s.dtype.itemsize:
+        raise UsageError(f"into holds {out.size} {out.dtype.itemsize}-byte scales, the stored scales are "
+                         f"{s.size} of {s.dtype.itemsize} bytes")
     out.view(np.uint8).reshape(out.size, -1)[blocks] = orig
     return out
 

@@ -31,6 +31,7 @@ naming the tensor.  A ``*_scales`` tensor without ``*_blocks`` is an ordinary pl
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import mmap
@@ -217,6 +218,17 @@ class SafetensorsFile:
         if not exact or et.packed:
             return raw
         return raw.view(et.dtype).reshape(e.shape)
+
+    @functools.cached_property
+    def mx_pairs(self) -> "tuple[tuple[MXPair, ...], frozenset[str]]":
+        """:func:`detect_pairs` of this file, found once per reader (the file is read-only)."""
+        pairs, used = _find_pairs(self)
+        return tuple(pairs), frozenset(used)
+
+    @functools.cached_property
+    def pairs_by_name(self) -> "dict[str, MXPair]":
+        """The MX pair each half of a pair (data and scale tensor) belongs to, by tensor name."""
+        return {name: p for p in self.mx_pairs[0] for name in (p.data.name, p.scale.name)}
 
     def close(self) -> None:
         self._buf = None  # type: ignore[assignment]
@@ -446,7 +458,14 @@ def _convention(name: str) -> Mapping[str, Any]:
 
 def detect_pairs(st: SafetensorsFile) -> tuple[list[MXPair], set[str]]:
     """Find the MX pairs of a checkpoint; returns (pairs in data-tensor header order,
-    names of all tensors that belong to a pair)."""
+    names of all tensors that belong to a pair).  Found once per reader
+    (:attr:`SafetensorsFile.mx_pairs`)."""
+    pairs, used = st.mx_pairs
+    return list(pairs), set(used)
+
+
+def _find_pairs(st: SafetensorsFile) -> tuple[list[MXPair], set[str]]:
+    """:func:`detect_pairs`, computed."""
     pairs: list[MXPair] = []
     used: set[str] = set()
     names = set(st.names)
