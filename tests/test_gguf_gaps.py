@@ -227,6 +227,32 @@ def test_single_file_split_export_says_the_padding_is_not_restored(junk_model: P
     assert (tmp_path / "m.gguf").read_bytes() == junk_model.read_bytes()
 
 
+def test_changed_tensor_sizes_export_says_the_padding_is_not_restored(junk_model: Path, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A record that says a float32 tensor was F16 (as if imported from F16): the export
+    writes F32 (value-exact), the recorded offsets no longer fit, the layout is new."""
+    h = tmp_path / "j.hrry"
+    gguf_to_hurray(junk_model, h)
+    with HrryFile(h) as hf:
+        kv = dict(hf.kv)
+        rows = json.loads(kv[conv.K_TENSORS].value)
+        next(r for r in rows if r[1] == "F32")[1] = "F16"
+        kv[conv.K_TENSORS] = KVValue.string(json.dumps(rows))
+        with HrryWriter(tmp_path / "k.hrry") as w:
+            for n in hf.top_level_names():
+                w.write_tensor(hf.tensor(n))
+            w.finish(kv)
+    out = tmp_path / "k.gguf"
+    assert main(["convert", str(tmp_path / "k.hrry"), str(out)]) == 0
+    assert ("27 recorded non-zero padding byte(s) not restored (hurray_interop.gguf.padding): the tensors' sizes "
+            "differ from the recorded ones") in capsys.readouterr().out
+    with G.read_gguf(out) as f:
+        assert not f.nonzero_padding
+    assert main(["verify", str(tmp_path / "k.hrry"), str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("OK") and "byte-identical" not in last, last
+
+
 def test_refusal_beyond_the_limit_names_the_shard_that_passes_it(tmp_path: Path) -> None:
     """In a split set the refusal names the shard where the count passes the limit (not the
     shard of the first non-zero byte)."""
