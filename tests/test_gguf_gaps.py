@@ -5,7 +5,9 @@ records the bytes there that are not zero (``hurray_interop.gguf.padding``, at m
 ``MAX_PADDING_BYTES``) and the export writes them back, so such a file round-trips
 byte-identically (``verify`` exit 0) instead of converting "exact" and coming back
 different. Beyond the limit the conversion is refused (exit 1, nothing written), at
-limit − 1, limit and limit + 1. The record is input too: a broken one is a located error.
+limit − 1, limit and limit + 1. An export to a new layout (--merge, --split-max-*, changed
+tensor sizes) cannot write them back: it says so, and verify claims no byte identity.
+The record is input too: a broken one is a located error.
 
 Oracles: the source file's own bytes, and gguf-py's reader for the tensor offsets.
 """

@@ -37,8 +37,9 @@ GGUF's own keys are stored first, under their own names, in file order):
                                       (per region, from its first to its last non-zero
                                       byte; shard, absolute offset and bytes, see
                                       :func:`~hurray_interop.core.records.encode_byte_runs`),
-                                      at most :data:`MAX_PADDING_BYTES`; the export writes them
-                                      back (docs/conversion-rules.md § 7)
+                                      at most :data:`MAX_PADDING_BYTES`; an export of the
+                                      recorded layout writes them back, one to a new layout
+                                      says it does not (docs/conversion-rules.md § 7)
 ``hurray_interop.scale_substitutions.<tensor>``  see :mod:`hurray_interop.core.records`
 ``hurray_interop.gguf.expanded.<tensor>``         ``--fallback exact``: the restore record
                                       of an expanded tensor, see :mod:`.gguf_exact`
@@ -1023,7 +1024,7 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
 def _padding_note(report: ConversionReport, padding: list[tuple[int, int, np.ndarray]]) -> None:
     if padding:
         report.notes.append(f"{sum(r[2].size for r in padding)} non-zero byte(s) of padding and gaps between tensors "
-                            f"recorded ({K_PADDING}); the export writes them back")
+                            f"recorded ({K_PADDING}); an export of the recorded layout writes them back")
 
 
 def plan_gguf(src: str | os.PathLike[str], *, fallback: str | None = None, q4_1: str = "overlay") -> ConversionReport:
