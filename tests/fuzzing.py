@@ -286,6 +286,34 @@ def gguf_boundary_mutant(data: bytes, rng: random.Random, fields: list[tuple[int
     return bytes(b)
 
 
+def gguf_padding_regions(data: bytes) -> list[Region]:
+    """``[start, end)`` of every padding region of a valid GGUF: before the first tensor's
+    data, between tensors, and after the last (bytes no tensor holds)."""
+    from hurray_interop.formats.gguf import GGUFFile
+
+    g = GGUFFile(data)
+    out, pos = [], g.metadata_end
+    for t in sorted((t for t in g.tensors if t.nbytes), key=lambda t: t.data_offset):
+        out.append((pos, t.data_offset))
+        pos = t.data_offset + t.nbytes
+    out.append((pos, len(data)))
+    return [(a, b) for a, b in out if b > a]
+
+
+def gguf_padding_mutant(data: bytes, rng: random.Random, regions: Sequence[Region] | None = None) -> bytes:
+    """Non-zero bytes written into the padding of a valid GGUF (1-3 regions: at a region's
+    first or last byte, or inside it). Legal GGUF: an import records them and the export
+    writes them back, so the mutant must come back byte for byte."""
+    regions = regions if regions is not None else gguf_padding_regions(data)
+    b = bytearray(data)
+    for _ in range(rng.randint(1, 3)):
+        a, e = rng.choice(regions)
+        at = rng.choice([a, e - 1, rng.randrange(a, e)])
+        n = min(rng.randint(1, 4), e - at)
+        b[at : at + n] = bytes(rng.randrange(1, 256) for _ in range(n))
+    return bytes(b)
+
+
 #: JSON texts a header key or value may be rewritten to (escapes decoded by json.loads)
 _ESCAPED_NAMES = ('"\\ud800"', '"\\udfff"', '"x\\udc80y"', '"\\ud83d\\ude00"', '"\\u0000"', '"\\u00e9"', '"\\ufeff"',
                   '"\\"quoted\\""', '"\\\\"', '""', '"\\u0041\\u0042"')
@@ -382,15 +410,62 @@ def split_set_mutant(shards: list[bytes], rng: random.Random) -> tuple[list[byte
     return out, "an extra shard beyond the count"
 
 
-def records_mutant(kv: dict, rng: random.Random) -> tuple[dict, str]:
+PADDING_KEY = "hurray_interop.gguf.padding"
+_PAD_RUN = struct.Struct("<IQQ")  # core/records.py encode_byte_runs: u32 shard | u64 offset | u64 length | bytes
+
+
+def _runs_of(raw: bytes) -> list[list]:
+    """The ``[shard, offset, bytes]`` entries of a byte-runs record (as long as they parse)."""
+    runs, pos = [], 0
+    while pos + _PAD_RUN.size <= len(raw):
+        part, offset, n = _PAD_RUN.unpack_from(raw, pos)
+        runs.append([part, offset, raw[pos + _PAD_RUN.size : pos + _PAD_RUN.size + n]])
+        pos += _PAD_RUN.size + n
+    return runs
+
+
+def padding_mutant(raw: bytes, rng: random.Random, shards: int = 1) -> tuple[bytes, str]:
+    """One mutant of a ``hurray_interop.gguf.padding`` record: a run's shard index at and
+    around the set's count (``shards``), its offset or length moved by one or to a limit, a
+    run added, duplicated or dropped, the record cut. Returns the new record and a description."""
+    runs = _runs_of(raw)
+    if not runs:
+        return raw + _PAD_RUN.pack(0, 0, 1) + b"\x01", "run added to an empty record"
+    r = rng.randrange(len(runs))
+    kind = rng.randrange(8)
+    if kind == 0:  # shard index: the last one, the count, beyond, the largest u32
+        runs[r][0] = rng.choice([0, shards - 1, shards, shards + 1, 2**32 - 1])
+    elif kind == 1:  # offset: one byte either way, 0, far beyond any file
+        runs[r][1] = max(0, runs[r][1] + rng.choice([-1, 1, -(runs[r][1] + 1), 2**40, 2**63]))
+    elif kind == 2:  # one byte more or fewer (the region's bounds), or an empty run
+        runs[r][2] = rng.choice([runs[r][2] + b"\x01", runs[r][2][:-1], b""])
+    elif kind == 3:  # a run duplicated (overlap) or dropped
+        runs.insert(r, list(runs[r])) if rng.random() < 0.5 else runs.pop(r)
+    elif kind == 4:  # the length field alone: one more or fewer than the bytes that follow, or huge
+        out = bytearray(raw)
+        pos = sum(_PAD_RUN.size + len(x[2]) for x in runs[:r])
+        struct.pack_into("<Q", out, pos + 12, max(0, len(runs[r][2]) + rng.choice([-1, 1, 2**32, 2**64 - 1 - len(runs[r][2])])))
+        return bytes(out), f"{PADDING_KEY} run {r} length field edited"
+    elif kind == 5:  # the record cut inside an entry header or its bytes
+        return raw[: rng.randrange(len(raw))], f"{PADDING_KEY} cut"
+    elif kind == 6:  # the bytes themselves (the record then describes other padding: legal)
+        runs[r][2] = bytes(rng.randrange(1, 256) for _ in runs[r][2])
+    else:  # a run moved to the end of the file's padding (past the end of the file at most)
+        runs[r][1] += rng.choice([31, 32, 33, 4096])
+    out = b"".join(_PAD_RUN.pack(p, o, len(b)) + bytes(b) for p, o, b in runs)
+    return out, f"{PADDING_KEY} run {r} kind {kind}"
+
+
+def records_mutant(kv: dict, rng: random.Random, key: str | None = None) -> tuple[dict, str]:
     """One mutant of the conversion records of a .hrry's KV (``hurray_interop.gguf.*`` and
     scale-substitution records): a number moved to or around its limit, a JSON tensor row
-    edited, a record dropped or given the wrong type. Returns the new KV and a description."""
+    edited, a record dropped or given the wrong type. ``key``: mutate that record (else one
+    drawn at random). Returns the new KV and a description."""
     from hurray_interop.core.kv import KVValue
 
     kv = dict(kv)
     keys = [k for k in kv if k.startswith("hurray_interop.")]
-    key = rng.choice(keys)
+    key = key or rng.choice(keys)
     v = kv[key]
     if rng.random() < 0.08:
         del kv[key]
@@ -434,6 +509,12 @@ def records_mutant(kv: dict, rng: random.Random) -> tuple[dict, str]:
             items[rng.randrange(len(items))] = rng.choice(["UINT32", "FLOAT32", "BOOL", "ARRAY[STRING]", "FLOAT64", "nope"])
         kv[key] = KVValue("array", items, "string")
         return kv, f"{key} types edited ({kind})"
+    if v.type == "bytes" and key == PADDING_KEY:  # its own layout: shard | offset | length | bytes
+        split = kv.get("hurray_interop.gguf.split_layout")
+        shards = len(json.loads(split.value).get("shards", [None])) if split is not None and split.type == "string" else 1
+        raw, what = padding_mutant(bytes(v.value), rng, shards)
+        kv[key] = KVValue("bytes", raw)
+        return kv, what
     if v.type == "bytes" and len(v.value) >= 12:  # a scale-substitution record: u32 itemsize | u64 count | ...
         b = bytearray(v.value)
         itemsize, count = struct.unpack_from("<IQ", b, 0)

@@ -143,6 +143,13 @@ SITES: list[tuple[str, str, str, int]] = [
     ("core/kv.py", "if not lo <= v <= hi:", "<=", 0),
     ("core/kv.py", "if not lo <= v <= hi:", "<=", 1),
     ("core/hrry.py", "if len(nb) > 0xFFFF:", ">", 0),
+    # the padding record (hurray_interop.gguf.padding): byte limit, shard index, where it may go
+    ("conversions/gguf.py", "if sum(r[2].nbytes for r in runs) > MAX_PADDING_BYTES:", ">", 0),
+    ("conversions/gguf.py", "    if total > MAX_PADDING_BYTES:", ">", 0),
+    ("conversions/gguf.py", "if padding and max(padding) >= layout.count:", ">=", 0),
+    ("formats/gguf.py", "if not n or o < prev or r == len(regions) or not regions[r][0] <= o or o + n > regions[r][1]:", "<", 0),
+    ("formats/gguf.py", "if not n or o < prev or r == len(regions) or not regions[r][0] <= o or o + n > regions[r][1]:", "<=", 0),
+    ("formats/gguf.py", "if not n or o < prev or r == len(regions) or not regions[r][0] <= o or o + n > regions[r][1]:", ">", 0),
 ]
 
 #: comparisons of these modules flipped by hand and found *equivalent*: the flipped code

@@ -1059,3 +1059,125 @@ def test_hrry_writer_tensor_name_length_maximum(tmp_path):
     check_rule(make, "exceeds the u16 name_length")
     with HrryFile(tmp_path / "n0.hrry") as f:
         assert f.names == ("n" * 0xFFFF,)
+
+
+# ============================================================================================
+# the padding record (hurray_interop.gguf.padding): its byte limit, its shard index, where it may go
+
+
+def test_gguf_padding_record_byte_limit():
+    """conversions/gguf.py _padding_record (the export's reading of the record):
+    ``sum(lengths) > MAX_PADDING_BYTES`` (limit - 1, limit, limit + 1 recorded bytes)."""
+    from hurray_interop.conversions import gguf as C
+    from hurray_interop.core.kv import KVValue
+    from hurray_interop.core.records import encode_byte_runs
+
+    def rec(d: int) -> Callable[[], Any]:
+        return _records(K_PADDING=KVValue("bytes", encode_byte_runs([(0, 64, b"\x01" * (C.MAX_PADDING_BYTES + d))])))
+    check_rule(rec, f"more than the {C.MAX_PADDING_BYTES} bytes an import records")
+    assert rec(AT)().padding[0][64].nbytes == C.MAX_PADDING_BYTES
+
+
+def test_gguf_padding_import_byte_limit():
+    """conversions/gguf.py _padding_runs (the import): ``total > MAX_PADDING_BYTES`` (limit - 1,
+    limit, limit + 1 non-zero bytes, from the first to the last, in one region)."""
+    from types import SimpleNamespace
+
+    from hurray_interop.conversions import gguf as C
+
+    def runs(d: int) -> Callable[[], Any]:
+        g = np.zeros(C.MAX_PADDING_BYTES + 8, np.uint8)
+        g[0] = g[C.MAX_PADDING_BYTES + d - 1] = 1
+        gf = SimpleNamespace(split_set=None, path="bounds.gguf", nonzero_padding={100: g})
+        return lambda: C._padding_runs(gf)
+    check_rule(runs, "bytes of padding and gaps between tensors are not zero")
+    assert runs(AT)()[0][2].size == C.MAX_PADDING_BYTES
+
+
+def test_gguf_padding_record_shard_of_a_single_file():
+    """conversions/gguf.py _padding_record: a file that records no split set has shard 0 only
+    (shard index 0 accepted; 1 and 2 refused)."""
+    from hurray_interop.core.kv import KVValue
+    from hurray_interop.core.records import encode_byte_runs
+
+    def rec(part: int) -> Callable[[], Any]:
+        return _records(K_PADDING=KVValue("bytes", encode_byte_runs([(part, 64, b"\x01")])))
+    assert [rule_fires(rec(p), "but the file records no split set") for p in (0, 1, 2)] == [False, True, True]
+    assert rule_fires(rec(1), r"names shard 2, but the file records no split set")
+
+
+@pytest.fixture(scope="module")
+def split_padding_hrry(fixtures_dir, tmp_path_factory):
+    """The 3-shard fixture set with one non-zero byte in the padding of its second shard,
+    imported: ``(the .hrry, metadata end of each shard)``."""
+    import shutil
+
+    from hurray_interop.conversions.gguf import gguf_to_hurray
+    from hurray_interop.formats.gguf import read_gguf
+
+    d = tmp_path_factory.mktemp("split-pad")
+    ends = []
+    for i in (1, 2, 3):
+        p = d / f"tiny-split-0000{i}-of-00003.gguf"
+        shutil.copy(fixtures_dir / p.name, p)
+        with read_gguf(p) as f:
+            assert f.data_offset > f.metadata_end, "each shard's data starts after padding"
+            ends.append(f.metadata_end)
+    raw = bytearray((d / "tiny-split-00002-of-00003.gguf").read_bytes())
+    raw[ends[1]] = 0x7A
+    (d / "tiny-split-00002-of-00003.gguf").write_bytes(bytes(raw))
+    gguf_to_hurray(d / "tiny-split-00001-of-00003.gguf", d / "s.hrry")
+    return d / "s.hrry", ends
+
+
+def test_gguf_padding_record_shard_of_a_set(split_padding_hrry, tmp_path):
+    """conversions/gguf.py _write_set: ``max(padding) >= layout.count`` (shard index 2, 3, 4
+    of a 3-shard set: the last shard is accepted, the 4th and 5th refused, naming them)."""
+    from hurray_interop.conversions import gguf as C
+    from hurray_interop.core.hrry import HrryFile, HrryWriter
+    from hurray_interop.core.kv import KVValue
+    from hurray_interop.core.records import encode_byte_runs
+
+    h, ends = split_padding_hrry
+    count = iter(range(100))
+
+    def export(part: int) -> Callable[[], Any]:
+        bad = tmp_path / f"shard{part}-{next(count)}.hrry"
+        with HrryFile(h) as hf:
+            kv = dict(hf.kv)
+            kv[C.K_PADDING] = KVValue("bytes", encode_byte_runs([(part, ends[min(part, 2)], b"\x01")]))
+            with HrryWriter(bad) as w:
+                for n in hf.top_level_names():
+                    w.write_tensor(hf.tensor(n))
+                w.finish(kv)
+        out = tmp_path / bad.stem
+        out.mkdir()
+        return lambda: C.hurray_to_gguf(bad, out / "tiny-split-00001-of-00003.gguf")
+    check_rule(lambda d: export(3 + d), r"names shard \d of a 3-shard set", (False, True, True))
+    assert rule_fires(export(3), "names shard 4 of a 3-shard set")
+    export(2)()
+    raw = next(tmp_path.glob("shard2-*/tiny-split-00003-of-00003.gguf")).read_bytes()
+    assert raw[ends[2]] == 1  # the accepted record went where it said
+
+
+def test_gguf_writer_padding_regions():
+    """gguf.py GGUFWriterStream._check_padding: an override must lie inside one padding region.
+    Specs F32[8]@0, F32[4]@64 (alignment 32): the gap between them is [start + 32, start + 64).
+    ``not regions[r][0] <= o`` (one byte at start + 31, 32, 33), ``o + n > regions[r][1]``
+    (from start + 62: 1, 2, 3 bytes) and ``o < prev`` (after 2 bytes at start + 40: the next at
+    start + 41, 42, 43)."""
+    import io
+
+    from hurray_interop.formats.gguf import GGUFWriterStream, TensorSpec
+
+    specs = [TensorSpec("a", 0, (8,), 0), TensorSpec("b", 0, (4,), 64)]
+    probe = GGUFWriterStream(io.BytesIO(), tensors=specs)
+    start = probe.data_offset
+    probe.abort()
+
+    def writer(padding: dict) -> Callable[[], Any]:
+        return lambda: GGUFWriterStream(io.BytesIO(), tensors=specs, padding=padding).abort()
+    pattern = r"padding override at \d+ \(\d+ bytes\) is not inside the padding"
+    check_rule(lambda d: writer({start + 32 + d: b"\x01"}), pattern, UNDER)
+    check_rule(lambda d: writer({start + 62: b"\x01" * (2 + d)}), pattern)
+    check_rule(lambda d: writer({start + 40: b"\x01\x02", start + 42 + d: b"\x03"}), pattern, UNDER)

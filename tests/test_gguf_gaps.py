@@ -5,7 +5,9 @@ records the bytes there that are not zero (``hurray_interop.gguf.padding``, at m
 ``MAX_PADDING_BYTES``) and the export writes them back, so such a file round-trips
 byte-identically (``verify`` exit 0) instead of converting "exact" and coming back
 different. Beyond the limit the conversion is refused (exit 1, nothing written), at
-limit − 1, limit and limit + 1. The record is input too: a broken one is a located error.
+limit − 1, limit and limit + 1. An export to a new layout (--merge, --split-max-*, changed
+tensor sizes) cannot write them back: it says so, and verify claims no byte identity.
+The record is input too: a broken one is a located error.
 
 Oracles: the source file's own bytes, and gguf-py's reader for the tensor offsets.
 """
@@ -13,6 +15,7 @@ Oracles: the source file's own bytes, and gguf-py's reader for the tensor offset
 from __future__ import annotations
 
 import json
+import re
 
 import shutil
 import struct
@@ -129,7 +132,7 @@ def test_junk_at_the_record_limit(tmp_path: Path, length: int, capsys: pytest.Ca
         assert round_trip(src, tmp_path) == bytes(raw)
         return
     with pytest.raises(ConversionRefused, match=f"{length} bytes of padding and gaps between tensors are not zero "
-                                                f"\\(the first at offset {start}\\): more than the {LIMIT} bytes") as e:
+                                                f"\\(the limit is passed in the region at offset {start}\\): more than the {LIMIT} bytes") as e:
         gguf_to_hurray(src, h)
     assert str(src) in str(e.value)
     assert not h.exists() and not list(tmp_path.glob(".*.tmp"))
@@ -147,7 +150,9 @@ def test_junk_at_the_record_limit(tmp_path: Path, length: int, capsys: pytest.Ca
     assert f"FAILED {src}: round-trip, {length} bytes of padding" in capsys.readouterr().out
 
 
-def test_split_set_shard_padding_round_trips(fixtures_dir: Path, tmp_path: Path) -> None:
+def junk_split_set(fixtures_dir: Path, tmp_path: Path) -> tuple[Path, Path, int]:
+    """The 3-shard fixture set with one junk byte in the padding of its second shard, and its
+    import: ``(folder of the set, the .hrry, offset of the junk byte)``."""
     src = tmp_path / "in"
     src.mkdir()
     for p in fixtures_dir.glob("tiny-split-0000?-of-00003.gguf"):
@@ -159,6 +164,12 @@ def test_split_set_shard_padding_round_trips(fixtures_dir: Path, tmp_path: Path)
     with_junk(second, second, {pad: b"\x7a"})
     h = tmp_path / "s.hrry"
     gguf_to_hurray(src / "tiny-split-00001-of-00003.gguf", h)
+    return src, h, pad
+
+
+def test_split_set_shard_padding_round_trips(fixtures_dir: Path, tmp_path: Path) -> None:
+    src, h, pad = junk_split_set(fixtures_dir, tmp_path)
+    second = src / "tiny-split-00002-of-00003.gguf"
     with HrryFile(h) as hf:
         assert [(p, o) for p, o, _ in decode_byte_runs(hf.kv[conv.K_PADDING].value)] == [(1, pad)]
     out = tmp_path / "out"
@@ -170,6 +181,97 @@ def test_split_set_shard_padding_round_trips(fixtures_dir: Path, tmp_path: Path)
     hurray_to_gguf(h, merged, merge=True)  # another layout: the padding record does not apply, no error
     assert merged.exists()
     assert main(["verify", str(second)]) == 0  # the set's round trip: every shard byte for byte
+
+
+# --- an export that writes a new layout cannot put the recorded bytes back: it says so ----------
+
+
+@pytest.mark.parametrize("opts,why", [(["--merge"], "--merge writes a new layout"),
+                                      (["--split-max-tensors", "5"], "--split-max-\\* writes a new layout")])
+def test_new_layout_export_says_the_padding_is_not_restored(fixtures_dir: Path, tmp_path: Path, opts: list[str],
+                                                            why: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _, h, _ = junk_split_set(fixtures_dir, tmp_path)
+    out = tmp_path / "new.gguf"
+    for dry in (["--dry-run"], []):
+        assert main(["convert", *dry, *opts, str(h), str(out)]) == 0
+        assert re.search(rf"^note: 1 recorded non-zero padding byte\(s\) not restored \({conv.K_PADDING}\): {why}; "
+                         "zeros are written there, so the output is not byte-identical", capsys.readouterr().out, re.M)
+    written = sorted(tmp_path.glob("new*.gguf"))
+    assert written
+    for p in written:  # zeros where the source had its junk byte
+        with G.read_gguf(p) as f:
+            assert not f.nonzero_padding, p
+    assert main(["verify", str(h), str(written[0]), *opts]) == 0  # the export's tensors match, exactly
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("OK") and "byte-identical" not in last, last
+
+
+def test_recorded_layout_export_restores_the_padding_without_a_note(fixtures_dir: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    src, h, _ = junk_split_set(fixtures_dir, tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["convert", str(h), str(out / "tiny-split-00001-of-00003.gguf")]) == 0
+    assert "not restored" not in capsys.readouterr().out
+    assert main(["verify", str(h), str(src / "tiny-split-00001-of-00003.gguf")]) == 0
+    assert "files byte-identical" in capsys.readouterr().out
+
+
+def test_single_file_split_export_says_the_padding_is_not_restored(junk_model: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    h = tmp_path / "j.hrry"
+    gguf_to_hurray(junk_model, h)
+    assert main(["convert", "--split-max-tensors", "100", str(h), str(tmp_path / "o.gguf")]) == 0
+    assert ("27 recorded non-zero padding byte(s) not restored (hurray_interop.gguf.padding): --split-max-* writes "
+            "a new layout") in capsys.readouterr().out
+    assert main(["convert", "--merge", str(h), str(tmp_path / "m.gguf")]) == 0  # one file: the recorded layout
+    assert "not restored" not in capsys.readouterr().out
+    assert (tmp_path / "m.gguf").read_bytes() == junk_model.read_bytes()
+
+
+def test_changed_tensor_sizes_export_says_the_padding_is_not_restored(junk_model: Path, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A record that says a float32 tensor was F16 (as if imported from F16): the export
+    writes F32 (value-exact), the recorded offsets no longer fit, the layout is new."""
+    h = tmp_path / "j.hrry"
+    gguf_to_hurray(junk_model, h)
+    with HrryFile(h) as hf:
+        kv = dict(hf.kv)
+        rows = json.loads(kv[conv.K_TENSORS].value)
+        next(r for r in rows if r[1] == "F32")[1] = "F16"
+        kv[conv.K_TENSORS] = KVValue.string(json.dumps(rows))
+        with HrryWriter(tmp_path / "k.hrry") as w:
+            for n in hf.top_level_names():
+                w.write_tensor(hf.tensor(n))
+            w.finish(kv)
+    out = tmp_path / "k.gguf"
+    assert main(["convert", str(tmp_path / "k.hrry"), str(out)]) == 0
+    assert ("27 recorded non-zero padding byte(s) not restored (hurray_interop.gguf.padding): the tensors' sizes "
+            "differ from the recorded ones") in capsys.readouterr().out
+    with G.read_gguf(out) as f:
+        assert not f.nonzero_padding
+    assert main(["verify", str(tmp_path / "k.hrry"), str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("OK") and "byte-identical" not in last, last
+
+
+def test_refusal_beyond_the_limit_names_the_shard_that_passes_it(tmp_path: Path) -> None:
+    """In a split set the refusal names the shard where the count passes the limit (not the
+    shard of the first non-zero byte)."""
+    from types import SimpleNamespace
+
+    def region(n: int) -> np.ndarray:
+        g = np.zeros(n, np.uint8)
+        g[0] = g[-1] = 1
+        return g
+    shards = [SimpleNamespace(path=str(tmp_path / f"s-0000{i}-of-00003.gguf"), nonzero_padding=p)
+              for i, p in ((1, {100: region(10)}), (2, {}), (3, {200: region(LIMIT - 9)}))]
+    gf = SimpleNamespace(split_set=object(), shards=shards, path=shards[0].path, nonzero_padding=True)
+    with pytest.raises(ConversionRefused, match="the limit is passed in the region at offset 200") as e:
+        conv._padding_runs(gf)
+    assert e.value.path == shards[2].path
+    shards[2].nonzero_padding = {200: region(LIMIT - 10)}  # exactly the limit: recorded
+    assert [(p, o, b.size) for p, o, b in conv._padding_runs(gf)] == [(0, 100, 10), (2, 200, LIMIT - 10)]
 
 
 # --- the record is input: broken ones are located errors --------------------------------------
@@ -222,6 +324,19 @@ def test_broken_padding_records_are_located_errors(junk_hrry: tuple[Path, list],
     assert not wrong, "\n".join(wrong)
     exact = rewrite_kv(h, tmp_path / "exact.hrry", KVValue.bytes(encode_byte_runs([(p1, o1, b1)])))
     hurray_to_gguf(exact, tmp_path / "exact.gguf")  # a run that ends exactly at the next tensor is fine
+
+
+def test_padding_record_naming_a_shard_past_the_set_is_a_located_error(fixtures_dir: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    _, h, pad = junk_split_set(fixtures_dir, tmp_path)
+    bad = rewrite_kv(h, tmp_path / "bad.hrry", KVValue.bytes(encode_byte_runs([(3, pad, b"\x7a")])))
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["convert", str(bad), str(out / "x.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(bad) in err and conv.K_PADDING in err, err
+    assert "names shard 4 of a 3-shard set" in err, err
+    assert not list(out.iterdir())
 
 
 def test_byte_runs_record_round_trips_and_checks() -> None:

@@ -265,22 +265,24 @@ def test_boundary_mutants_raise_only_located_project_errors(fixtures_dir):
 
 def test_cli_on_boundary_mutants_end_to_end(fixtures_dir, tmp_path, monkeypatch):
     """Boundary mutants through ``convert`` to .hrry: exit 0/1/2, one line naming the input,
-    no output or temporary file after a failure, a valid .hrry after success."""
+    no output or temporary file after a failure, and after success a valid .hrry that is
+    exact: exported back, it gives the mutant byte for byte."""
     import random
 
-    from fuzzing import gguf_boundary_mutant, gguf_fields
+    from fuzzing import gguf_boundary_mutant, gguf_fields, gguf_padding_mutant, gguf_padding_regions
     from hurray_interop.core.hrry import HrryFile
 
     monkeypatch.setattr(os, "fsync", lambda fd: None)  # speed only
     raw = (fixtures_dir / "kv-types.gguf").read_bytes()
-    fields = gguf_fields(raw)
+    fields, pads = gguf_fields(raw), gguf_padding_regions(raw)
     rng = random.Random(909)
     src, out = tmp_path / "in" / "m.gguf", tmp_path / "out" / "m.hrry"
     src.parent.mkdir()
     out.parent.mkdir()
     seen = {0: 0, 1: 0, 2: 0}
-    for _ in range(max(40, fuzz_count(40) // 20)):
-        m = gguf_boundary_mutant(raw, rng, fields)
+    for k in range(max(40, fuzz_count(40) // 20)):
+        # every 4th: junk in the padding (legal, so it must convert and come back exactly)
+        m = gguf_padding_mutant(raw, rng, pads) if k % 4 == 3 else gguf_boundary_mutant(raw, rng, fields)
         src.write_bytes(m)
         before = set(os.listdir(out.parent))
         status, _, err = run_cli(["convert", os.fspath(src), os.fspath(out), "-q"])
@@ -290,8 +292,12 @@ def test_cli_on_boundary_mutants_end_to_end(fixtures_dir, tmp_path, monkeypatch)
         if status == 0:
             with HrryFile(out) as f:
                 f.validate()
+            back = out.parent / "back.gguf"
+            status, _, err = run_cli(["convert", os.fspath(out), os.fspath(back), "-q"])
+            assert status == 0 and back.read_bytes() == m, ("accepted mutant does not come back exactly", status, err)
+            back.unlink()
             out.unlink()
-    assert seen[2] > 0, seen
+    assert seen[2] > 0 and seen[0] > 0, seen
 
 
 def _write_set(folder: Path, prefix: str, shards: list) -> Path:

@@ -22,6 +22,7 @@ import json
 import os
 import random
 import re
+import shutil
 import struct
 from pathlib import Path
 
@@ -463,40 +464,104 @@ def test_bug_corrupt_scale_record_error_names_the_file(tmp_path, fixtures_dir, o
 # -- conversion records as a fuzzing family (issue #20's campaign) ---------------------------------
 
 
-def test_cli_on_record_mutants_end_to_end(converted, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def padded(tmp_path_factory, fixtures_dir) -> dict[str, tuple[Path, list[bytes]]]:
+    """.hrry files that carry a ``hurray_interop.gguf.padding`` record, with the bytes of the
+    GGUF files they were imported from: tiny-llama with junk at both ends of its header
+    padding and in its end padding, and the 3-shard set with junk in two of its shards."""
+    import shutil
+
+    from fuzzing import gguf_padding_regions
+    from hurray_interop import convert
+
+    d = tmp_path_factory.mktemp("padded")
+    out = {}
+    one = d / "junk-llama.gguf"
+    raw = bytearray((fixtures_dir / "tiny-llama.gguf").read_bytes())
+    (a, b), (c, e) = gguf_padding_regions(bytes(raw))[0], gguf_padding_regions(bytes(raw))[-1]
+    raw[a] = raw[b - 1] = 0x5A
+    raw[e - 1] = 0xA5
+    one.write_bytes(bytes(raw))
+    convert(one, d / "junk-llama.hrry")
+    out["junk-llama"] = (d / "junk-llama.hrry", [bytes(raw)])
+    shards = []
+    for i in (1, 2, 3):
+        p = d / f"tiny-split-0000{i}-of-00003.gguf"
+        shutil.copy(fixtures_dir / p.name, p)
+        raw = bytearray(p.read_bytes())
+        if i != 1:
+            a, b = gguf_padding_regions(bytes(raw))[0]
+            raw[a] = raw[b - 1] = i
+        p.write_bytes(bytes(raw))
+        shards.append(bytes(raw))
+    convert(d / "tiny-split-00001-of-00003.gguf", d / "junk-split.hrry")
+    out["junk-split"] = (d / "junk-split.hrry", shards)
+    return out
+
+
+def _written(outdir: Path) -> list[Path]:
+    return sorted(outdir.glob("*.gguf"))
+
+
+def _assert_exact_or_stable(what: str, written: list[Path], original: list[bytes], scratch: Path) -> None:
+    """The strong oracle of an accepted record mutant: the export is the GGUF the .hrry was
+    imported from, or (when the mutation legally changed it, e.g. the bytes a padding record
+    writes back or a metadata value type) a GGUF that re-imports exactly: imported and
+    exported again, it comes back byte for byte."""
+    got = [p.read_bytes() for p in written]
+    if got == original:
+        return
+    again = scratch / "again"
+    shutil.rmtree(again, ignore_errors=True)
+    again.mkdir()
+    h = again / "again.hrry"
+    status, _, err = run_cli(["convert", os.fspath(written[0]), os.fspath(h), "-q"])
+    assert status == 0, (what, "the export does not re-import", err)
+    status, _, err = run_cli(["convert", os.fspath(h), os.fspath(again / written[0].name), "-q"])
+    assert status == 0, (what, "the re-import does not export", err)
+    assert [(again / p.name).read_bytes() for p in written] == got, (what, "re-import + re-export is not stable")
+
+
+def test_cli_on_record_mutants_end_to_end(converted, padded, tmp_path, monkeypatch, fixtures_dir):
     """The records a GGUF export replays (``hurray_interop.gguf.*``: version, alignment, tail
-    bytes, value types, tensor rows; scale-substitution records), one mutated per file
-    (numbers to and around their limits, rows edited, records dropped or retyped), exported
-    to GGUF: exit 0/1/2, one line naming the .hrry, no output after a failure, and a written
-    GGUF reads back."""
+    bytes, value types, tensor rows, the padding record; scale-substitution records), one
+    mutated per file (numbers to and around their limits, rows edited, records dropped or
+    retyped, padding runs' shard index, offset and length at and around their limits),
+    exported to GGUF: exit 0/1/2, one line naming the .hrry, no output after a failure, and a
+    written GGUF is exact (see :func:`_assert_exact_or_stable`)."""
     import random
 
-    from fuzzing import records_mutant
+    from fuzzing import PADDING_KEY, records_mutant
     from hurray_interop.core.hrry import load, save
-    from hurray_interop.formats.gguf import read_gguf
 
     monkeypatch.setattr(os, "fsync", lambda fd: None)  # speed only
     outdir = tmp_path / "out"
     outdir.mkdir()
     seen = {0: 0, 1: 0, 2: 0}
     n = max(40, fuzz_count(40) // 20)
-    for which, seed in (("kv-types", 808), ("tiny-llama", 809)):
-        tensors, kv = load(converted[which])
+    corpus = {k: (converted[k], [(fixtures_dir / f"{k}.gguf").read_bytes()]) for k in ("kv-types", "tiny-llama")}
+    corpus.update(padded)
+    for which, seed in (("kv-types", 808), ("tiny-llama", 809), ("junk-llama", 810), ("junk-split", 811)):
+        h, original = corpus[which]
+        tensors, kv = load(h)
         rng = random.Random(seed)
-        for k in range(n):
-            mkv, what = records_mutant(kv, rng)
+        focus = PADDING_KEY if PADDING_KEY in kv else None
+        for k in range(n if focus is None else n // 2):
+            mkv, what = records_mutant(kv, rng, focus if focus and rng.random() < 0.7 else None)
             src = tmp_path / f"{which}-{k}.hrry"
             save(src, tensors, mkv, force=True)
             out = outdir / "m.gguf"
             before = set(os.listdir(outdir))
             status, _, err = run_cli(["convert", os.fspath(src), os.fspath(out), "-q"])
-            assert_cli_contract(status, err, output=out, before=before)
+            split = status == 0 and which == "junk-split"  # a set: m-0000i-of-00003.gguf, not m.gguf
+            assert_cli_contract(status, err, output=out, before=None if split else before)
             assert status != 2 or os.fspath(src) in err, (what, err)
             seen[status] += 1
             if status == 0:
-                with read_gguf(out):
-                    pass
-                out.unlink()
+                assert set(os.listdir(outdir)) - before == {p.name for p in _written(outdir)}, what  # no temporary
+                _assert_exact_or_stable(what, _written(outdir), original, tmp_path)
+                for p in _written(outdir):
+                    p.unlink()
             src.unlink()
     assert seen[2] > n // 2 and seen[0] > 0, seen
 

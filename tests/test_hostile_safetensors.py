@@ -291,8 +291,9 @@ def test_escape_mutants_raise_only_project_errors(fixtures_dir):
 
 def test_cli_on_escape_mutants_end_to_end(fixtures_dir, tmp_path, monkeypatch):
     """``inspect``, ``inspect --json`` and ``convert`` of header-text mutants: exit 0/1/2, one
-    line, no internal error (stdout/stderr are strict UTF-8, like a terminal), and a refusal
-    names the input file, not the output."""
+    line, no internal error (stdout/stderr are strict UTF-8, like a terminal), a refusal
+    names the input file, not the output, and an accepted mutant is exact: converted back to
+    safetensors, every tensor has its name, dtype, shape and bytes."""
     import random
 
     monkeypatch.setattr(os, "fsync", lambda fd: None)  # speed only
@@ -317,9 +318,22 @@ def test_cli_on_escape_mutants_end_to_end(fixtures_dir, tmp_path, monkeypatch):
             assert status != 2 or os.fspath(src) in err, err
             seen[status] += 1
             if status == 0:
+                back = outdir / "back.safetensors"
+                status, _, err = run_cli(["convert", os.fspath(out), os.fspath(back), "-q"])
+                assert status == 0, ("an accepted mutant does not convert back", err)
+                assert _tensors(back) == _tensors(src), "an accepted mutant does not come back exactly"
+                back.unlink()
                 out.unlink()
             assert src.read_bytes() == m
     assert seen[2] > 0 and seen[0] > 0, seen
+
+
+def _tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    """name -> (dtype, shape, bytes) of every tensor of a safetensors file (the project's reader)."""
+    from hurray_interop.formats.safetensors import SafetensorsFile
+
+    with SafetensorsFile(path) as f:
+        return {n: (f.entry(n).dtype, tuple(f.entry(n).shape), f.raw(n).tobytes()) for n in f.names}
 
 
 SURROGATE_HEADERS = {

@@ -37,8 +37,9 @@ GGUF's own keys are stored first, under their own names, in file order):
                                       (per region, from its first to its last non-zero
                                       byte; shard, absolute offset and bytes, see
                                       :func:`~hurray_interop.core.records.encode_byte_runs`),
-                                      at most :data:`MAX_PADDING_BYTES`; the export writes them
-                                      back (docs/conversion-rules.md § 7)
+                                      at most :data:`MAX_PADDING_BYTES`; an export of the
+                                      recorded layout writes them back, one to a new layout
+                                      says it does not (docs/conversion-rules.md § 7)
 ``hurray_interop.scale_substitutions.<tensor>``  see :mod:`hurray_interop.core.records`
 ``hurray_interop.gguf.expanded.<tensor>``         ``--fallback exact``: the restore record
                                       of an expanded tensor, see :mod:`.gguf_exact`
@@ -110,6 +111,8 @@ K_PADDING = "hurray_interop.gguf.padding"
 
 #: most bytes of non-zero padding and gaps between tensors an import records (beyond: refused)
 MAX_PADDING_BYTES = 1 << 20
+#: how the note of an export that cannot write the recorded non-zero padding back starts (after the count)
+PADDING_LOST = "recorded non-zero padding byte(s) not restored"
 
 #: blocks processed per chunk (≈ 8 Mi elements): bounds memory for any tensor size
 CHUNK_BLOCKS = 1 << 18
@@ -955,9 +958,11 @@ def _padding_runs(gf: Any) -> list[tuple[int, int, np.ndarray]]:
             runs.append((part, start + a, g[a:b]))
     total = sum(r[2].size for r in runs)
     if total > MAX_PADDING_BYTES:
-        part, at, _ = runs[0]
+        # name the file and the region where the count passes the limit (in a split set: its shard)
+        part, at, _ = runs[int(np.searchsorted(np.cumsum([r[2].size for r in runs]), MAX_PADDING_BYTES, "right"))]
         raise ConversionRefused(
-            f"{total} bytes of padding and gaps between tensors are not zero (the first at offset {at}): more than the "
+            f"{total} bytes of padding and gaps between tensors are not zero (the limit is passed in the region at "
+            f"offset {at}): more than the "
             f"{MAX_PADDING_BYTES} bytes an import records, so an export could not write them back; nothing was written",
             path=files[part].path,
         )
@@ -1019,7 +1024,7 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
 def _padding_note(report: ConversionReport, padding: list[tuple[int, int, np.ndarray]]) -> None:
     if padding:
         report.notes.append(f"{sum(r[2].size for r in padding)} non-zero byte(s) of padding and gaps between tensors "
-                            f"recorded ({K_PADDING}); the export writes them back")
+                            f"recorded ({K_PADDING}); an export of the recorded layout writes them back")
 
 
 def plan_gguf(src: str | os.PathLike[str], *, fallback: str | None = None, q4_1: str = "overlay") -> ConversionReport:
@@ -1581,6 +1586,8 @@ def _hurray_to_gguf(
         report.tensors = [e.plan for e in exports]
         report.notes.extend(gguf_metadata.unwritten_note(kv))
         split = None if report.refused else _set_layout(kv, records, src, exports, alignment, out_shape)
+        if not report.refused:
+            report.notes.extend(_padding_lost_note(records, exports, split is not None, out_shape))
         if split is not None:
             report.notes.append(_set_note(split, dst, out_shape.merge, dry_run))
         elif out_shape.merge and not report.refused:
@@ -1589,13 +1596,39 @@ def _hurray_to_gguf(
             return report
         if split is not None:
             # the recorded padding belongs to the recorded layout: not to a new split, nor to changed tensor sizes
-            same = not out_shape.split and all(e.type_name == rec_by_name[e.name][1] for e in exports)
-            padding = records.padding if records is not None and same else {}
+            padding = records.padding if _why_padding_lost(records, exports, True, out_shape) is None else {}
             _write_set(hf, src, dst, exports, split, _export_kv(kv, records, src, alignment), out_shape.merge, force,
                        progress, padding)
             return report
         _write_single(hf, src, dst, exports, records, kv, alignment, force, progress)
     return report
+
+
+def _why_padding_lost(records: _Records | None, exports: list[_Export], is_set: bool, shape: _Shape) -> str | None:
+    """None when the export writes the recorded layout, so the recorded non-zero padding
+    goes back where it was; else why it does not (the export writes zeros there)."""
+    if records is None or not records.padding:
+        return "no padding recorded"
+    if shape.merge and is_set:
+        return "--merge writes a new layout"
+    if shape.split:
+        return "--split-max-* writes a new layout"
+    rec = {r[0]: r for r in records.tensors}
+    if is_set and any(e.type_name != rec[e.name][1] for e in exports):
+        return "the tensors' GGML types differ from the recorded ones, so the layout is new"
+    if any(G.tensor_nbytes(e.type_name, e.ne) != G.tensor_nbytes(rec[e.name][1], rec[e.name][2]) for e in exports):
+        return "the tensors' sizes differ from the recorded ones, so the layout is new"
+    return None
+
+
+def _padding_lost_note(records: _Records | None, exports: list[_Export], is_set: bool, shape: _Shape) -> list[str]:
+    """The note of an export that cannot write the recorded non-zero padding back."""
+    why = _why_padding_lost(records, exports, is_set, shape)
+    if why is None or records is None or not records.padding:
+        return []
+    n = sum(b.nbytes for runs in records.padding.values() for b in runs.values())
+    return [f"{n} {PADDING_LOST} ({K_PADDING}): {why}; zeros are written there, "
+            "so the output is not byte-identical to the imported GGUF"]
 
 
 def _write_single(hf: Any, src: str, dst: Any, exports: list[_Export], records: _Records | None,

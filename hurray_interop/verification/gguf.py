@@ -14,7 +14,7 @@ import numpy as np
 
 from ..conversions import fallback as fallbacks
 from ..conversions import gguf_exact
-from ..conversions.gguf import reference_dequantizer
+from ..conversions.gguf import PADDING_LOST, reference_dequantizer
 from ..core.hrry import HrryFile
 from ..formats import gguf as G
 from ..formats import gguf_split as S
@@ -155,6 +155,14 @@ def _set_count(path: str) -> int | None:
         return None if s is None else s.count
 
 
+def _no_identity_claim(report: Any, result: VerifyResult) -> Any:
+    """An export that wrote zeros where the .hrry records non-zero padding (a new layout)
+    is not the file the .hrry was imported from: verify then claims no byte identity."""
+    if report is not None and result.file_bytes_equal and any(PADDING_LOST in n for n in report.notes):
+        result.file_bytes_equal = None
+    return report
+
+
 class _GGUFVerifier(ForeignVerifier):
     """The GGUF checks, for a split set as for one file (docs/conversion-rules.md § 10):
     a set round-trips to the same shards, each compared byte for byte, and every
@@ -200,7 +208,7 @@ class _GGUFVerifier(ForeignVerifier):
             count = _set_count(path)
             if count is None and paths == [Path(back)]:
                 self.compare_export(path, back, hrry_path, result, explained)
-                return report
+                return _no_identity_claim(report, result)
             diffs = None
             if paths:
                 layout = _layout_difference(path, count, hrry_path, len(paths) if back and paths != [Path(back)] else None)
@@ -208,7 +216,7 @@ class _GGUFVerifier(ForeignVerifier):
                 if not explained:
                     result.file_bytes_equal = diffs is None
             self._against_set(path, paths, hrry_path, result, None if explained else diffs, hrry_path, files_equal=False)
-        return report
+        return _no_identity_claim(report, result)
 
     def _against_set(self, path: str, exported: list[Path], hrry_path: str, result: VerifyResult, diffs: Any,
                      label: str, *, files_equal: bool) -> None:
