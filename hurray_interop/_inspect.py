@@ -55,14 +55,16 @@ def _cell(v: Any) -> str:
 def _widths(rows: list[list[str]], cols: list[str], width: int | None) -> list[int]:
     """Column widths: natural, or -- when the table is wider than ``width`` -- the wrapping
     columns share what the others leave, each taking no more than it needs (the widest get
-    the rest) and none less than :data:`_MIN_WRAP`."""
+    the rest) and none less than :data:`_MIN_WRAP` or its longest word (words are never
+    split: a table with such a word is wider than ``width``, its columns still aligned)."""
     w = [max(len(r[c]) for r in rows) for c in range(len(cols))]
     wrap = sorted((c for c, name in enumerate(cols) if name in _WRAPPING), key=lambda c: w[c])
     if not width or not wrap or sum(w) + 2 * (len(w) - 1) <= width:
         return w
     left = width - 2 * (len(w) - 1) - sum(w[c] for c in range(len(w)) if c not in wrap)
     for i, c in enumerate(wrap):
-        w[c] = max(_MIN_WRAP, min(w[c], left // (len(wrap) - i)))
+        word = max((len(x) for r in rows for x in r[c].split()), default=0)
+        w[c] = max(_MIN_WRAP, word, min(w[c], left // (len(wrap) - i)))
         left -= w[c]
     return w
 
@@ -85,7 +87,8 @@ def _wrap(text: str, width: int) -> list[str]:
         return [text]
     import textwrap
 
-    return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
+    # words whole: never split inside a word, nor at its hyphens (per-block-affine is one term)
+    return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
 
 
 def _value_text(item: dict[str, Any], limit: int | None, top: bool = True) -> str:
