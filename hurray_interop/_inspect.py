@@ -9,7 +9,7 @@ from typing import Any
 
 from .registry import detect_format
 
-__all__ = ["inspect_file", "render_text", "render_markdown", "summary_text", "terminal_safe"]
+__all__ = ["inspect_file", "json_safe", "render_text", "render_markdown", "summary_text", "terminal_safe"]
 
 
 def inspect_file(path: str | os.PathLike[str], *, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
@@ -19,7 +19,27 @@ def inspect_file(path: str | os.PathLike[str], *, fallback: str | None = None, *
     :data:`hurray_interop.inspection.MAX_ITEMS`; ``None``: all) and, always, their ``count``."""
     p = os.fspath(path)
     fmt = detect_format(p)
-    return fmt.inspect(p, fallback=fallback, **shown) if fallback else fmt.inspect(p, **shown)
+    return json_safe(fmt.inspect(p, fallback=fallback, **shown) if fallback else fmt.inspect(p, **shown))
+
+
+#: the strings that stand for the floats strict JSON has no number for
+_NON_FINITE = {float("inf"): "inf", float("-inf"): "-inf"}
+
+
+def json_safe(data: Any) -> Any:
+    """``data`` (inspect's plain data) with every non-finite float as a string -- ``"inf"``,
+    ``"-inf"``, ``"nan"`` -- so that strict JSON (``json.dumps(..., allow_nan=False)``, jq)
+    carries it; the entry's ``type`` (``FLOAT32``, ``ARRAY[FLOAT64]`` ...) still says it is a
+    float, and ``float(value)`` reads every such value back (a NaN's payload is not shown)."""
+    if isinstance(data, float):
+        return "nan" if data != data else _NON_FINITE.get(data, data)
+    if isinstance(data, dict):
+        return {k: json_safe(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        if all(type(x) is str or type(x) is int for x in data):  # a vocabulary: nothing to change
+            return data
+        return type(data)(json_safe(x) for x in data)
+    return data
 
 
 # ---------------------------------------------------------------------------
@@ -100,6 +120,8 @@ def _value_text(item: dict[str, Any], limit: int | None, top: bool = True) -> st
         return s if limit is None or len(s) <= limit else s[: limit - 1] + "…"
     if any(isinstance(x, dict) for x in v):  # an array of arrays
         items = [_value_text(x, limit, False) for x in v]
+    elif str(item.get("type", "")).upper().startswith("ARRAY[FLOAT"):  # non-finite items as inf, -inf, nan
+        items = [x if isinstance(x, str) else json.dumps(x) for x in v]
     else:  # one dump of the whole list: a --full vocabulary is 10^5 items
         items = [terminal_safe(json.dumps(v, ensure_ascii=False, default=str)[1:-1])] if v else []
     n = item["count"]

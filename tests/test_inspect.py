@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -168,7 +169,7 @@ def test_a_narrow_terminal_still_shows_every_word(fixtures_dir: Path, capsys, mo
     reason = next(r["reason"] for r in api_inspect(fixtures_dir / KQUANT)["tensors"] if r["name"] == "blk.1.ffn_down.weight")
     status, out, _ = run(["inspect", fixtures_dir / KQUANT], capsys)
     assert status == 0
-    assert _reason_of(out, "blk.1.ffn_down.weight").replace(" ", "") == reason.replace(" ", "")
+    assert _reason_of(out, "blk.1.ffn_down.weight") == reason  # every word whole
 
 
 # ---------------------------------------------------------------------------
@@ -312,6 +313,50 @@ def test_hurray_arrays_have_the_same_model(fixtures_dir: Path, tmp_path: Path) -
     for n in (0, 16, None):
         m = _arrays(api_inspect(hrry, max_items=n))["tokenizer.ggml.token_type"]
         assert m["count"] == 300 and m["value"] == whole[: 300 if n is None else n]
+
+
+# ---------------------------------------------------------------------------
+# strict JSON: non-finite floats as strings
+
+
+def _strict(text: str) -> Any:
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "hurray"])
+def test_json_is_strict_with_non_finite_floats_as_strings(fixtures_dir: Path, tmp_path: Path, capsys, fmt: str) -> None:  # type: ignore[no-untyped-def]
+    src = fixtures_dir / "kv-types.gguf"
+    if fmt == "hurray":
+        src = tmp_path / "kv.hrry"
+        assert main(["convert", str(fixtures_dir / "kv-types.gguf"), str(src), "-q"]) == 0
+    status, out, _ = run(["inspect", src, "--json"], capsys)
+    assert status == 0
+    kv = {m["key"]: m for m in _strict(out)["metadata"]}  # jq's rules: no Infinity, no NaN
+    assert kv["t.f32_inf"]["value"] == "inf" and kv["t.f64_nan"]["value"] == "nan"
+    assert kv["t.f32_inf"]["type"].upper() in ("FLOAT32", "FLOAT64")  # the type still says: a float
+    floats = kv["t.array_float32"]["value"]
+    assert floats[-1] == "inf" and all(isinstance(x, float) for x in floats[:-1])  # finite ones stay numbers
+    assert str(floats[-2]) == "-0.0"
+    assert json.dumps(api_inspect(src), allow_nan=False)  # the API gives the same strict data
+
+
+def test_json_safe_replaces_only_non_finite_floats() -> None:
+    inf, nan = float("inf"), float("nan")
+    data = {"a": [1.5, -inf, [nan, inf, "inf"]], "b": (0.0, -0.0), "c": 7, "d": ["x", 2], "e": None, "f": True}
+    got = _inspect.json_safe(data)
+    assert got == {"a": [1.5, "-inf", ["nan", "inf", "inf"]], "b": (0.0, -0.0), "c": 7, "d": ["x", 2], "e": None, "f": True}
+    assert json.dumps(got, allow_nan=False)
+    assert float(got["a"][1]) == -inf and float(got["a"][2][1]) == inf  # float() reads the strings back
+
+
+def test_text_shows_non_finite_floats_bare(fixtures_dir: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    status, out, _ = run(["inspect", fixtures_dir / "kv-types.gguf"], capsys)
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  t.")}
+    assert status == 0 and lines["t.f32_inf"].endswith("= inf") and lines["t.f64_nan"].endswith("= nan")
+    assert lines["t.array_float32"].endswith(", -0.0, inf] (7 items)")
 
 
 # ---------------------------------------------------------------------------
