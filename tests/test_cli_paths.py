@@ -343,6 +343,23 @@ def test_skip_existing_with_split_max_counts_the_whole_new_set(files, tmp_path, 
         assert status == 2 and err.rstrip().endswith(f"missing: {out / shards[2]}"), err
 
 
+def test_skip_existing_from_python_refuses_shards_of_two_sets(files, tmp_path):
+    """A complete set plus one shard of a set of another count under the prefix: not one
+    complete output (UsageError naming the other set's missing shard), nothing run."""
+    from hurray_interop.batch import convert_many
+    from hurray_interop.errors import UsageError
+
+    out = tmp_path / "out"
+    opts = dict(dst_format="gguf", split_max_tensors=10)
+    list(convert_many([files["hrry"]], out, **opts))
+    (out / "tiny-00001-of-00002.gguf").write_bytes(b"stray")
+    with pytest.raises(UsageError, match=r"missing: .*tiny-00002-of-00002\.gguf$"):
+        convert_many([files["hrry"]], out, skip_existing=True, **opts)
+    os.unlink(out / "tiny-00001-of-00002.gguf")
+    (r,) = convert_many([files["hrry"]], out, skip_existing=True, **opts)
+    assert r.status == "skipped" and r.output == os.path.join(out, "tiny.gguf")
+
+
 def test_skip_existing_from_python(two_sources, tmp_path):
     from hurray_interop.batch import convert_many, summarize
 
