@@ -86,8 +86,10 @@ def inspect(path: str | _os.PathLike[str], *, fallback: str | None = None, max_i
     --json`` prints): header facts, tensors (for GGUF with ``shape``, ``ne`` and ``elements``)
     and metadata; for a foreign file also the conversion plan per tensor (``fallback``: the
     plan of ``convert --fallback``) and a ``summary``.  A metadata array is its first
-    ``max_items`` items (``value``; ``None``: every item) and its ``count``.  Only headers,
-    indexes and scales are read.
+    ``max_items`` items (``value``; ``None``: every item) and its ``count``.  A float with no
+    JSON number (infinite, NaN) is the string ``"inf"``, ``"-inf"`` or ``"nan"`` (its entry's
+    ``type`` says it is a float), so the data is strict JSON.  Only headers, indexes and
+    scales are read.
 
     >>> import hurray_interop
     >>> info = hurray_interop.inspect("fixtures/tiny-llama.gguf")

@@ -9,7 +9,7 @@ from typing import Any
 
 from .registry import detect_format
 
-__all__ = ["inspect_file", "render_text", "render_markdown", "summary_text", "terminal_safe"]
+__all__ = ["inspect_file", "json_safe", "render_text", "render_markdown", "summary_text", "terminal_safe"]
 
 
 def inspect_file(path: str | os.PathLike[str], *, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
@@ -19,7 +19,27 @@ def inspect_file(path: str | os.PathLike[str], *, fallback: str | None = None, *
     :data:`hurray_interop.inspection.MAX_ITEMS`; ``None``: all) and, always, their ``count``."""
     p = os.fspath(path)
     fmt = detect_format(p)
-    return fmt.inspect(p, fallback=fallback, **shown) if fallback else fmt.inspect(p, **shown)
+    return json_safe(fmt.inspect(p, fallback=fallback, **shown) if fallback else fmt.inspect(p, **shown))
+
+
+#: the strings that stand for the floats strict JSON has no number for
+_NON_FINITE = {float("inf"): "inf", float("-inf"): "-inf"}
+
+
+def json_safe(data: Any) -> Any:
+    """``data`` (inspect's plain data) with every non-finite float as a string -- ``"inf"``,
+    ``"-inf"``, ``"nan"`` -- so that strict JSON (``json.dumps(..., allow_nan=False)``, jq)
+    carries it; the entry's ``type`` (``FLOAT32``, ``ARRAY[FLOAT64]`` ...) still says it is a
+    float, and ``float(value)`` reads every such value back (a NaN's payload is not shown)."""
+    if isinstance(data, float):
+        return "nan" if data != data else _NON_FINITE.get(data, data)
+    if isinstance(data, dict):
+        return {k: json_safe(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        if all(type(x) is str or type(x) is int for x in data):  # a vocabulary: nothing to change
+            return data
+        return type(data)(json_safe(x) for x in data)
+    return data
 
 
 # ---------------------------------------------------------------------------
@@ -55,14 +75,16 @@ def _cell(v: Any) -> str:
 def _widths(rows: list[list[str]], cols: list[str], width: int | None) -> list[int]:
     """Column widths: natural, or -- when the table is wider than ``width`` -- the wrapping
     columns share what the others leave, each taking no more than it needs (the widest get
-    the rest) and none less than :data:`_MIN_WRAP`."""
+    the rest) and none less than :data:`_MIN_WRAP` or its longest word (words are never
+    split: a table with such a word is wider than ``width``, its columns still aligned)."""
     w = [max(len(r[c]) for r in rows) for c in range(len(cols))]
     wrap = sorted((c for c, name in enumerate(cols) if name in _WRAPPING), key=lambda c: w[c])
     if not width or not wrap or sum(w) + 2 * (len(w) - 1) <= width:
         return w
     left = width - 2 * (len(w) - 1) - sum(w[c] for c in range(len(w)) if c not in wrap)
     for i, c in enumerate(wrap):
-        w[c] = max(_MIN_WRAP, min(w[c], left // (len(wrap) - i)))
+        word = max((len(x) for r in rows for x in r[c].split()), default=0)
+        w[c] = max(_MIN_WRAP, word, min(w[c], left // (len(wrap) - i)))
         left -= w[c]
     return w
 
@@ -85,7 +107,8 @@ def _wrap(text: str, width: int) -> list[str]:
         return [text]
     import textwrap
 
-    return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
+    # words whole: never split inside a word, nor at its hyphens (per-block-affine is one term)
+    return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
 
 
 def _value_text(item: dict[str, Any], limit: int | None, top: bool = True) -> str:
@@ -97,6 +120,8 @@ def _value_text(item: dict[str, Any], limit: int | None, top: bool = True) -> st
         return s if limit is None or len(s) <= limit else s[: limit - 1] + "…"
     if any(isinstance(x, dict) for x in v):  # an array of arrays
         items = [_value_text(x, limit, False) for x in v]
+    elif str(item.get("type", "")).upper().startswith("ARRAY[FLOAT"):  # non-finite items as inf, -inf, nan
+        items = [x if isinstance(x, str) else json.dumps(x) for x in v]
     else:  # one dump of the whole list: a --full vocabulary is 10^5 items
         items = [terminal_safe(json.dumps(v, ensure_ascii=False, default=str)[1:-1])] if v else []
     n = item["count"]

@@ -81,7 +81,7 @@ REFUSED = "refused"
 FAILED = "verification failed"
 BAD_INPUT = "bad input"
 ERROR = "error"  # a defect of ours or of the executor (lost worker, broken pool)
-SKIPPED = "skipped"  # --skip-existing: its output exists (outputs are atomic: an existing one is complete)
+SKIPPED = "skipped"  # --skip-existing: its output exists complete (every shard of a split set)
 EXIT_STATUS = {OK: 0, SKIPPED: 0, REFUSED: 1, FAILED: 1, BAD_INPUT: 2, ERROR: 2}
 
 DASK_HINT = "--scheduler needs Dask distributed, which is not installed: install hurray-interop[dask] (pip install 'hurray-interop[dask]')"
@@ -439,7 +439,7 @@ def plan_convert(
 ) -> Batch:
     """The checked :class:`Batch` of :func:`convert_many` (raises :class:`UsageError` on a bad path;
     ``options``: the fields of :class:`ConvertOptions`; ``skip_existing``: a source whose output
-    exists is a SKIPPED result instead of an error, so that an interrupted batch resumes)."""
+    exists complete is a SKIPPED result instead of an error, so that an interrupted batch resumes)."""
     opts = ConvertOptions(dst_format=dst_format, **options)
     if skip_existing and opts.force:
         raise UsageError("--skip-existing and --force exclude each other (skip existing outputs, or overwrite them)")
@@ -449,19 +449,59 @@ def plan_convert(
     _create_out_dir(out_dir, create=False)
     todo, skipped = list(zip(groups, outputs)), []
     if skip_existing:
-        there = [_existing(g, out, opts) for g, out in todo]
-        skipped = [FileResult(g[0], SKIPPED, f"{g[0]} -> {p}: exists, skipped") for (g, _), p in zip(todo, there) if p]
+        there = _complete_outputs(todo, opts)
+        skipped = [FileResult(g[0], SKIPPED, f"{g[0]} -> {p}: exists, skipped", output=out)
+                   for (g, out), p in zip(todo, there) if p]
         todo = [job for job, p in zip(todo, there) if p is None]
     check_outputs([g for g, _ in todo], [out for _, out in todo], opts)
     calls: list[tuple[Any, ...]] = [(g, out, opts) for g, out in todo]
     return Batch(convert_task, calls, out_dir=None if opts.dry_run else os.fspath(out_dir), skipped=skipped)
 
 
+def _complete_outputs(jobs: Sequence[tuple[Group, str]], opts: ConvertOptions) -> list[str | None]:
+    """``--skip-existing``: for each (group, output) the file that shows its output exists
+    complete (:func:`_existing`), or None; raises :class:`UsageError` naming every source
+    whose split set is partial, before anything runs."""
+    there, partial = [], []
+    for g, out in jobs:
+        try:
+            there.append(_existing(g, out, opts))
+        except UsageError as exc:
+            partial.append(f"{g[0]} -> {out}: {exc}")
+    if partial:
+        more = f" (and {len(partial) - 1} more)" if len(partial) > 1 else ""
+        raise UsageError(
+            "--skip-existing skips only complete outputs; an incomplete split set is in the way "
+            f"(delete its shards, or convert that source alone with --force): {partial[0]}{more}"
+        )
+    return there
+
+
 def _existing(group: Group, output: str, opts: ConvertOptions) -> str | None:
-    """``--skip-existing``: the first file of ``output`` (:func:`output_paths`) that exists, if any.
-    Outputs are written atomically, so one that exists is complete (a split set's shards appear
-    together)."""
-    return next((p for p in output_paths(group[0], output, opts) if os.path.lexists(p)), None)
+    """``--skip-existing``: the first file of ``output`` when it exists complete, None when
+    none of its files exists, among the files the conversion writes (:func:`output_paths`:
+    ``output`` itself, or every shard of a split GGUF set; with ``--split-max-*`` each set
+    whose shards are found by name).
+
+    An output counts as existing only when it is complete: the one file, or every shard of
+    one set (outputs are written atomically, a set's shards renamed into place together, so
+    a complete set is what an earlier run wrote).  A set with some shards but not all (one
+    deleted since, or shards of two sets) is bad input -- :class:`UsageError` listing the
+    shards present and missing -- rather than re-run: re-running would overwrite the shards
+    that remain, which is what ``--force`` asks for and ``--skip-existing`` excludes."""
+    from .registry import group_models
+
+    paths = output_paths(group[0], output, opts)
+    if len(paths) == 1:
+        return paths[0] if os.path.lexists(paths[0]) else None
+    sets = [s for s in group_models(paths[1:]) if any(os.path.lexists(p) for p in s)]  # a set per prefix and count
+    if not sets:
+        return None
+    present = [p for s in sets for p in s if os.path.lexists(p)]
+    if len(sets) == 1 and len(present) == len(sets[0]):
+        return present[0]
+    missing = [p for s in sets for p in s if not os.path.lexists(p)]
+    raise UsageError(f"shards present: {', '.join(present)}; missing: {', '.join(missing) or 'none (shards of two sets)'}")
 
 
 def convert_many(
@@ -480,8 +520,9 @@ def convert_many(
     outputs are the bytes single conversions write.  Checks every path first
     (raises :class:`UsageError` before submitting anything) and creates
     ``out_dir`` (its last component only) unless ``dry_run``; ``skip_existing``
-    yields a ``"skipped"`` result for each source whose output exists instead of
-    refusing the batch (not with ``force``).  Paths in the results are absolute.
+    yields a ``"skipped"`` result for each source whose output exists complete instead
+    of refusing the batch (not with ``force``; a partial split set raises
+    :class:`UsageError`, see :func:`_existing`).  Paths in the results are absolute.
     """
     return plan_convert(sources, out_dir, dst_format=dst_format, skip_existing=skip_existing, **options).run(executor)
 

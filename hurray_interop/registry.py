@@ -344,19 +344,31 @@ def _gguf_outputs(src: str, dst: str, *, merge: bool = False, split_max_tensors:
                   split_max_size: int | str | None = None) -> list[str]:
     """The files in the way of a GGUF export to ``dst`` (docs/conversion-rules.md § 10): ``dst``
     (``convert`` refuses an existing DST in any case), and the shards of a set: for a new set
-    (its size unknown before converting) the files named as its shards, for a .hrry that
+    (its size unknown before converting) every shard of the sets that files named as its
+    shards belong to (by the names' counts, the missing shards too), for a .hrry that
     recorded a set that set's shards; with ``merge`` only ``dst``."""
     from .formats import gguf_split as S
 
     if merge:
         return [dst]
     if split_max_tensors is not None or split_max_size is not None:
-        return [dst, *map(os.fspath, S.shards_in_the_way(dst))]
+        return [dst, *_whole_sets(S.shards_in_the_way(dst))]
     count = _recorded_set_count(src)
     try:
         return [dst] if count is None else [dst, *(os.fspath(p) for p in S.set_paths(dst, count))]
     except UsageError:  # the conversion reports it, located
         return [dst]
+
+
+def _whole_sets(found: list[Any]) -> list[str]:
+    """Every shard of each set that the shard-named files ``found`` belong to, found or not
+    (by their names' counts), in set order: a batch tells a complete set from a partial one."""
+    from .formats.gguf_split import parse_shard_name, shard_name
+
+    names = [(parse_shard_name(p.name), p) for p in found]
+    counts = {(sn.prefix, sn.count): p for sn, p in names if sn is not None}
+    return [os.fspath(p.with_name(shard_name(prefix, i, count)))
+            for (prefix, count), p in sorted(counts.items()) for i in range(count)]
 
 
 def _recorded_set_count(src: str) -> int | None:

@@ -282,7 +282,8 @@ def test_skip_existing_in_json_lines(two_sources, tmp_path):
     status, text, _ = _cli("convert", "--to", "hurray", "--out-dir", out, *two_sources, "--skip-existing", "--json")
     rows = [json.loads(line) for line in text.splitlines()]
     assert status == 0
-    assert [(r["status"], r["exit_code"], r["output"]) for r in rows[:2]] == [("skipped", 0, None)] * 2
+    assert [(r["status"], r["exit_code"], r["output"]) for r in rows[:2]] == [
+        ("skipped", 0, os.fspath(out / "a.hrry")), ("skipped", 0, os.fspath(out / "b.hrry"))]  # the path, as OK gives it
     assert rows[-1] == {"type": "summary", "files": 2, "counts": {"skipped": 2}, "exit_code": 0}
 
 
@@ -292,6 +293,71 @@ def test_skip_existing_counts_a_split_sets_shards(split_hrry, tmp_path):
     assert len(os.listdir(out)) == 3
     status, text, _ = _cli("convert", "--to", "gguf", "--out-dir", out, split_hrry, "--skip-existing")
     assert status == 0 and text.startswith("SKIPPED ") and "tiny-split-00001-of-00003.gguf: exists" in text
+
+
+SHARDS = [f"tiny-split-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("deleted", [[1], [0, 2], [2]])
+def test_skip_existing_refuses_a_partial_split_set(split_hrry, two_sources, tmp_path, deleted):
+    """A set with a shard deleted is not an existing output: exit 2 naming the shards present
+    and missing, nothing run (the other source is not converted, the shards stay)."""
+    out = tmp_path / "out"
+    assert _cli("convert", "--to", "gguf", "--out-dir", out, split_hrry)[0] == 0
+    for i in deleted:
+        os.unlink(out / SHARDS[i])
+    kept = {n: (out / n).read_bytes() for n in os.listdir(out)}
+    status, text, err = _cli("convert", "--to", "gguf", "--out-dir", out, split_hrry, two_sources[0], "--skip-existing")
+    assert status == 2 and text == "", (status, text, err)
+    assert_cli_contract(status, err)
+    assert "incomplete split set" in err
+    present, missing = err.split("shards present: ")[1].split("; missing: ")
+    assert [os.path.basename(p) for p in present.split(", ")] == [n for i, n in enumerate(SHARDS) if i not in deleted]
+    assert [os.path.basename(p) for p in missing.strip().split(", ")] == [SHARDS[i] for i in deleted]
+    assert {n: (out / n).read_bytes() for n in os.listdir(out)} == kept  # nothing run, nothing written
+
+
+def test_skip_existing_skips_a_complete_set_with_its_output_in_json(split_hrry, tmp_path):
+    out = tmp_path / "out"
+    assert _cli("convert", "--to", "gguf", "--out-dir", out, split_hrry)[0] == 0
+    status, text, _ = _cli("convert", "--to", "gguf", "--out-dir", out, split_hrry, "--skip-existing", "--json")
+    row = json.loads(text.splitlines()[0])
+    assert status == 0 and row["status"] == "skipped" and row["output"] == os.fspath(out / "tiny-split.gguf")
+
+
+@pytest.mark.parametrize("keep", [2, 3])
+def test_skip_existing_with_split_max_counts_the_whole_new_set(files, tmp_path, keep):
+    """With --split-max-* the set's size is known by its shards' names: all of them -> skipped,
+    one missing -> exit 2 naming it."""
+    out = tmp_path / "out"
+    argv = ["convert", "--to", "gguf", "--out-dir", out, files["hrry"], "--split-max-tensors", "10"]
+    assert _cli(*argv)[0] == 0
+    shards = sorted(os.listdir(out))
+    assert len(shards) == 3
+    for n in shards[keep:]:
+        os.unlink(out / n)
+    status, text, err = _cli(*argv, "--skip-existing")
+    if keep == 3:
+        assert status == 0 and text.startswith("SKIPPED "), err
+    else:
+        assert status == 2 and err.rstrip().endswith(f"missing: {out / shards[2]}"), err
+
+
+def test_skip_existing_from_python_refuses_shards_of_two_sets(files, tmp_path):
+    """A complete set plus one shard of a set of another count under the prefix: not one
+    complete output (UsageError naming the other set's missing shard), nothing run."""
+    from hurray_interop.batch import convert_many
+    from hurray_interop.errors import UsageError
+
+    out = tmp_path / "out"
+    opts = dict(dst_format="gguf", split_max_tensors=10)
+    list(convert_many([files["hrry"]], out, **opts))
+    (out / "tiny-00001-of-00002.gguf").write_bytes(b"stray")
+    with pytest.raises(UsageError, match=r"missing: .*tiny-00002-of-00002\.gguf$"):
+        convert_many([files["hrry"]], out, skip_existing=True, **opts)
+    os.unlink(out / "tiny-00001-of-00002.gguf")
+    (r,) = convert_many([files["hrry"]], out, skip_existing=True, **opts)
+    assert r.status == "skipped" and r.output == os.path.join(out, "tiny.gguf")
 
 
 def test_skip_existing_from_python(two_sources, tmp_path):

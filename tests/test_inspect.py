@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -111,8 +112,11 @@ def _reason_of(out: str, name: str) -> str:
     return " ".join(p for p in parts if p)
 
 
-@pytest.mark.parametrize("columns", [None, "140", "200"])
+@pytest.mark.parametrize("columns", [None, "80", "130", "140", "200"])
 def test_the_reason_is_shown_in_full(fixtures_dir: Path, capsys, monkeypatch, columns: str | None) -> None:  # type: ignore[no-untyped-def]
+    """Every word of the reason appears whole, in order (never split inside, nor at a hyphen:
+    "(per-block-affine" is one word); on a terminal narrower than the table can be, it is
+    wider than the terminal rather than split."""
     if columns is None:
         monkeypatch.delenv("COLUMNS", raising=False)  # a pipe: one line per tensor
     else:
@@ -120,15 +124,30 @@ def test_the_reason_is_shown_in_full(fixtures_dir: Path, capsys, monkeypatch, co
     reason = next(r["reason"] for r in api_inspect(fixtures_dir / KQUANT)["tensors"] if r["name"] == "blk.0.ffn_down.weight")
     status, out, _ = run(["inspect", fixtures_dir / KQUANT], capsys)
     assert status == 0 and len(reason) > 60 and "…" not in "".join(table(out)[1])
-    shown = _reason_of(out, "blk.0.ffn_down.weight")  # a word longer than its column is split
-    assert shown.replace(" ", "") == reason.replace(" ", "") and (shown == reason or columns == "140")
+    assert "(per-block-affine" in reason.split()  # the word the old wrapping split ("(per-bloc" / "k-affine")
+    shown = _reason_of(out, "blk.0.ffn_down.weight")
+    assert shown.split() == reason.split() and shown == reason
     header, rows = table(out)
     names = [r.split()[0] for r in rows if r[:1] != " "]
     assert len(names) == 27  # one logical row per tensor
     if columns is None:
         assert len(rows) == 27  # not wrapped: one line each
     else:
-        assert max(len(r) for r in [header, *rows]) <= int(columns) and len(rows) > 27
+        assert len(rows) > 27
+        if int(columns) >= 140:  # room for the longest word of each wrapping column
+            assert max(len(r) for r in [header, *rows]) <= int(columns)
+
+
+def test_a_word_longer_than_its_column_overflows_whole_and_aligned() -> None:
+    cols = ["name", "reason", "status"]
+    word = "super-block-scales-and-minimums"  # longer than any column may be made (16)
+    rows = [cols, ["a", f"one two {word} three four five six seven", "ok"], ["b", "x", "ok"]]
+    lines = _inspect._table(rows, cols, 30)
+    assert any(word in line.split() for line in lines)  # whole, on a line of its own width
+    at = lines[0].index("status")
+    assert all(line[at:].rstrip() in ("status", "ok", "") for line in lines)  # the next column stays aligned
+    got = " ".join(line[lines[0].index("reason"):at].strip() for line in lines[1:-1])
+    assert got.split() == rows[1][1].split()
 
 
 def test_the_table_wraps_only_past_the_width() -> None:
@@ -150,7 +169,7 @@ def test_a_narrow_terminal_still_shows_every_word(fixtures_dir: Path, capsys, mo
     reason = next(r["reason"] for r in api_inspect(fixtures_dir / KQUANT)["tensors"] if r["name"] == "blk.1.ffn_down.weight")
     status, out, _ = run(["inspect", fixtures_dir / KQUANT], capsys)
     assert status == 0
-    assert _reason_of(out, "blk.1.ffn_down.weight").replace(" ", "") == reason.replace(" ", "")
+    assert _reason_of(out, "blk.1.ffn_down.weight") == reason  # every word whole
 
 
 # ---------------------------------------------------------------------------
@@ -294,6 +313,50 @@ def test_hurray_arrays_have_the_same_model(fixtures_dir: Path, tmp_path: Path) -
     for n in (0, 16, None):
         m = _arrays(api_inspect(hrry, max_items=n))["tokenizer.ggml.token_type"]
         assert m["count"] == 300 and m["value"] == whole[: 300 if n is None else n]
+
+
+# ---------------------------------------------------------------------------
+# strict JSON: non-finite floats as strings
+
+
+def _strict(text: str) -> Any:
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "hurray"])
+def test_json_is_strict_with_non_finite_floats_as_strings(fixtures_dir: Path, tmp_path: Path, capsys, fmt: str) -> None:  # type: ignore[no-untyped-def]
+    src = fixtures_dir / "kv-types.gguf"
+    if fmt == "hurray":
+        src = tmp_path / "kv.hrry"
+        assert main(["convert", str(fixtures_dir / "kv-types.gguf"), str(src), "-q"]) == 0
+    status, out, _ = run(["inspect", src, "--json"], capsys)
+    assert status == 0
+    kv = {m["key"]: m for m in _strict(out)["metadata"]}  # jq's rules: no Infinity, no NaN
+    assert kv["t.f32_inf"]["value"] == "inf" and kv["t.f64_nan"]["value"] == "nan"
+    assert kv["t.f32_inf"]["type"].upper() in ("FLOAT32", "FLOAT64")  # the type still says: a float
+    floats = kv["t.array_float32"]["value"]
+    assert floats[-1] == "inf" and all(isinstance(x, float) for x in floats[:-1])  # finite ones stay numbers
+    assert str(floats[-2]) == "-0.0"
+    assert json.dumps(api_inspect(src), allow_nan=False)  # the API gives the same strict data
+
+
+def test_json_safe_replaces_only_non_finite_floats() -> None:
+    inf, nan = float("inf"), float("nan")
+    data = {"a": [1.5, -inf, [nan, inf, "inf"]], "b": (0.0, -0.0), "c": 7, "d": ["x", 2], "e": None, "f": True}
+    got = _inspect.json_safe(data)
+    assert got == {"a": [1.5, "-inf", ["nan", "inf", "inf"]], "b": (0.0, -0.0), "c": 7, "d": ["x", 2], "e": None, "f": True}
+    assert json.dumps(got, allow_nan=False)
+    assert float(got["a"][1]) == -inf and float(got["a"][2][1]) == inf  # float() reads the strings back
+
+
+def test_text_shows_non_finite_floats_bare(fixtures_dir: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    status, out, _ = run(["inspect", fixtures_dir / "kv-types.gguf"], capsys)
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  t.")}
+    assert status == 0 and lines["t.f32_inf"].endswith("= inf") and lines["t.f64_nan"].endswith("= nan")
+    assert lines["t.array_float32"].endswith(", -0.0, inf] (7 items)")
 
 
 # ---------------------------------------------------------------------------

@@ -55,6 +55,18 @@ CHAIN = {
     "st-ct-convention-mxfp8": ("@st-ct-mxfp4-tiny", "c.safetensors", ["--convention", "mxfp8"]),
     # a .hrry of MX tensors without a GGML type, to GGUF with a float fallback (value-exact or lossy)
     **{f"mxfp8-gguf-{f}": ("@st-mxfp8-tiny", "m.gguf", ["--fallback", f]) for f in ("float32", "float16", "bfloat16")},
+    # .hrry -> safetensors: what has no safetensors form (per-block, overlays) by a float fallback
+    **{f"hrry-to-safetensors-{f}": ("@gguf", "t.safetensors", ["--fallback", f]) for f in ("float32", "float16", "bfloat16")},
+    # --fallback with --convention: the convention for the MX pairs, the fallback for the rest
+    **{f"hrry-to-safetensors-{c}-{f}": ("@gguf", "c.safetensors", ["--convention", c, "--fallback", f])
+       for c in ("gpt-oss", "compressed-tensors", "mxfp8") for f in ("float32", "bfloat16")},
+    "st-convention-mxfp8-fallback-float16": ("@st-gpt-oss-tiny", "c.safetensors", ["--convention", "mxfp8", "--fallback", "float16"]),
+    # --fallback with --split-max-*: a new set of MX tensors without a GGML type, and of a lossy .hrry
+    **{f"mxfp8-gguf-split-{f}": ("@st-mxfp8-tiny", "out/m.gguf", ["--fallback", f, "--split-max-tensors", "3"])
+       for f in ("float32", "float16", "bfloat16")},
+    "kquant-float16-export-split": ("@kquant-fallback-float16", "out/k.gguf", ["--fallback", "float16", "--split-max-tensors", "10"]),
+    # --merge on a .hrry that records no split set: one file, as without it
+    "gguf-export-merge-no-layout": ("@gguf", "m.gguf", ["--merge"]),
     # foreign to foreign, through Hurray
     "gguf-to-safetensors": ("fixtures/tiny-llama-kquant.gguf", "k.safetensors", ["--fallback", "bfloat16"]),
     "gguf-to-safetensors-f32": ("fixtures/tiny-llama.gguf", "t.safetensors", ["--fallback", "float32"]),
@@ -101,6 +113,8 @@ def test_verify_with_the_options_of_the_conversion(case: str, extra: list[str], 
         (r,) = json.loads(out)
         assert r["ok"] and r["kind"] == "pair" and r["tensors"]
         lossy = [t for t in r["tensors"] if t["reported"]]
+        # the tensors a lossy conversion changed are named, as its report named them; no others are lossy
+        assert any(t["reported"].startswith("lossy as reported") for t in lossy) == (case in LOSSY), (case, lossy)
         assert all(t["bytes_equal"] is not False and t["values_equal"] is not False for t in r["tensors"] if not t["reported"])
     elif "--quiet" in extra:
         assert out.startswith("OK ") and out.count("\n") == 1
@@ -110,7 +124,8 @@ def test_verify_with_the_options_of_the_conversion(case: str, extra: list[str], 
 
 #: the cases whose conversion is lossy (some tensor's values change) and where their report says so
 LOSSY = ["gguf-q41-requantize", "kquant-fallback-float16", "kquant-fallback-bfloat16", "kquant-float16-requantize",
-         "gguf-to-safetensors"]
+         "gguf-to-safetensors", "hrry-to-safetensors-float16", "hrry-to-safetensors-bfloat16",
+         *(f"hrry-to-safetensors-{c}-bfloat16" for c in ("gpt-oss", "compressed-tensors", "mxfp8"))]
 
 
 @pytest.mark.parametrize("case", LOSSY)
