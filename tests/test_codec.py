@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from hurray_interop import parallel
-from hurray_interop.conversions.gguf_codec import CODE_KINDS, BlockCodec, Parts, codec, codecs
+from hurray_interop.conversions.gguf_codec import CODE_KINDS, BlockCodec, CodeKind, Parts, codec, codecs
 from hurray_interop.core.elements import element_type, unpack
 from hurray_interop.dequant import dequantize
 from hurray_interop.errors import UsageError
@@ -78,6 +78,14 @@ def test_codes_and_fields_match_ggml_layout(name: str, k: int) -> None:
     assert c.join(parts).tobytes() == blocks.tobytes()  # every byte goes back where it was
 
 
+def test_every_kind_moves_codes_through_unpack_and_pack() -> None:
+    """A code kind is its two movers (and an optional reuse mover), nothing more: no hook
+    that no registered kind sets and that the codec would branch on."""
+    assert [f.name for f in dataclasses.fields(CodeKind)] == ["name", "bits", "signed", "unpack", "pack", "unpack_into"]
+    assert [f.name for f in dataclasses.fields(Parts)] == ["codes", "scales", "minimum"]
+    assert all(callable(k.unpack) and callable(k.pack) for k in CODE_KINDS.values())
+
+
 def test_code_range_is_what_the_blocks_hold() -> None:
     assert {c.name: c.code_range() for c in BLOCK_CODECS} == {
         "Q8_0": (-128, 127), "Q4_0": (-8, 7), "Q5_0": (-16, 15), "Q4_1": (0, 15), "Q5_1": (0, 31), "MXFP4": (0, 15),
@@ -91,28 +99,6 @@ def test_zero_mask_ignores_only_sign_bits() -> None:
     assert not np.any(zeros & fp4.zero_mask)
     assert all(np.uint8(b) & fp4.zero_mask for b in (0x01, 0x10, 0x89, 0x7F))
     assert codec("Q4_0").zero_mask == 0xFF
-
-
-def test_join_of_expanded_parts_uses_the_kind_hooks() -> None:
-    """The seam: a kind with split/join hooks takes over the whole chunk."""
-    base = codec("Q8_0")
-    seen = {}
-
-    def split(c: BlockCodec, blocks: np.ndarray) -> Parts:
-        seen["split"] = c.name
-        return Parts(blocks[:, 2:], np.ones((blocks.shape[0], 2), np.float32), restore=blocks[:, :2])
-
-    def join(c: BlockCodec, parts: Parts) -> np.ndarray:
-        seen["join"] = c.name
-        return np.concatenate([parts.restore, parts.codes], axis=1)
-
-    kind = dataclasses.replace(base.kind, name="test_expanded", unpack=None, pack=None, split=split, join=join)
-    c = dataclasses.replace(base, kind=kind)
-    blocks = np.arange(2 * 34, dtype=np.uint8).reshape(2, 34)
-    parts = c.split(blocks)
-    assert parts.scales.shape == (2, 2) and parts.scales.dtype == np.float32
-    assert c.join(parts).tobytes() == blocks.tobytes() and seen == {"split": "Q8_0", "join": "Q8_0"}
-    assert c.codes(blocks).tobytes() == blocks[:, 2:].tobytes() and c.scales(blocks).shape == (2, 2)
 
 
 # ---------------------------------------------------------------------------

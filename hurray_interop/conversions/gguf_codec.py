@@ -29,25 +29,17 @@ halves: element ``j`` in the low nibble and element ``j + K/2`` in the high nibb
 byte ``j``, where Hurray packs elements ``2k``, ``2k+1`` into byte ``k``) and
 ``nibbles_qh`` (nibbles plus one 5th bit per element in the ``qh`` field).
 
-Scales, minimums and expanded kinds (the seam)
-----------------------------------------------
+Scales and minimums
+-------------------
 :meth:`BlockCodec.split` takes a chunk of blocks apart into :class:`Parts` -- codes,
-scales ``(n, scales per block)``, an optional additive correction (the minimum ``m`` of
-``d·q + m``) and an optional restore record (per-block bytes Hurray has no place for) --
-and :meth:`BlockCodec.join` puts :class:`Parts` back together.  For the types of
-today the fields do it: the scale field named by the scale type (:data:`SCALE_TYPES`:
-``d`` for float16, ``e`` for E8M0), ``m`` for the minimum, the kind for the codes.  A
-kind whose blocks hold more than that (K-quants' sub-block scales and minimums, stored
-expanded as float32, several per block) sets ``CodeKind.split`` / ``CodeKind.join``
-instead: they receive the codec and return/accept the same :class:`Parts`, and
-:meth:`BlockCodec.codes`, :meth:`~BlockCodec.scales` and :meth:`~BlockCodec.minimums`
-answer from ``split``.  What the converter then adds for such a kind is the Hurray
-geometry of ``s`` scales per block (Hurray block size ``K / s``, scale type from
-``Parts.scales``) and a record for ``Parts.restore``.  Adding a GGML type is one table
+scales ``(n,)`` and an optional additive correction (the minimum ``m`` of ``d·q + m``) --
+and :meth:`BlockCodec.join` puts :class:`Parts` back together.  The fields do it: the
+scale field named by the scale type (:data:`SCALE_TYPES`: ``d`` for float16, ``e`` for
+E8M0), ``m`` for the minimum, the kind for the codes.  Adding a GGML type is one table
 row, plus one code kind if its codes are laid out in a way no registered kind knows.
 
-The types of ``mappings/gguf_expanded.toml`` (K-quants, IQ, TQ, NVFP4) do not go through this
-seam: they have no native mapping, stay refused by default, and ``--fallback exact`` stores
+The types of ``mappings/gguf_expanded.toml`` (K-quants, IQ, TQ, NVFP4) have no codec:
+they have no native mapping, stay refused by default, and ``--fallback exact`` stores
 them per tensor through :mod:`.gguf_exact` (docs/conversion-rules.md § 9), whose forms --
 several sub-block scales, overlay members, zero patches, a record of whole headers -- are
 more than one codec row can say.
@@ -108,12 +100,8 @@ class CodeKind:
     bits: int
     signed: bool
     #: codes only (the codec reads and writes the scale and minimum fields itself)
-    unpack: Callable[["BlockCodec", np.ndarray], np.ndarray] | None
-    pack: Callable[["BlockCodec", np.ndarray, np.ndarray], None] | None
-    #: expanded kinds: take a whole chunk apart / put it together (then ``unpack`` and
-    #: ``pack`` may be None; the codec's codes/scales/minimums come from ``split``)
-    split: Callable[["BlockCodec", np.ndarray], "Parts"] | None = None
-    join: Callable[["BlockCodec", "Parts"], np.ndarray] | None = None
+    unpack: Callable[["BlockCodec", np.ndarray], np.ndarray]
+    pack: Callable[["BlockCodec", np.ndarray, np.ndarray], None]
     #: ``unpack`` into a reused ``(n, code_bytes)`` array, or None when the kind cannot
     unpack_into: Callable[["BlockCodec", np.ndarray, np.ndarray], np.ndarray | None] | None = None
 
@@ -242,9 +230,8 @@ class Parts:
     """A chunk of ``n`` GGML blocks taken apart (see the module docstring)."""
 
     codes: np.ndarray  # (n, code_bytes) Hurray storage bytes
-    scales: np.ndarray  # (n,) one scale per block, or (n, s) several
+    scales: np.ndarray  # (n,) one scale per block
     minimum: np.ndarray | None = None  # the additive correction m of d·q + m
-    restore: np.ndarray | None = None  # (n, r) bytes kept as a record (expanded kinds)
 
 
 def _zero_mask(et: ElementType) -> int:
@@ -288,8 +275,6 @@ class BlockCodec:
 
     def codes(self, blocks: np.ndarray) -> np.ndarray:
         assert self.kind is not None
-        if self.kind.split is not None:
-            return self.kind.split(self, blocks).codes
         return self.kind.unpack(self, blocks)
 
     def field_values(self, blocks: np.ndarray, name: str) -> np.ndarray:
@@ -314,35 +299,19 @@ class BlockCodec:
         return out
 
     def scales(self, blocks: np.ndarray) -> np.ndarray:
-        assert self.scale is not None and self.kind is not None
-        if self.kind.split is not None:
-            return self.kind.split(self, blocks).scales
+        assert self.scale is not None
         return self.field_values(blocks, self.scale.field)
 
     def minimums(self, blocks: np.ndarray) -> np.ndarray:
-        assert self.kind is not None
-        if self.kind.split is not None:
-            m = self.kind.split(self, blocks).minimum
-            assert m is not None, f"{self.name}: its code kind gives no minimum"
-            return m
         return self.field_values(blocks, "m")
 
     def split(self, blocks: np.ndarray) -> Parts:
-        assert self.kind is not None
-        if self.kind.split is not None:
-            return self.kind.split(self, blocks)
         return Parts(self.codes(blocks), self.scales(blocks), self.minimums(blocks) if "m" in self.fields else None)
 
     def join(self, parts: Parts, out: np.ndarray | None = None) -> np.ndarray:
         """``(n, block_bytes)`` GGML blocks from their parts (into ``out``, a reused
         ``(n, block_bytes)`` byte array, when given)."""
         assert self.kind is not None and self.scale is not None
-        if self.kind.join is not None:
-            blocks = self.kind.join(self, parts)
-            if out is None:
-                return blocks
-            out[...] = blocks
-            return out
         if out is None:
             out = np.zeros((parts.codes.shape[0], self.block_bytes), dtype=np.uint8)  # bytes no part covers: 0
         else:
