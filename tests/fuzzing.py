@@ -718,17 +718,6 @@ def run_cli(argv: Sequence[str]) -> tuple[int, str, str]:
     return status, out.buffer.getvalue().decode("utf-8"), err.buffer.getvalue().decode("utf-8")  # type: ignore[attr-defined]
 
 
-#: internal errors already pinned by a failing ``test_bug_*`` test (signature -> test name); the
-#: end-to-end fuzz loops skip exactly these so that they keep finding new ones.  Empty: every
-#: defect found so far is fixed.
-KNOWN_BUGS: dict[str, str] = {}
-
-
-def known_bug(err: str) -> str | None:
-    """The failing test that pins this internal error, if it is a known one."""
-    return next((test for sig, test in KNOWN_BUGS.items() if sig in err), None)
-
-
 def assert_cli_contract(status: int, err: str, *, output: Path | None = None, before: set[str] | None = None) -> None:
     """What every failing command owes its user: exit 1 or 2, one line per problem on
     stderr naming it, never a traceback or an internal error; and for a conversion
@@ -736,7 +725,7 @@ def assert_cli_contract(status: int, err: str, *, output: Path | None = None, be
     file and no temporary file left behind."""
     assert status in (0, 1, 2), (status, err)
     assert "Traceback" not in err, err
-    assert "internal error" not in err or known_bug(err), err
+    assert "internal error" not in err, err
     if status == 2:
         lines = err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("hurray-interop: error: "), err

@@ -1,5 +1,4 @@
-"""No function in the package is over about 100 lines (docs: the README's Design section),
-unless it walks a rule list of the Hurray spec -- those are named below, one by one.
+"""No function in the package is over 100 lines (docs: the README's Design section).
 
 Lengths are read with ``ast`` (``end_lineno - lineno + 1`` of every ``def``, methods and
 nested functions included; decorators not counted)."""
@@ -11,16 +10,6 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "hurray_interop"
 LIMIT = 100
-
-#: functions that may be longer because they walk a rule list of the spec, in the spec's
-#: order (one branch per rule reads better than the rules scattered over helpers):
-#: "path/inside/the/package.py:qualified.name" -> why.  None today.
-SPEC_RULE_WALKERS: dict[str, str] = {}
-
-#: long functions in files other helpers are rewriting at the same time: split by the lead
-#: after the #11/#12 merge.  None today.
-PENDING_SPLIT: dict[str, str] = {}
-
 
 def function_lengths(source: str, filename: str = "<source>") -> dict[str, int]:
     """``{qualified name: lines}`` of every function and method in ``source``."""
@@ -67,12 +56,6 @@ def test_the_package_was_read() -> None:
 
 
 def test_no_function_is_over_the_limit() -> None:
-    allowed = SPEC_RULE_WALKERS.keys() | PENDING_SPLIT.keys()
-    over = {k: n for k, n in LENGTHS.items() if n > LIMIT and k not in allowed}
-    assert not over, f"functions over {LIMIT} lines (split them, or name a spec-rule walker): {over}"
+    over = {k: n for k, n in LENGTHS.items() if n > LIMIT}
+    assert not over, f"functions over {LIMIT} lines (split them): {over}"
 
-
-def test_allowed_entries_are_still_long() -> None:
-    # an entry that no longer exists or has been split must leave the list
-    stale = [k for k in SPEC_RULE_WALKERS.keys() | PENDING_SPLIT.keys() if LENGTHS.get(k, 0) <= LIMIT]
-    assert not stale, f"gone or short now, remove from the allow-list: {sorted(stale)}"
