@@ -1,7 +1,8 @@
 """The exact expanded forms of docs/conversion-rules.md § 9 (hurray_interop.conversions.gguf_expanded).
 
 Oracle: gguf-py 0.19.0's ``gguf.quants.dequantize`` (bit-identical to ggml's C decoder, § 9),
-compared as uint32 bits so that ±0 counts; blocks from ggml's own quantizer
+against the shared Hurray dequantizer's values of the expanded form, compared as uint32 bits
+so that ±0 counts; blocks from ggml's own quantizer
 (``fixtures/ggml-quantized-types.gguf``) and random well-formed blocks.
 """
 
@@ -20,7 +21,10 @@ import gguf
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
-from hurray_interop.conversions import gguf_expanded as ge
+from hurray_interop.conversions import gguf_exact, gguf_expanded as ge
+from hurray_interop.core.elements import pack
+from hurray_interop.core.model import Tensor
+from hurray_interop.dequant import dequantize as hurray_dequantize
 from hurray_interop.errors import ConversionRefused, FormatError
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ggml-quantized-types.gguf"
@@ -81,9 +85,30 @@ def random_blocks(t: str, n: int, seed: int) -> np.ndarray:
     return b
 
 
+def hurray_tensor(x: ge.Expanded, t: str) -> Tensor:
+    """``x`` as the in-memory Hurray tensor the converter writes for it (the descriptors of
+    ``gguf_exact``; the buffers filled from ``x`` as the Hurray spec lays them out)."""
+    f = ge.form(t)
+    n, subs = x.scales.shape
+    shape = (n, subs * f.sub_block)
+    composite, head, members = gguf_exact._layout("w", t, shape, x.zero_patch_index)
+    per_element = lambda per_sub: np.repeat(per_sub.reshape(-1), f.sub_block)  # noqa: E731
+    data = [[pack(x.codes.reshape(-1), f.storage), x.scales.reshape(-1).view(np.uint8)]]
+    if f.zero_point is not None:
+        data[0].append(np.full(n * subs, f.zero_point, dtype="<i4").view(np.uint8))
+    if f.overlay:
+        data.append([pack(per_element(x.correction_codes), "uint2"), x.correction.astype("<f4").reshape(-1).view(np.uint8)])
+    data += [[p.astype("<f4").view(np.uint8)] for p in x.zero_patch]
+    tensors = [Tensor(name, d, tuple(np.ascontiguousarray(b).reshape(-1) for b in bufs))
+               for (name, d), bufs in zip(members, data, strict=True)]
+    return Tensor("w", head, members=tuple(tensors)) if composite else tensors[0]
+
+
 def assert_bits_equal(x: ge.Expanded, blocks: np.ndarray, t: str) -> None:
+    """The Hurray form of ``x``, evaluated by the shared dequantizer, is gguf-py's values bit for bit."""
     ref = dequantize(blocks, Q[t]).astype(np.float32).reshape(blocks.shape[0], -1)
-    got = ge.values(x)
+    got = hurray_dequantize(hurray_tensor(x, t))
+    assert got.shape == ref.shape
     diff = np.flatnonzero(got.view(np.uint32) != ref.view(np.uint32))
     assert diff.size == 0, f"{t}: {diff.size} elements differ, first {diff[0]}: {got.flat[diff[0]]} vs {ref.flat[diff[0]]}"
 

@@ -91,7 +91,6 @@ __all__ = [
     "expand_packed",
     "rebuild",
     "rebuilds_packed",
-    "values",
 ]
 
 _STORAGE = {  # storage element type -> (bits, numpy dtype of one code)
@@ -900,7 +899,7 @@ class Expanded:
 
 
 # ---------------------------------------------------------------------------------------
-# expand / values / rebuild
+# expand / rebuild
 
 
 def _check_blocks(spec: _Spec, ggml_type: str, blocks: np.ndarray) -> None:
@@ -1110,21 +1109,6 @@ def expand_packed(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> t
     if zb.size:
         packed[zb] = pack(x.codes, f.storage).reshape(zb.size, -1)
     return dataclasses.replace(x, codes=None), packed.reshape(-1)
-
-
-def values(x: Expanded) -> np.ndarray:
-    """The ``(n, elements)`` float32 values of the Hurray form as Hurray evaluates it:
-    ``float32(scale)·float32(code − zero_point)``, plus the overlay correction
-    ``correction·code`` and the zero patches, in float32."""
-    f = form(x.type)
-    n, subs = x.scales.shape
-    c = (x.codes.astype(np.int32) - (f.zero_point or 0)).astype(np.float32).reshape(n, subs, f.sub_block)
-    v = x.scales.astype(np.float32)[:, :, None] * c
-    if x.correction is not None and x.correction_codes is not None:
-        v = v + (x.correction * x.correction_codes.astype(np.float32))[:, :, None]
-    flat = v.reshape(n * subs, f.sub_block)
-    flat[x.zero_patch_index] = flat[x.zero_patch_index] + x.zero_patch
-    return v.reshape(n, subs * f.sub_block)
 
 
 def _shape_checks(x: Expanded, spec: _Spec, f: Form, packed: np.ndarray | None = None) -> int:
