@@ -22,10 +22,11 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
 from hurray_interop.conversions import gguf_exact, gguf_expanded as ge
-from hurray_interop.core.elements import pack
+from hurray_interop.core.elements import element_type, pack
 from hurray_interop.core.model import Tensor
 from hurray_interop.dequant import dequantize as hurray_dequantize
 from hurray_interop.errors import ConversionRefused, FormatError
+from hurray_interop.tables import load_table
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ggml-quantized-types.gguf"
 TYPES = ge.EXPANDED_TYPES
@@ -130,6 +131,21 @@ def test_form_bits_per_weight(t: str) -> None:
     assert f.hurray_bpw == CONTRACT_BPW[t]
     assert f.overlay == (t in OVERLAY)
     assert t in f.describe()
+
+
+def test_block_geometry_and_storage_are_read_from_the_tables() -> None:
+    """Each fact once: a type's elements and bytes per block are its ggml_types.toml row (and
+    gguf-py's), a form's code and scale widths its element_types.toml rows."""
+    assert not {"elements", "block_bytes"} & {f.name for f in dataclasses.fields(ge._Spec)}
+    assert not hasattr(ge, "_STORAGE") and not hasattr(ge, "_SCALE_BITS")
+    ggml = load_table("ggml_types")
+    for t in TYPES:
+        spec, f = ge._specs()[t], ge.form(t)
+        assert (spec.elements, spec.block_bytes) == (ggml[t]["block_elements"], ggml[t]["block_bytes"]), t
+        assert (spec.elements, spec.block_bytes) == gguf.GGML_QUANT_SIZES[Q[t]], t
+        storage = element_type(f.storage)
+        assert f.code_dtype == (np.int8 if f.storage.startswith("int") else np.uint8) and storage.bits <= 8, t
+        assert f.scale_dtype == np.dtype(f.scale), t
 
 
 def test_ksigns_match_ggml() -> None:
@@ -355,7 +371,7 @@ def test_expand_packed_is_expand_with_the_codes_packed(t: str, monkeypatch) -> N
     decoded only in zero-scale blocks) equals ``expand`` + the generic ``elements.pack``,
     with the C movers and with their numpy twins."""
     from hurray_interop import kernels
-    from hurray_interop.core.elements import pack
+    from hurray_interop.core.elements import element_type, pack
 
     blocks = random_blocks(t, 300, seed=21)
     x = ge.expand(t, blocks, 1000)
@@ -374,7 +390,7 @@ def test_expand_packed_is_expand_with_the_codes_packed(t: str, monkeypatch) -> N
 def test_chunks_without_zero_scales_plan_and_pack(t: str) -> None:
     """A chunk with no zero-scale sub-block (nothing to decode for the plan) gives the same
     scales, no patches and the same packed codes as the full expansion."""
-    from hurray_interop.core.elements import pack
+    from hurray_interop.core.elements import element_type, pack
 
     blocks = random_blocks(t, 300, seed=22)
     x = ge.expand(t, blocks)
@@ -408,7 +424,7 @@ def _tampered(x: ge.Expanded, how: str) -> ge.Expanded:
 
 def _stored(x: ge.Expanded) -> np.ndarray:
     """``x``'s codes as the form stores them, a row of bytes per block."""
-    from hurray_interop.core.elements import pack
+    from hurray_interop.core.elements import element_type, pack
 
     return pack(x.codes, ge.form(x.type).storage).reshape(x.codes.shape[0], -1)
 

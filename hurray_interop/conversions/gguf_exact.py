@@ -454,9 +454,9 @@ class _Stored:
             codes = unpack(raw, et, nb * self.elements)
             if et.packed and et.kind == "int":
                 codes = sign_extend(codes, et.bits)
-            codes = np.ascontiguousarray(codes).view(X._STORAGE[f.storage][1]).reshape(nb, self.elements)
+            codes = np.ascontiguousarray(codes).view(f.code_dtype).reshape(nb, self.elements)
         s0, s1 = sl.start * self.per, sl.stop * self.per
-        scales = self.base.data[1].view(np.dtype(X._SCALE_DTYPE[f.scale]).newbyteorder("<"))[s0:s1]
+        scales = self.base.data[1].view(f.scale_dtype.newbyteorder("<"))[s0:s1]
         corr = ccodes = None
         if self.corr is not None:
             width = buffer_size(_CORRECTION, f.sub_block)
@@ -467,7 +467,7 @@ class _Stored:
         r = self.record
         e0, e1 = np.searchsorted(r.exception_index, [sl.start, sl.stop])
         rec = X.Record(r.type, r.header[sl], r.exception_index[e0:e1], r.exception_blocks[e0:e1])
-        scales = scales.reshape(nb, self.per).astype(X._SCALE_DTYPE[f.scale], copy=False)  # (views: read only)
+        scales = scales.reshape(nb, self.per).astype(f.scale_dtype, copy=False)  # (views: read only)
         x = X.Expanded(f.type, codes, scales, corr, ccodes,  # type: ignore[arg-type]
                        self.patch_index[lo:hi] - s0, self.patch[lo:hi], rec)
         return x, packed

@@ -75,7 +75,7 @@ from typing import Callable
 import numpy as np
 
 from .. import kernels as K
-from ..core.elements import pack, unpack
+from ..core.elements import element_type, pack, unpack
 from ..errors import ConversionRefused, FormatError
 from ..tables import load_table
 
@@ -93,15 +93,6 @@ __all__ = [
     "rebuilds_packed",
 ]
 
-_STORAGE = {  # storage element type -> (bits, numpy dtype of one code)
-    "uint2": (2, np.uint8),
-    "int4": (4, np.int8),
-    "uint4": (4, np.uint8),
-    "int8": (8, np.int8),
-    "uint8": (8, np.uint8),
-}
-_SCALE_BITS = {"float32": 32, "float16": 16}
-_SCALE_DTYPE = {"float32": np.float32, "float16": np.float16}
 
 
 class NonFiniteScale(ConversionRefused):
@@ -128,10 +119,21 @@ class Form:
     codes: str
 
     @property
+    def code_dtype(self) -> np.dtype:
+        """The numpy dtype holding one code of the storage type (element_types.toml; codes
+        of at most 8 bits, one per byte, signed for an ``int`` type)."""
+        return np.dtype(np.int8 if element_type(self.storage).kind == "int" else np.uint8)
+
+    @property
+    def scale_dtype(self) -> np.dtype:
+        """The numpy dtype of one scale (element_types.toml)."""
+        return element_type(self.scale).dtype
+
+    @property
     def hurray_bpw(self) -> float:
         """Bits per weight of the Hurray form: codes, scales, zero points, and for an
         overlay the correction's uint2 codes and float32 scales."""
-        bits = _STORAGE[self.storage][0] + _SCALE_BITS[self.scale] / self.sub_block
+        bits = element_type(self.storage).bits + element_type(self.scale).bits / self.sub_block
         if self.zero_point is not None:
             bits += 32 / self.sub_block
         if self.overlay:
@@ -569,8 +571,7 @@ def _grid_codec(g: _Grid) -> _Codec:
 
 @dataclass(frozen=True)
 class _Spec:
-    elements: int  # per GGML block
-    block_bytes: int
+    type: str  # the GGML type
     header: tuple[tuple[int, int], ...]  # (byte, bit mask) recorded raw: d, dmin, sub-block scales
     codec: _Codec
     scale: str  # "d_sc": (float32(d)·(sc·mul + add))·post | "d": the f16 d | "ue4m3"
@@ -588,6 +589,16 @@ class _Spec:
     direct: Callable[[np.ndarray], np.ndarray] | None = None
     #: the inverse: (storage bytes, zeroed blocks) -> the code fields written
     undirect: Callable[[np.ndarray, np.ndarray], None] | None = None
+
+    @property
+    def elements(self) -> int:
+        """Elements per GGML block (mappings/ggml_types.toml)."""
+        return load_table("ggml_types")[self.type]["block_elements"]
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes per GGML block (mappings/ggml_types.toml)."""
+        return load_table("ggml_types")[self.type]["block_bytes"]
 
 
 def _split_pairs(offset: int, groups: int, width: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -638,52 +649,53 @@ def _specs() -> dict[str, _Spec]:
     q45 = dict(d=_f16_at(0), dmin=_f16_at(2), sc=_bits(8, _q4k_sc), m=_bits(8, _q4k_m))
     iq2 = dict(d=_f16_at(0), add=0.5, post=0.25)
     iq1 = dict(mul=2.0, add=1.0, post=0.125)
-    return {
-        "Q2_K": _Spec(256, 84, _hdr((0, 16), (80, 84)), _bit_lut(256, _q2k, _r(0, 4), _U8), "d_sc",
-                      d=_f16_at(80), dmin=_f16_at(82), sc=_bits(16, _byte(0, 4)), m=_bits(16, lambda i: [(i, 4, 4, 0)])),
-        "Q3_K": _Spec(256, 110, _hdr((96, 110)), _bit_lut(256, _q3k, (-4, -3, -2, -1, 0, 1, 2, 3), _I8), "d_sc",
-                      d=_f16_at(108), sc=_bits(16, _q3k_scale), add=-32.0, zero_code=-4),
-        "Q4_K": _Spec(256, 144, _hdr((0, 16)), _split_pairs_codec(256, 16, 4, 32), "d_sc", **q45,
-                      direct=_split_pairs(16, 4, 32), undirect=_split_pairs_back(16, 4, 32)),
-        "Q5_K": _Spec(256, 176, _hdr((0, 16)), _bit_lut(256, _q5k, _r(0, 32), _U8), "d_sc", **q45),
-        "Q6_K": _Spec(256, 210, _hdr((192, 210)), _q6k_codec(), "d_sc",
-                      d=_f16_at(208), sc=_bits(16, _byte(192)), sc_int8=True, zero_code=-32),
-        "IQ4_NL": _Spec(32, 18, _hdr((0, 2)), _bit_lut(32, _nibbles(2, 16), _IQ4NL_VALUES, _I8), "d", d=_f16_at(0),
-                        zero_code=1),
-        "IQ4_XS": _Spec(256, 136, _hdr((0, 8)), _bit_lut(256, _nibbles(8, 16), _IQ4NL_VALUES, _I8), "d_sc",
-                        d=_f16_at(0), sc=_bits(8, _iq4xs_scale), add=-32.0, zero_code=1),
-        "TQ1_0": _Spec(256, 54, _hdr((52, 54)), _lut_codec(_r(0, 3), _U8, 1, _tq1_unpack, _tq1_pack), "d", d=_f16_at(52)),
-        "TQ2_0": _Spec(256, 66, _hdr((64, 66)), _bit_lut(256, _tq2, _r(0, 4), _U8, 1), "d", d=_f16_at(64)),
-        "NVFP4": _Spec(64, 36, _hdr((0, 4)), _bit_lut(64, _nibbles(4, 8), _FP4X2_VALUES, _I8), "ue4m3"),
-        "IQ2_XXS": _Spec(256, 66, _hdr((0, 2), masked=tuple((9 + 8 * i, 0xF0) for i in range(8))),
-                         _grid_type("IQ2_XXS", 8, lambda g: [(2 + 8 * (g // 4) + g % 4, 0, 8, 0)], "ksigns",
-                                    (32, lambda h: _span(6 + 8 * (h // 4), 7 * (h % 4), 7))),
-                         "d_sc", sc=_bits(8, lambda i: _span(6 + 8 * i, 28, 4)), **iq2),
-        "IQ2_XS": _Spec(256, 74, _hdr((0, 2), (66, 74)),
-                        _grid_type("IQ2_XS", 8, lambda g: _span(2 + 2 * g, 0, 9), "ksigns", (32, lambda g: _span(2 + 2 * g, 9, 7))),
-                        "d_sc", sc=_bits(16, lambda i: [(66 + i // 2, 4 * (i % 2), 4, 0)]), **iq2),
-        "IQ2_S": _Spec(256, 82, _hdr((0, 2), (74, 82)),
-                       _grid_type("IQ2_S", 8, lambda g: [(2 + g, 0, 8, 0), (66 + g // 4, 2 * (g % 4), 2, 8)], "bits",
-                                  (256, lambda e: [(34 + e // 8, e % 8, 1, 0)])),
-                       "d_sc", sc=_bits(16, lambda i: [(74 + i // 2, 4 * (i % 2), 4, 0)]), **iq2),
-        "IQ3_XXS": _Spec(256, 98, _hdr((0, 2), masked=tuple((69 + 4 * i, 0xF0) for i in range(8))),
-                         _grid_type("IQ3_XXS", 4, lambda g: [(2 + g, 0, 8, 0)], "ksigns",
-                                    (32, lambda h: _span(66 + 4 * (h // 4), 7 * (h % 4), 7))),
-                         "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: _span(66 + 4 * i, 28, 4)), add=0.5, post=0.5),
-        "IQ3_S": _Spec(256, 110, _hdr((0, 2), (106, 110)),
-                       _grid_type("IQ3_S", 4, lambda g: [(2 + g, 0, 8, 0), (66 + g // 8, g % 8, 1, 8)], "bits",
-                                  (256, lambda e: [(74 + e // 8, e % 8, 1, 0)])),
-                       "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: [(106 + i // 2, 4 * (i % 2), 4, 0)]), mul=2.0, add=1.0),
-        "IQ1_S": _Spec(256, 50, _hdr((0, 2), masked=tuple((35 + 2 * i, 0x70) for i in range(8))),
-                       _grid_type("IQ1_S", 8, lambda g: [(2 + g, 0, 8, 0)] + _span(34 + 2 * (g // 4), 3 * (g % 4), 3, 8),
-                                  "delta", (8, lambda i: _span(34 + 2 * i, 15, 1)), delta=32),
-                       "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: _span(34 + 2 * i, 12, 3)), **iq1),
-        "IQ1_M": _Spec(256, 56, _hdr((48, 56)),
-                       _grid_type("IQ1_M", 8, lambda g: [(g, 0, 8, 0), (32 + g // 2, 4 * (g % 2), 3, 8)],
-                                  "delta", (32, lambda g: [(32 + g // 2, 4 * (g % 2) + 3, 1, 0)]), delta=8),
-                       "d_sc", d=_bits(1, lambda i: [(49 + 2 * k, 4, 4, 4 * k) for k in range(4)]),
-                       sc=_bits(16, lambda i: _span(48 + 2 * (i // 4), 3 * (i % 4), 3)), **iq1),
-    }
+    specs = (
+        _Spec("Q2_K", _hdr((0, 16), (80, 84)), _bit_lut(256, _q2k, _r(0, 4), _U8), "d_sc",
+              d=_f16_at(80), dmin=_f16_at(82), sc=_bits(16, _byte(0, 4)), m=_bits(16, lambda i: [(i, 4, 4, 0)])),
+        _Spec("Q3_K", _hdr((96, 110)), _bit_lut(256, _q3k, (-4, -3, -2, -1, 0, 1, 2, 3), _I8), "d_sc",
+              d=_f16_at(108), sc=_bits(16, _q3k_scale), add=-32.0, zero_code=-4),
+        _Spec("Q4_K", _hdr((0, 16)), _split_pairs_codec(256, 16, 4, 32), "d_sc", **q45,
+              direct=_split_pairs(16, 4, 32), undirect=_split_pairs_back(16, 4, 32)),
+        _Spec("Q5_K", _hdr((0, 16)), _bit_lut(256, _q5k, _r(0, 32), _U8), "d_sc", **q45),
+        _Spec("Q6_K", _hdr((192, 210)), _q6k_codec(), "d_sc",
+              d=_f16_at(208), sc=_bits(16, _byte(192)), sc_int8=True, zero_code=-32),
+        _Spec("IQ4_NL", _hdr((0, 2)), _bit_lut(32, _nibbles(2, 16), _IQ4NL_VALUES, _I8), "d", d=_f16_at(0),
+              zero_code=1),
+        _Spec("IQ4_XS", _hdr((0, 8)), _bit_lut(256, _nibbles(8, 16), _IQ4NL_VALUES, _I8), "d_sc",
+              d=_f16_at(0), sc=_bits(8, _iq4xs_scale), add=-32.0, zero_code=1),
+        _Spec("TQ1_0", _hdr((52, 54)), _lut_codec(_r(0, 3), _U8, 1, _tq1_unpack, _tq1_pack), "d", d=_f16_at(52)),
+        _Spec("TQ2_0", _hdr((64, 66)), _bit_lut(256, _tq2, _r(0, 4), _U8, 1), "d", d=_f16_at(64)),
+        _Spec("NVFP4", _hdr((0, 4)), _bit_lut(64, _nibbles(4, 8), _FP4X2_VALUES, _I8), "ue4m3"),
+        _Spec("IQ2_XXS", _hdr((0, 2), masked=tuple((9 + 8 * i, 0xF0) for i in range(8))),
+              _grid_type("IQ2_XXS", 8, lambda g: [(2 + 8 * (g // 4) + g % 4, 0, 8, 0)], "ksigns",
+                         (32, lambda h: _span(6 + 8 * (h // 4), 7 * (h % 4), 7))),
+              "d_sc", sc=_bits(8, lambda i: _span(6 + 8 * i, 28, 4)), **iq2),
+        _Spec("IQ2_XS", _hdr((0, 2), (66, 74)),
+              _grid_type("IQ2_XS", 8, lambda g: _span(2 + 2 * g, 0, 9), "ksigns", (32, lambda g: _span(2 + 2 * g, 9, 7))),
+              "d_sc", sc=_bits(16, lambda i: [(66 + i // 2, 4 * (i % 2), 4, 0)]), **iq2),
+        _Spec("IQ2_S", _hdr((0, 2), (74, 82)),
+              _grid_type("IQ2_S", 8, lambda g: [(2 + g, 0, 8, 0), (66 + g // 4, 2 * (g % 4), 2, 8)], "bits",
+                         (256, lambda e: [(34 + e // 8, e % 8, 1, 0)])),
+              "d_sc", sc=_bits(16, lambda i: [(74 + i // 2, 4 * (i % 2), 4, 0)]), **iq2),
+        _Spec("IQ3_XXS", _hdr((0, 2), masked=tuple((69 + 4 * i, 0xF0) for i in range(8))),
+              _grid_type("IQ3_XXS", 4, lambda g: [(2 + g, 0, 8, 0)], "ksigns",
+                         (32, lambda h: _span(66 + 4 * (h // 4), 7 * (h % 4), 7))),
+              "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: _span(66 + 4 * i, 28, 4)), add=0.5, post=0.5),
+        _Spec("IQ3_S", _hdr((0, 2), (106, 110)),
+              _grid_type("IQ3_S", 4, lambda g: [(2 + g, 0, 8, 0), (66 + g // 8, g % 8, 1, 8)], "bits",
+                         (256, lambda e: [(74 + e // 8, e % 8, 1, 0)])),
+              "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: [(106 + i // 2, 4 * (i % 2), 4, 0)]), mul=2.0, add=1.0),
+        _Spec("IQ1_S", _hdr((0, 2), masked=tuple((35 + 2 * i, 0x70) for i in range(8))),
+              _grid_type("IQ1_S", 8, lambda g: [(2 + g, 0, 8, 0)] + _span(34 + 2 * (g // 4), 3 * (g % 4), 3, 8),
+                         "delta", (8, lambda i: _span(34 + 2 * i, 15, 1)), delta=32),
+              "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: _span(34 + 2 * i, 12, 3)), **iq1),
+        _Spec("IQ1_M", _hdr((48, 56)),
+              _grid_type("IQ1_M", 8, lambda g: [(g, 0, 8, 0), (32 + g // 2, 4 * (g % 2), 3, 8)],
+                         "delta", (32, lambda g: [(32 + g // 2, 4 * (g % 2) + 3, 1, 0)]), delta=8),
+              "d_sc", d=_bits(1, lambda i: [(49 + 2 * k, 4, 4, 4 * k) for k in range(4)]),
+              sc=_bits(16, lambda i: _span(48 + 2 * (i // 4), 3 * (i % 4), 3)), **iq1),
+    )
+    return {s.type: s for s in specs}
 
 
 #: the GGML types this module expands, in the order of docs/conversion-rules.md § 9
@@ -1003,7 +1015,7 @@ def _reversible(ggml_type: str) -> bool:
     cov[: len(c)] = c
     for byte, mask in spec.header:
         hdr[byte] |= mask
-    zp = np.full((1, spec.elements), f.zero_point or 0, dtype=_STORAGE[f.storage][1])
+    zp = np.full((1, spec.elements), f.zero_point or 0, dtype=f.code_dtype)
     out = np.zeros((1, spec.block_bytes), dtype=np.uint8)
     spec.codec.encode(zp, out)
     return not np.any(cov & hdr) and bool(np.array_equal(spec.codec.decode(out), zp))
@@ -1035,7 +1047,7 @@ def _expand(ggml_type: str, blocks: np.ndarray, first_block: int, codes: np.ndar
     ``record=False``: an empty record).  ``sp``: the blocks' :func:`_scale_pass` when known."""
     spec, f = _specs()[ggml_type], form(ggml_type)
     scales, corr0, zero = _scale_pass(spec, blocks, first_block) if sp is None else sp
-    scales = np.asarray(scales, dtype=_SCALE_DTYPE[f.scale])  # (a pass's own array: fixed in place)
+    scales = np.asarray(scales, dtype=f.scale_dtype)  # (a pass's own array: fixed in place)
     zb = np.flatnonzero(zero)
     dense = _dense(ggml_type)
     r = zb if rows is None and dense else rows  # the rows whose codes are fixed (None: all)
@@ -1081,7 +1093,7 @@ def _zero_rows(ggml_type: str, blocks: np.ndarray, first_block: int, record: boo
     sp = _scale_pass(spec, blocks, first_block)
     zb = np.flatnonzero(sp[2])
     f = form(ggml_type)
-    codes = spec.codec.decode(blocks[zb]) if zb.size else np.zeros((0, spec.elements), dtype=_STORAGE[f.storage][1])
+    codes = spec.codec.decode(blocks[zb]) if zb.size else np.zeros((0, spec.elements), dtype=f.code_dtype)
     return _expand(ggml_type, blocks, first_block, codes, sp, zb, record), zb
 
 
@@ -1116,10 +1128,10 @@ def _shape_checks(x: Expanded, spec: _Spec, f: Form, packed: np.ndarray | None =
     codes = x.codes if packed is None else packed
     n = codes.shape[0] if codes is not None and codes.ndim == 2 else -1
     subs = spec.elements // f.sub_block
-    width = _STORAGE[f.storage][0] * spec.elements // 8
+    width = element_type(f.storage).bits * spec.elements // 8
     want = [
-        ("codes", x.codes, (n, spec.elements), _STORAGE[f.storage][1]) if packed is None else ("codes", packed, (n, width), np.uint8),
-        ("scales", x.scales, (n, subs), _SCALE_DTYPE[f.scale]),
+        ("codes", x.codes, (n, spec.elements), f.code_dtype) if packed is None else ("codes", packed, (n, width), np.uint8),
+        ("scales", x.scales, (n, subs), f.scale_dtype),
         ("zero_patch", x.zero_patch, (len(x.zero_patch_index), f.sub_block), np.float32),
     ]
     if f.overlay:
