@@ -126,6 +126,8 @@ def test_the_graph_is_read_from_every_module() -> None:
     assert "hurray_interop.conversions.gguf" in GRAPH["hurray_interop.registry"]  # inside a shim
     assert "hurray_interop.verification.common" in GRAPH["hurray_interop.verification.gguf"]
     assert GRAPH["hurray_interop.core.hrry"] >= {"hurray_interop.core.descriptor", "hurray_interop.files.binary"}
+    # the GGUF reader reads through files.binary.Reader too (one bounds-checked cursor, one message)
+    assert "hurray_interop.files.binary" in GRAPH["hurray_interop.formats.gguf"]
 
 
 def test_detects_a_cycle() -> None:

@@ -90,12 +90,12 @@ def test_gguf_magic_needs_4_bytes():
 
 
 def test_gguf_u32_field_needs_4_bytes():
-    """gguf.py _Parser.u32: ``end - pos < 4`` (the version field with 3, 4, 5 bytes left)."""
+    """gguf.py through binary.Reader.u32 (Reader.need: ``pos + 4 > end``) (the version field with 3, 4, 5 bytes left)."""
     check_rule(lambda d: _parse_gguf(b"GGUF" + b"\x03\x00\x00\x00\x00"[: 4 + d]), r"version at offset 4: needs 4 bytes", UNDER)
 
 
 def test_gguf_u64_field_needs_8_bytes():
-    """gguf.py _Parser.u64: ``end - pos < 8`` (the tensor count with 7, 8, 9 bytes left)."""
+    """gguf.py through binary.Reader.u64 (Reader.need: ``pos + 8 > end``) (the tensor count with 7, 8, 9 bytes left)."""
     check_rule(lambda d: _parse_gguf(b"GGUF" + struct.pack("<I", 3) + bytes(8 + d)), r"tensor count at offset 8: needs 8 bytes", UNDER)
 
 
@@ -115,24 +115,24 @@ def test_gguf_header_both_counts_against_bytes_left():
 
 
 def test_gguf_string_length_against_bytes_left():
-    """gguf.py _Parser.string: ``n > end - pos`` (a key of 9, 10, 11 bytes with 10 bytes left)."""
+    """binary.Reader.string (GGUF strings): ``n > end - pos`` (a key of 9, 10, 11 bytes with 10 bytes left)."""
     check_rule(lambda d: _parse_gguf(_head(0, 1) + struct.pack("<Q", 10 + d) + bytes(10)), r"string length \d+ exceeds")
 
 
 def test_gguf_scalar_value_against_bytes_left():
-    """gguf.py _Parser.value: ``end - pos < itemsize`` (a UINT32 value with 3, 4, 5 bytes left)."""
+    """gguf.py _value through binary.Reader.scalar (Reader.need: ``pos + itemsize > end``) (a UINT32 value with 3, 4, 5 bytes left)."""
     check_rule(lambda d: _parse_gguf(_head(0, 1) + _s("k") + struct.pack("<I", GU32) + bytes(4 + d)),
                r"metadata 'k' at offset \d+: needs 4 bytes", UNDER)
 
 
 def test_gguf_array_count_against_bytes_left():
-    """gguf.py _Parser.value: ``count > left // min_size`` (UINT16 array of 4, 5, 6 with 10 bytes left)."""
+    """gguf.py _value: ``count > left // min_size`` (UINT16 array of 4, 5, 6 with 10 bytes left)."""
     check_rule(lambda d: _parse_gguf(_head(0, 1) + _s("k") + struct.pack("<IIQ", GARRAY, GU16, 5 + d) + bytes(10)),
                r"array of \d+ UINT16 elements needs")
 
 
 def test_gguf_string_array_count_against_bytes_left():
-    """gguf.py _Parser.value: ``count > left // min_size`` for strings (8 bytes each; 24 bytes left: 2, 3, 4)."""
+    """gguf.py _value: ``count > left // min_size`` for strings (8 bytes each; 24 bytes left: 2, 3, 4)."""
     check_rule(lambda d: _parse_gguf(_head(0, 1) + _s("k") + struct.pack("<IIQ", GARRAY, GSTRING, 3 + d) + bytes(24)),
                r"array of \d+ STRING elements needs")
 
@@ -146,7 +146,7 @@ def _nested(levels: int) -> bytes:
 
 
 def test_gguf_array_nesting_depth():
-    """gguf.py _Parser.value: ``depth + 1 >= MAX_ARRAY_DEPTH`` (7, 8, 9 nested arrays; 8 is the limit)."""
+    """gguf.py _value: ``depth + 1 >= MAX_ARRAY_DEPTH`` (7, 8, 9 nested arrays; 8 is the limit)."""
     from hurray_interop.formats.gguf import MAX_ARRAY_DEPTH
 
     assert MAX_ARRAY_DEPTH == 8
@@ -155,7 +155,7 @@ def test_gguf_array_nesting_depth():
 
 
 def test_gguf_last_string_of_an_array_against_the_end():
-    """gguf.py _Parser._strings: ``len(starts) < count`` (kernels.string_starts): the second
+    """binary.Reader.string_starts: ``len(starts) < count`` (kernels.string_starts): the second
     string's bytes end 1 before, at, 1 after the end of the file."""
     def make(d: int) -> Callable[[], Any]:
         first = _s("ab")
@@ -167,7 +167,7 @@ def test_gguf_last_string_of_an_array_against_the_end():
 
 
 def test_gguf_string_array_length_prefix_against_the_end():
-    """gguf.py _Parser._string_overrun: ``end - at < 8``: the second string's length prefix has
+    """binary.Reader.string_starts through Reader.u64 (Reader.need: ``pos + 8 > end``): the second string's length prefix has
     7, 8, 9 bytes (all 0xFF): "needs 8 bytes" only for 7; beyond it the length is too large."""
     def make(d: int) -> Callable[[], Any]:
         return _parse_gguf(_head(0, 1) + _s("k") + struct.pack("<IIQ", GARRAY, GSTRING, 2) + _s("ab") + b"\xff" * (8 + d))
@@ -406,6 +406,34 @@ def test_binary_reader_array_count():
 
     check_rule(lambda d: lambda: Reader(bytes(4), path="b").array("<u2", d, "field"), "negative count", UNDER)
     assert Reader(bytes(4)).array("<u2", 0, "f").size == 0
+
+
+def test_binary_reader_string_in_an_embedded_region():
+    """files/binary.py Reader.string: ``n > end - pos`` in ``buf[4:16]`` of a structure embedded at
+    byte 100 (a 3-byte string with 2, 3, 4 bytes left): the offset is the length prefix's, plus base."""
+    from hurray_interop.files.binary import Reader
+
+    def make(d: int) -> Callable[[], Any]:
+        buf = bytes(4) + struct.pack("<Q", 3) + b"abcd"
+        return lambda: Reader(buf, 4, 15 + d, base=100, path="b").string("s")
+    check_rule(make, r"b: s length at offset 104: string length 3 exceeds the \d+ bytes left", UNDER)
+    assert Reader(bytes(4) + struct.pack("<Q", 3) + b"abcd", 4, 15).string("s") == b"abc"
+
+
+def test_binary_reader_string_starts_in_an_embedded_region():
+    """files/binary.py Reader.string_starts: ``len(starts) < count``: two strings ("a", "bc") in
+    ``buf[2:end]``, ``end`` 1 short of, at, 1 past the second's last byte; offsets are relative to
+    ``buf`` and errors name the string and its length prefix (plus base)."""
+    from hurray_interop.files.binary import Reader
+
+    buf = b"zz" + struct.pack("<Q", 1) + b"a" + struct.pack("<Q", 2) + b"bc"
+    def make(d: int) -> Callable[[], Any]:
+        return lambda: Reader(buf, 2, len(buf) + d, base=100, path="b").string_starts(2, "v")
+    check_rule(make, r"b: v\[1\] length at offset 111: string length 2 exceeds the 1 bytes left", UNDER)
+    r = Reader(buf, 2)
+    assert r.string_starts(2, "v").tolist() == [10, 19] and r.pos == len(buf)
+    short = Reader(buf, 2, 15, base=100, path="b")  # the second length prefix cut to 4 bytes
+    assert rule_fires(lambda: short.string_starts(2, "v"), r"b: v\[1\] length at offset 111: needs 8 bytes, only 4")
 
 
 # ============================================================================================

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from gguf_factory import TensorDef, write_gguf_stream
 from hurray_interop import kernels as K
+from hurray_interop.files.binary import Reader
 from hurray_interop.formats import gguf as G
 from hurray_interop.inspection import inspect_gguf
 
@@ -160,10 +161,10 @@ def test_the_vectorised_string_walk_is_exact_on_awkward_strings(monkeypatch, eve
     for window in (64, 1000, 1 << 22):
         monkeypatch.setattr(K, "STRING_WINDOW", window)
         monkeypatch.setattr(K, "_lib", None)  # the numpy walk (tests/test_kernels.py: C = numpy)
-        parser = G._Parser(raw + b"tail", len(raw), None)
-        value, end = parser._strings(8, len(items), "k")
-        assert end == len(raw) and list(value.value) == items
-        assert np.array_equal(value.value._starts, arr._starts + 8)
+        reader = Reader(raw + b"tail", 8, len(raw))
+        starts = reader.string_starts(len(items), "k")
+        assert reader.pos == len(raw) and list(G.StringArray(reader.obj, starts, 8, reader.pos)) == items
+        assert np.array_equal(starts, arr._starts + 8)
         if every > 100 and window == 1 << 22:
             assert K._short_string_heads(raw, 8, len(items), len(raw))[2] > len(items) * 9 // 10
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, TruncatedError
+from ..kernels import string_starts
 
 __all__ = ["Reader"]
 
@@ -30,10 +31,11 @@ class Reader:
     """A cursor over ``buf[start:end]`` whose offsets are absolute (relative to ``buf``).
 
     ``base`` is added to every offset reported in errors, for structures that
-    are themselves embedded at a known position in a larger file.
+    are themselves embedded at a known position in a larger file.  ``obj`` is the
+    object given, for values that keep a reference to it (not to the view).
     """
 
-    __slots__ = ("buf", "pos", "end", "base", "path")
+    __slots__ = ("buf", "obj", "pos", "end", "base", "path")
 
     def __init__(
         self,
@@ -44,6 +46,7 @@ class Reader:
         base: int = 0,
         path: str | None = None,
     ) -> None:
+        self.obj = buf
         if isinstance(buf, np.ndarray):
             buf = memoryview(buf.reshape(-1).view(np.uint8))
         elif not isinstance(buf, memoryview):
@@ -105,6 +108,10 @@ class Reader:
     def f64(self, what: str) -> float:
         return self._unpack(_F64, what)
 
+    def scalar(self, dtype: np.dtype, what: str) -> Any:
+        """One little-endian item of ``dtype`` as a numpy scalar (its exact type and bits)."""
+        return self.array(dtype, 1, what)[0]
+
     def unpack(self, st: struct.Struct, what: str) -> tuple[Any, ...]:
         self.need(st.size, what)
         v = st.unpack_from(self.buf, self.pos)
@@ -118,6 +125,34 @@ class Reader:
         out = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         return out
+
+    def string(self, what: str) -> bytes:
+        """A string as GGUF stores it: a u64 length, then that many bytes."""
+        n = self.u64(f"{what} length")
+        if n > self.end - self.pos:
+            raise self._long_string(n, what)
+        return self.bytes(n, what)
+
+    def _long_string(self, n: int, what: str) -> TruncatedError:
+        """The error for a string whose length ``n`` (the prefix just read) runs past the end."""
+        return TruncatedError(
+            f"string length {n} exceeds the {self.end - self.pos} bytes left in the file",
+            path=self.path,
+            field=f"{what} length",
+            offset=self.base + self.pos - 8,
+        )
+
+    def string_starts(self, count: int, what: str) -> np.ndarray:
+        """Skip ``count`` strings as :meth:`string` reads them, in one walk (no Python step
+        per string: ``kernels.string_starts``, C or numpy a window at a time): the int64
+        offsets (relative to ``buf``) of their bytes. A string that
+        runs past the end raises the error :meth:`string` would, named ``what[i]``."""
+        starts, stop = string_starts(self.buf, self.pos, count, self.end)
+        self.pos = stop
+        if len(starts) < count:
+            item = f"{what}[{len(starts)}]"
+            raise self._long_string(self.u64(f"{item} length"), item)
+        return starts
 
     def view(self, n: int, what: str) -> memoryview:
         """Zero-copy view of the next ``n`` bytes."""

@@ -69,7 +69,7 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
-from ..kernels import string_starts
+from ..files.binary import Reader
 from ..parallel import prefetch_chunks
 from ..tables import load_table
 
@@ -107,6 +107,8 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _HEADER = struct.Struct("<4sIQQ")
 _ARRAY_HEAD = struct.Struct("<IQ")
+#: a tensor's dims, by their count (n_dims is at most MAX_DIMS)
+_NE = tuple(struct.Struct(f"<{n}Q") for n in range(MAX_DIMS + 1))
 _I64_MAX = (1 << 63) - 1
 
 # minimum encoded sizes, used to bound counts before allocating anything
@@ -570,113 +572,46 @@ class GGUFTensorInfo:
 # --------------------------------------------------------------------------
 
 
-class _Parser:
-    """Bounds-checked cursor over the whole file buffer (offsets are absolute)."""
+def _value_type(r: Reader, what: str) -> ValueType:
+    at = r.pos
+    t = r.u32(what)
+    if t not in _VALUE_TYPE_IDS:
+        raise r.error(f"invalid GGUF value type {t}", what, at=at)
+    return ValueType(t)
 
-    __slots__ = ("buf", "end", "path")
 
-    def __init__(self, buf: Any, end: int, path: str | None) -> None:
-        self.buf = buf
-        self.end = end
-        self.path = path
-
-    def trunc(self, pos: int, n: int, what: str) -> TruncatedError:
-        return TruncatedError(
-            f"needs {n} bytes, only {max(self.end - pos, 0)} available", path=self.path, field=what, offset=pos
+def _value(r: Reader, vtype: ValueType, what: str, depth: int = 0) -> GGUFValue:
+    """The value of type ``vtype`` at the reader's position (which moves past it)."""
+    dt = _SCALAR_DTYPE.get(vtype)
+    if dt is not None:
+        return GGUFValue(vtype, r.scalar(dt, what))
+    if vtype == ValueType.STRING:
+        return GGUFValue(vtype, r.string(what))
+    # ARRAY
+    at = r.pos
+    et = _value_type(r, f"{what} element type")
+    count = r.u64(f"{what} count")
+    left = r.remaining
+    dt = _SCALAR_DTYPE.get(et)
+    min_size = dt.itemsize if dt is not None else (8 if et == ValueType.STRING else 12)
+    if count > left // min_size:
+        raise r.error(
+            f"array of {count} {et.name} elements needs at least {count * min_size} bytes, only {left} left in the file",
+            f"{what} count", at=at + 4, cls=TruncatedError,
         )
-
-    def u32(self, pos: int, what: str) -> int:
-        if self.end - pos < 4:
-            raise self.trunc(pos, 4, what)
-        return _U32.unpack_from(self.buf, pos)[0]
-
-    def u64(self, pos: int, what: str) -> int:
-        if self.end - pos < 8:
-            raise self.trunc(pos, 8, what)
-        return _U64.unpack_from(self.buf, pos)[0]
-
-    def string(self, pos: int, what: str) -> tuple[bytes, int]:
-        n = self.u64(pos, f"{what} length")
-        pos += 8
-        if n > self.end - pos:
-            raise TruncatedError(
-                f"string length {n} exceeds the {self.end - pos} bytes left in the file",
-                path=self.path,
-                field=f"{what} length",
-                offset=pos - 8,
-            )
-        return bytes(self.buf[pos : pos + n]), pos + n
-
-    def value_type(self, pos: int, what: str) -> ValueType:
-        t = self.u32(pos, what)
-        if t not in _VALUE_TYPE_IDS:
-            raise FormatError(f"invalid GGUF value type {t}", path=self.path, field=what, offset=pos)
-        return ValueType(t)
-
-    def value(self, vtype: ValueType, pos: int, what: str, depth: int = 0) -> tuple[GGUFValue, int]:
-        dt = _SCALAR_DTYPE.get(vtype)
-        if dt is not None:
-            if self.end - pos < dt.itemsize:
-                raise self.trunc(pos, dt.itemsize, what)
-            v = np.frombuffer(self.buf, dtype=dt, count=1, offset=pos)[0]
-            return GGUFValue(vtype, v), pos + dt.itemsize
-        if vtype == ValueType.STRING:
-            s, pos = self.string(pos, what)
-            return GGUFValue(vtype, s), pos
-        # ARRAY
-        at = pos
-        et = self.value_type(pos, f"{what} element type")
-        count = self.u64(pos + 4, f"{what} count")
-        pos += 12
-        left = self.end - pos
-        dt = _SCALAR_DTYPE.get(et)
-        min_size = dt.itemsize if dt is not None else (8 if et == ValueType.STRING else 12)
-        if count > left // min_size:
-            raise TruncatedError(
-                f"array of {count} {et.name} elements needs at least {count * min_size} bytes, "
-                f"only {left} left in the file",
-                path=self.path,
-                field=f"{what} count",
-                offset=at + 4,
-            )
-        if dt is not None:
-            arr = np.frombuffer(self.buf, dtype=dt, count=count, offset=pos)
-            return GGUFValue(ValueType.ARRAY, arr, et), pos + count * dt.itemsize
-        if et == ValueType.STRING:
-            return self._strings(pos, count, what)
-        if depth + 1 >= MAX_ARRAY_DEPTH:
-            raise FormatError(
-                f"arrays nested deeper than {MAX_ARRAY_DEPTH} levels", path=self.path, field=what, offset=at
-            )
-        items = []
-        for i in range(count):
-            # an element of an array of arrays is itself (element type, count, elements)
-            v, pos = self.value(ValueType.ARRAY, pos, f"{what}[{i}]", depth + 1)
-            items.append(v)
-        return GGUFValue(ValueType.ARRAY, tuple(items), et), pos
-
-    def _strings(self, pos: int, count: int, what: str) -> tuple[GGUFValue, int]:
-        # Vocabularies: the offsets of all strings in one walk (kernels.string_starts: C,
-        # or numpy a window at a time), nothing decoded -- StringArray decodes on access.
-        buf, base = self.buf, pos
-        starts, pos = string_starts(buf, pos, count, self.end)
-        if len(starts) < count:
-            raise self._string_overrun(pos, len(starts), what)
-        return GGUFValue(ValueType.ARRAY, StringArray(buf, starts, base, pos), ValueType.STRING), pos
-
-    def _string_overrun(self, at: int, i: int, what: str) -> TruncatedError:
-        """The error for string ``i`` of an array, whose length prefix at ``at`` or bytes
-        run past the end."""
-        end = self.end
-        if end - at < 8:
-            return self.trunc(at, 8, f"{what}[{i}] length")
-        n = _U64.unpack_from(self.buf, at)[0]
-        return TruncatedError(
-            f"string length {n} exceeds the {end - at - 8} bytes left in the file",
-            path=self.path,
-            field=f"{what}[{i}] length",
-            offset=at,
-        )
+    if dt is not None:
+        return GGUFValue(ValueType.ARRAY, r.array(dt, count, what), et)
+    if et == ValueType.STRING:
+        # Vocabularies: the offsets of all strings in one walk, nothing decoded --
+        # StringArray decodes on access.
+        base = r.pos
+        starts = r.string_starts(count, what)
+        return GGUFValue(ValueType.ARRAY, StringArray(r.obj, starts, base, r.pos), ValueType.STRING)
+    if depth + 1 >= MAX_ARRAY_DEPTH:
+        raise r.error(f"arrays nested deeper than {MAX_ARRAY_DEPTH} levels", what, at=at)
+    # an element of an array of arrays is itself (element type, count, elements)
+    items = tuple(_value(r, ValueType.ARRAY, f"{what}[{i}]", depth + 1) for i in range(count))
+    return GGUFValue(ValueType.ARRAY, items, et)
 
 
 #: the keys that make a GGUF file a shard of a split set (llama.cpp's gguf-split; the sets
@@ -809,29 +744,29 @@ class GGUFFile(ModelMetadata):
     def _parse(self, buf: Any) -> None:
         size = len(buf)
         self.file_size = size
-        p = _Parser(buf, size, self.path)
-        n_tensors, n_kv = self._parse_header(p, buf, size)
-        pos = self._parse_kv(p, n_kv, 24)
-        self.tensor_infos_offset = pos
+        r = Reader(buf, path=self.path)
+        n_tensors, n_kv = self._parse_header(r, buf, size)
+        self._parse_kv(r, n_kv)
+        self.tensor_infos_offset = r.pos
         self.alignment = self._alignment()
         by_id = _type_index()[0]
         raw_infos: list[tuple[str, int, tuple[int, ...], int, int, int, GGMLType]] = []
         names: set[str] = set()
         for i in range(n_tensors):
-            info, pos = self._parse_tensor_info(p, buf, size, pos, i, by_id, names)
-            raw_infos.append(info)
-        self.metadata_end = pos
+            raw_infos.append(self._parse_tensor_info(r, i, by_id, names))
+        pos = self.metadata_end = r.pos
         self.data_offset = _align(pos, self.alignment)
         self.tensors = [self._place(buf, size, *info) for info in raw_infos]
         self._check_data_region(buf, size, pos)
 
-    def _parse_header(self, p: "_Parser", buf: Any, size: int) -> tuple[int, int]:
+    def _parse_header(self, r: Reader, buf: Any, size: int) -> tuple[int, int]:
         """Magic, version and the two counts (checked against the bytes left)."""
         if size < 4 or bytes(buf[:4]) != MAGIC:
             if size < 4 and MAGIC.startswith(bytes(buf[:size])):
                 raise self._err(TruncatedError, f"file is {size} bytes, too short for the GGUF magic", field="magic", offset=0)
             raise self._err(BadMagicError, f"not a GGUF file: magic {bytes(buf[:4])!r}, expected b'GGUF'", field="magic", offset=0)
-        version = p.u32(4, "version")
+        r.pos = 4
+        version = r.u32("version")
         if version & 0xFFFF == 0 and version != 0:
             raise self._err(
                 UnsupportedError,  # type: ignore[arg-type]
@@ -849,8 +784,8 @@ class GGUFFile(ModelMetadata):
                 offset=4,
             )
         self.version = version
-        n_tensors = p.u64(8, "tensor count")
-        n_kv = p.u64(16, "metadata kv count")
+        n_tensors = r.u64("tensor count")
+        n_kv = r.u64("metadata kv count")
         left = size - 24
         if n_kv > left // _MIN_KV or n_tensors > left // _MIN_TENSOR_INFO or n_kv * _MIN_KV + n_tensors * _MIN_TENSOR_INFO > left:
             raise self._err(
@@ -861,24 +796,21 @@ class GGUFFile(ModelMetadata):
             )
         return n_tensors, n_kv
 
-    def _parse_kv(self, p: "_Parser", n_kv: int, pos: int) -> int:
-        """The metadata section (sets ``kv``, ``kv_offsets``); returns the position after it."""
+    def _parse_kv(self, r: Reader, n_kv: int) -> None:
+        """The metadata section at the reader's position (sets ``kv``, ``kv_offsets``)."""
         kv: dict[str, GGUFValue] = {}
         kv_offsets: dict[str, int] = {}
         for i in range(n_kv):
-            at = pos
-            raw_key, pos = p.string(pos, f"metadata key #{i}")
+            at = r.pos
+            raw_key = r.string(f"metadata key #{i}")
             key = _decode_name(raw_key)
             if key in kv:
                 raise self._err(InconsistentError, f"duplicate metadata key {key!r}", field=f"metadata key #{i}", offset=at)
             what = f"metadata {key!r}"
-            vt = p.value_type(pos, f"{what} type")
-            val, pos = p.value(vt, pos + 4, what)
-            kv[key] = val
+            kv[key] = _value(r, _value_type(r, f"{what} type"), what)
             kv_offsets[key] = at
         self.kv = kv
         self.kv_offsets = kv_offsets
-        return pos
 
     def _alignment(self) -> int:
         """``general.alignment`` (a UINT32 power of two) or the default."""
@@ -901,29 +833,25 @@ class GGUFFile(ModelMetadata):
         return alignment
 
     def _parse_tensor_info(
-        self, p: "_Parser", buf: Any, size: int, pos: int, i: int, by_id: dict[int, GGMLType], names: set[str]
-    ) -> tuple[tuple[str, int, tuple[int, ...], int, int, int, GGMLType], int]:
-        """Tensor info #i: ``(name, type id, ne, offset, nbytes, info offset, type)`` and the
-        position after it (``names``: those seen so far; this one is added)."""
-        at = pos
-        raw_name, pos = p.string(pos, f"tensor info #{i} name")
+        self, r: Reader, i: int, by_id: dict[int, GGMLType], names: set[str]
+    ) -> tuple[str, int, tuple[int, ...], int, int, int, GGMLType]:
+        """Tensor info #i at the reader's position: ``(name, type id, ne, offset, nbytes, info
+        offset, type)`` (``names``: those seen so far; this one is added)."""
+        at = r.pos
+        raw_name = r.string(f"tensor info #{i} name")
         name = _decode_name(raw_name)
         if name in names:
             raise self._err(InconsistentError, "duplicate tensor name", tensor=name, field="tensor info", offset=at)
         names.add(name)
-        n_dims = p.u32(pos, f"tensor info {name!r} n_dims")
+        n_dims_at = r.pos
+        n_dims = r.u32(f"tensor info {name!r} n_dims")
         if n_dims > MAX_DIMS:
-            raise self._err(FormatError, f"n_dims {n_dims} exceeds the maximum {MAX_DIMS}", tensor=name, field="n_dims", offset=pos)
-        pos += 4
-        if size - pos < 8 * n_dims:
-            raise p.trunc(pos, 8 * n_dims, f"tensor info {name!r} ne")
-        ne = struct.unpack_from(f"<{n_dims}Q", buf, pos)
-        ne_at = pos
-        pos += 8 * n_dims
-        type_at = pos
-        type_id = p.u32(pos, f"tensor info {name!r} type")
-        offset = p.u64(pos + 4, f"tensor info {name!r} offset")
-        pos += 12
+            raise self._err(FormatError, f"n_dims {n_dims} exceeds the maximum {MAX_DIMS}", tensor=name, field="n_dims", offset=n_dims_at)
+        ne_at = r.pos
+        ne = r.unpack(_NE[n_dims], f"tensor info {name!r} ne")
+        type_at = r.pos
+        type_id = r.u32(f"tensor info {name!r} type")
+        offset = r.u64(f"tensor info {name!r} offset")
         for j, d in enumerate(ne):
             if d > _I64_MAX:
                 raise self._err(FormatError, f"ne[{j}] = {d} is negative as int64", tensor=name, field=f"ne[{j}]", offset=ne_at + 8 * j)
@@ -944,7 +872,7 @@ class GGUFFile(ModelMetadata):
             raise self._err(FormatError, f"ne[0] = {ne0} is not a multiple of the {t.name} block size {t.block_elements}",
                             tensor=name, field="ne[0]", offset=ne_at)
         nbytes = n_el // t.block_elements * t.block_bytes
-        return (name, type_id, tuple(ne), offset, nbytes, at, t), pos
+        return (name, type_id, tuple(ne), offset, nbytes, at, t)
 
     def _place(self, buf: Any, size: int, name: str, type_id: int, ne: tuple[int, ...], offset: int, nbytes: int,
                at: int, t: GGMLType) -> GGUFTensorInfo:
@@ -1092,8 +1020,9 @@ def decode_value(
     """
     if int(vtype) not in _VALUE_TYPE_IDS:
         raise FormatError(f"invalid GGUF value type {int(vtype)}", path=path, field=what)
-    p = _Parser(raw, len(raw), path)
-    v, end = p.value(ValueType(vtype), 0, what)
+    r = Reader(raw, path=path)
+    v = _value(r, ValueType(vtype), what)
+    end = r.pos
     if end != len(raw):
         raise InconsistentError(f"{len(raw) - end} stray bytes after the value", path=path, field=what, offset=end)
     return v
