@@ -1,5 +1,6 @@
 /* Byte movers between GGML blocks and Hurray buffers: the compiled twin of
- * the numpy twins in hurray_interop/kernels.py (same results, byte for byte;
+ * the numpy twins in hurray_interop/kernels.py and, for ggml's own block structs
+ * (hk_q5_*, hk_dsc_scales, hk_q6k_*), hurray_interop/conversions/gguf_kernels.py (same results, byte for byte;
  * tests/test_kernels.py proves it).  Portable C99 (the two nibble movers have an
  * SSE2 body where the compiler targets SSE2, as every x86-64 compiler does; the
  * portable body elsewhere: the same bytes), no Python C-API: hurray_interop/kernels.py loads it with ctypes, which releases

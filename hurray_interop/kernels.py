@@ -1,10 +1,14 @@
-"""The block movers, compiled when possible: ``_kernel.c`` through ctypes, else numpy.
+"""The generic block movers, compiled when possible: ``_kernel.c`` through ctypes, else numpy.
 
 Same functions, same signatures and the same bytes as
 their numpy twins below (``numpy_*``; tests/test_kernels.py compares
 both paths byte for byte), plus keyword-only ``out=`` buffers so a caller can
-write straight into a block or Hurray buffer it reuses, the scatter of a field
-back into blocks, and the per-block scans that find zero and unusable scales.
+write straight into a block or Hurray buffer it reuses: split-half nibbles to and from
+LSB-first pairs, field gathers and scatters, bit-field runs, the per-block scans that
+find zero and unusable scales, the walk of uint64-length-prefixed strings, and
+:func:`thread_buffer`.  This module also loads the one C library for every mover: the
+movers of ggml's own block structs (Q5 high bits, the K-quant scales, Q6_K) call it from
+:mod:`hurray_interop.conversions.gguf_kernels`, beside their users.
 
 ``_kernel.so`` is compiled at ``pip install`` (``hatch_build.py``) when a C
 compiler works; without it, or with ``HURRAY_INTEROP_KERNEL=numpy`` in the
@@ -40,8 +44,6 @@ __all__ = [
     "SCALE_BAD",
     "split_to_pairs",
     "pairs_to_split",
-    "q5_codes",
-    "q5_pack",
     "field_f16",
     "field_u8",
     "scatter_field",
@@ -50,9 +52,6 @@ __all__ = [
     "unpack_runs",
     "pack_runs",
     "string_starts",
-    "dsc_scales",
-    "q6k_codes",
-    "q6k_pack",
 ]
 
 ENV_VAR = "HURRAY_INTEROP_KERNEL"
@@ -63,6 +62,8 @@ _ABI_VERSION = 4  # hk_abi_version() in _kernel.c
 SCALE_OK, SCALE_ZERO, SCALE_BAD = 0, 1, 2
 
 _P, _S, _N, _B = ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_size_t, ctypes.c_uint8
+#: every C function of the library (the hk_q5_*, hk_q6k_* and hk_dsc_* ones are called from
+#: conversions/gguf_kernels.py)
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "hk_split_to_pairs": (None, [_P, _S, _N, _N, _P, _S, _B]),
     "hk_pairs_to_split": (None, [_P, _S, _N, _N, _P, _S]),
@@ -295,26 +296,6 @@ def numpy_pairs_to_split(hp: np.ndarray, out: np.ndarray | None = None) -> np.nd
     return out
 
 
-def numpy_q5_codes(qs: np.ndarray, qh: np.ndarray) -> np.ndarray:
-    """GGML Q5 block parts (``qs`` (n, k/2), ``qh`` (n, k/8), bit ``j`` of ``qh`` = bit 4 of
-    element ``j``) → ``(n, k)`` codes 0..31 in element order."""
-    k = 2 * qs.shape[1]
-    high = np.unpackbits(np.ascontiguousarray(qh), axis=1, bitorder="little")
-    out = np.empty((qs.shape[0], k), dtype=np.uint8)
-    out[:, : k // 2] = qs & 0x0F
-    out[:, k // 2 :] = qs >> 4
-    out |= high << 4
-    return out
-
-
-def numpy_q5_pack(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(n, k)`` codes 0..31 → GGML ``(qs (n, k/2), qh (n, k/8))``."""
-    c = codes.astype(np.uint8, copy=False)
-    k = c.shape[1]
-    qs = (c[:, : k // 2] & 0x0F) | ((c[:, k // 2 :] & 0x0F) << 4)
-    return qs, np.packbits((c >> 4) & 1, axis=1, bitorder="little")
-
-
 def numpy_field_f16(blocks: np.ndarray, offset: int) -> np.ndarray:
     """The float16 field at ``offset`` of every block, as a contiguous ``<f2`` array."""
     return numpy_field_u8(blocks, offset, 2).view("<f2").reshape(-1)
@@ -453,8 +434,6 @@ def numpy_string_starts(buf: Any, pos: int, count: int, end: int) -> tuple[np.nd
 _np = SimpleNamespace(
     split_to_pairs=numpy_split_to_pairs,
     pairs_to_split=numpy_pairs_to_split,
-    q5_codes=numpy_q5_codes,
-    q5_pack=numpy_q5_pack,
     field_f16=numpy_field_f16,
     field_u8=numpy_field_u8,
     unpack_runs=numpy_unpack_runs,
@@ -491,39 +470,6 @@ def pairs_to_split(h: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarra
     dst = _new(out, len(h), w)
     _lib.hk_pairs_to_split(_at(h), h.strides[0], len(h), w, _at(dst), dst.strides[0])
     return dst
-
-
-def q5_codes(qs: np.ndarray, qh: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
-    """GGML Q5 block parts (``qs`` (n, k/2), ``qh`` (n, k/8)) → ``(n, k)`` codes 0..31 in element
-    order (k = 32 for Q5_0/Q5_1; C for k a multiple of 16)."""
-    k = 2 * _width(qs, 8)
-    if k > 0 and not (_rows(qh, k // 8) and len(qh) == len(qs)):
-        k = -1
-    if _lib is None or k < 0 or not (out is None or _target(out, len(qs), k, qs, qh)):
-        return _into(out, _np.q5_codes(qs, qh))
-    dst = _new(out, len(qs), k)
-    _lib.hk_q5_codes(_at(qs), qs.strides[0], _at(qh), qh.strides[0], len(qs), k, _at(dst), dst.strides[0])
-    return dst
-
-
-def q5_pack(
-    codes: np.ndarray, *, qs_out: np.ndarray | None = None, qh_out: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(n, k)`` codes 0..31 → GGML ``(qs (n, k/2), qh (n, k/8))``.  ``qs_out`` and ``qh_out`` may
-    be two fields of the same blocks (they must not overlap each other)."""
-    c = codes.astype(np.uint8, copy=False)
-    k, n = _width(c, 16), len(c)
-    if (
-        _lib is None
-        or k < 0
-        or not (qs_out is None or _target(qs_out, n, k // 2, c))
-        or not (qh_out is None or _target(qh_out, n, k // 8, c))
-    ):
-        qs, qh = _np.q5_pack(c)
-        return _into(qs_out, qs), _into(qh_out, qh)
-    qs, qh = _new(qs_out, n, k // 2), _new(qh_out, n, k // 8)
-    _lib.hk_q5_pack(_at(c), c.strides[0], n, k, _at(qs), qs.strides[0], _at(qh), qh.strides[0])
-    return qs, qh
 
 
 def field_f16(blocks: np.ndarray, offset: int) -> np.ndarray:
@@ -653,8 +599,8 @@ def pack_runs(values: np.ndarray, runs: tuple[Run, ...], out: np.ndarray) -> Non
 
 
 def string_starts(buf: Any, pos: int, count: int, end: int) -> tuple[np.ndarray, int]:
-    """Walk ``count`` length-prefixed strings (GGUF's: a little-endian uint64 length, then
-    the bytes) from ``pos`` in ``buf[:end]`` (a buffer: bytes, mmap, memoryview): returns
+    """Walk ``count`` length-prefixed strings (a little-endian uint64 length, then the bytes,
+    as GGUF's string arrays lie) from ``pos`` in ``buf[:end]`` (a buffer: bytes, mmap, memoryview): returns
     ``(starts, stop)``, the int64 offsets of the strings' bytes and the offset after the
     last.  If a string's length prefix or bytes run past ``end``, ``starts`` holds the
     strings before it and ``stop`` is that string's length prefix (its index is
@@ -668,147 +614,3 @@ def string_starts(buf: Any, pos: int, count: int, end: int) -> tuple[np.ndarray,
     stop = ctypes.c_size_t()
     n = _lib.hk_string_starts(_at(view), end, pos, count, _at(starts), ctypes.byref(stop))
     return starts[:n], int(stop.value)
-
-
-# ---------------------------------------------------------------------------
-# the K-quants' two-level scales
-
-#: :func:`dsc_scales` flags, one byte per block
-DSC_ZERO, DSC_BAD_D, DSC_BAD_DMIN = 1, 2, 4
-
-
-def _f16_bits(blocks: np.ndarray, offset: int) -> np.ndarray:
-    return blocks[:, offset].astype(np.uint16) | blocks[:, offset + 1].astype(np.uint16) << np.uint16(8)
-
-
-def numpy_dsc_scales(blocks: np.ndarray, d_off: int, sc: tuple[Run, ...], subs: int, sc_signed: bool, add: int,
-                     dmin_off: int, m: tuple[Run, ...]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-    """``(scales, corr, flags)``: per block ``float32(d)·float32(sc + add)`` (``(n, subs)``
-    float32; ``sc`` the bit-field runs, read as int8 when ``sc_signed``), where ``dmin_off >= 0``
-    ``−(float32(dmin)·float32(m))`` (else None), and the flags :data:`DSC_ZERO` (a scale is
-    ±0), :data:`DSC_BAD_D` / :data:`DSC_BAD_DMIN` (not finite).  ``d``, ``dmin``: float16
-    fields at ``d_off`` / ``dmin_off``."""
-    with np.errstate(invalid="ignore"):  # (inf · 0: a non-finite d is flagged, and refused)
-        return _dsc(blocks, d_off, sc, subs, sc_signed, add, dmin_off, m)
-
-
-def _dsc(blocks: np.ndarray, d_off: int, sc: tuple[Run, ...], subs: int, sc_signed: bool, add: int,
-         dmin_off: int, m: tuple[Run, ...]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-    hd = _f16_bits(blocks, d_off)
-    raw = numpy_unpack_runs(blocks, sc, subs, np.uint8)
-    f = (raw.view(np.int8) if sc_signed else raw).astype(np.float32)
-    if add:
-        f = np.float32(add) + f
-    scales = hd.view(np.float16).astype(np.float32)[:, None] * f
-    flags = (scales == 0).any(axis=1).astype(np.uint8)
-    flags |= np.where((hd & 0x7C00) == 0x7C00, DSC_BAD_D, 0).astype(np.uint8)
-    if dmin_off < 0:
-        return scales, None, flags
-    hm = _f16_bits(blocks, dmin_off)
-    corr = -(hm.view(np.float16).astype(np.float32)[:, None] * numpy_unpack_runs(blocks, m, subs, np.uint8).astype(np.float32))
-    flags |= np.where((hm & 0x7C00) == 0x7C00, DSC_BAD_DMIN, 0).astype(np.uint8)
-    return scales, corr, flags
-
-
-_np.dsc_scales = numpy_dsc_scales
-
-
-@functools.lru_cache(maxsize=64)
-def _dsc_tables(width: int, d_off: int, sc: tuple[Run, ...], subs: int, dmin_off: int,
-                m: tuple[Run, ...]) -> tuple[np.ndarray, np.ndarray] | None:
-    """The run tables of :func:`dsc_scales` for blocks of ``width`` bytes, or None when the C
-    code cannot take the fields (more than 64 sub-blocks, items wider than a byte, fields
-    outside the block)."""
-    runs = [sc] + ([m] if dmin_off >= 0 else [])
-    for r in runs:
-        if not r or _run_table(r)[1] > subs or max(x[1] + x[2] for x in r) > width or max(x[4] << x[5] for x in r) > 255:
-            return None
-    if not 0 < subs <= 64 or any(not 0 <= o <= width - 2 for o in [d_off] + ([dmin_off] if dmin_off >= 0 else [])):
-        return None
-    return _run_table(sc)[0], _run_table(runs[-1])[0]
-
-
-def dsc_scales(blocks: np.ndarray, d_off: int, sc: tuple[Run, ...], subs: int, sc_signed: bool = False, add: int = 0,
-               dmin_off: int = -1, m: tuple[Run, ...] = ()) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-    """The K-quants' sub-block scales in one pass over the blocks (:func:`numpy_dsc_scales`)."""
-    tables = (_dsc_tables(blocks.shape[1], d_off, sc, subs, dmin_off, m)
-              if _lib is not None and _rows(blocks) and blocks.dtype == np.uint8 else None)
-    if tables is None:
-        return _np.dsc_scales(blocks, d_off, sc, subs, sc_signed, add, dmin_off, m)
-    n = blocks.shape[0]
-    scales = np.empty((n, subs), dtype=np.float32)
-    corr = np.empty((n, subs), dtype=np.float32) if dmin_off >= 0 else None
-    flags = np.empty(n, dtype=np.uint8)
-    if n:
-        _lib.hk_dsc_scales(_at(blocks), blocks.strides[0], n, subs, d_off, _at(tables[0]), len(sc), int(bool(sc_signed)),
-                           int(add), dmin_off, _at(tables[1]), len(m) if dmin_off >= 0 else 0, _at(scales),
-                           _at(corr) if corr is not None else None, _at(flags))
-    return scales, corr, flags
-
-
-# ---------------------------------------------------------------------------
-# Q6_K's code fields (ql: bytes 0..127, qh: 128..191 of a 210-byte block)
-
-Q6K_BLOCK_BYTES = 210
-
-
-def _q6k_parts(h: int) -> tuple[slice, slice, slice]:
-    return slice(64 * h, 64 * h + 32), slice(64 * h + 32, 64 * h + 64), slice(128 + 32 * h, 160 + 32 * h)
-
-
-def numpy_q6k_codes(blocks: np.ndarray) -> np.ndarray:
-    """``(n, 210)`` Q6_K blocks → ``(n, 256)`` int8 codes ``q − 32`` in element order (ggml's
-    dequantize_row_q6_K: per half ``h`` and ``l < 32``, elements ``l``, ``l + 32``, ``l + 64``,
-    ``l + 96`` from the nibbles of ``ql[l]``, ``ql[l + 32]`` and the 2-bit pairs of ``qh[l]``)."""
-    out = np.empty((blocks.shape[0], 256), dtype=np.uint8)
-    for h in (0, 1):
-        a, b, q = (blocks[:, s] for s in _q6k_parts(h))
-        o = out[:, 128 * h : 128 * h + 128]
-        o[:, 0:32] = (a & 15) | (q & 3) << 4
-        o[:, 32:64] = (b & 15) | (q >> 2 & 3) << 4
-        o[:, 64:96] = (a >> 4) | (q >> 4 & 3) << 4
-        o[:, 96:128] = (b >> 4) | (q >> 6) << 4
-    out += np.uint8(0xE0)  # − 32, modulo 256
-    return out.view(np.int8)
-
-
-def numpy_q6k_pack(codes: np.ndarray, out: np.ndarray) -> int:
-    """OR ``(n, 256)`` int8 codes (value ``(code + 32) & 63``) into the ql and qh fields of ``out``
-    (``(n, 210)`` uint8 blocks); returns how many rows hold a code outside −32..31."""
-    u = codes.view(np.uint8)
-    raw = (u ^ np.uint8(0x20)) & np.uint8(0x3F)
-    for h in (0, 1):
-        r = [raw[:, 128 * h + 32 * k : 128 * h + 32 * k + 32] for k in range(4)]
-        a, b, q = _q6k_parts(h)
-        out[:, a] |= (r[0] & 15) | (r[2] & 15) << 4
-        out[:, b] |= (r[1] & 15) | (r[3] & 15) << 4
-        out[:, q] |= (r[0] >> 4) | (r[1] >> 4) << 2 | (r[2] >> 4) << 4 | (r[3] >> 4) << 6
-    c = codes.view(np.int8)
-    if c.size == 0 or (int(c.min()) >= -32 and int(c.max()) <= 31):
-        return 0
-    return int(((c < -32) | (c > 31)).any(axis=1).sum())
-
-
-_np.q6k_codes = numpy_q6k_codes
-_np.q6k_pack = numpy_q6k_pack
-
-
-def q6k_codes(blocks: np.ndarray) -> np.ndarray:
-    """Q6_K blocks → int8 codes (:func:`numpy_q6k_codes`)."""
-    if _lib is None or _width(blocks, 1) != Q6K_BLOCK_BYTES or blocks.dtype != np.uint8:
-        return _np.q6k_codes(blocks)
-    out = np.empty((blocks.shape[0], 256), dtype=np.uint8)
-    if len(blocks):
-        _lib.hk_q6k_codes(_at(blocks), blocks.strides[0], len(blocks), _at(out), out.strides[0])
-    return out.view(np.int8)
-
-
-def q6k_pack(codes: np.ndarray, out: np.ndarray) -> int:
-    """OR the codes into Q6_K blocks, in place (:func:`numpy_q6k_pack`)."""
-    n = len(codes)
-    if (_lib is None or _width(codes, 1) != 256 or not _target(out, n, Q6K_BLOCK_BYTES, codes)
-            or out.dtype != np.uint8):
-        return _np.q6k_pack(codes, out)
-    if not n:
-        return 0
-    return int(_lib.hk_q6k_pack(_at(codes), codes.strides[0], n, _at(out), out.strides[0]))

@@ -19,7 +19,7 @@ PKG = Path(__file__).resolve().parents[1] / "hurray_interop"
 ROOT = "hurray_interop"
 
 #: the generic low layer anyone may import
-LOW = {"errors", "tables", "parallel", "files", "kernels"}  # generic low layers (kernels: compiled byte movers)
+LOW = {"errors", "tables", "parallel", "files", "kernels"}  # generic low layers (kernels: the generic compiled byte movers)
 
 
 def _module_name(path: Path) -> str:
@@ -153,6 +153,34 @@ def test_layers_import_only_downwards(mod: str) -> None:
     else:
         bad = {m for m in GRAPH[mod] if _layer(m) not in allowed}
     assert not bad, f"{mod} imports {sorted(bad)} above or beside its layer"
+
+
+#: the C functions of _kernel.c that move ggml's own block structs (Q5_0/Q5_1 ``qh``, the
+#: K-quants' ``d``/``dmin``/scales, Q6_K's ``ql``/``qh``): called beside their users in
+#: conversions/, never from the generic low layer
+GGML_C_MOVERS = ("hk_q5_", "hk_q6k_", "hk_dsc_")
+
+
+def _c_calls() -> dict[str, set[str]]:
+    """Per module: the ``hk_*`` functions of the compiled library it calls (``….hk_name(``)."""
+    calls: dict[str, set[str]] = {}
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.startswith("hk_"):
+                calls.setdefault(name, set()).add(node.func.attr)
+    return calls
+
+
+def test_the_low_layer_calls_no_ggml_specific_c_mover() -> None:
+    calls = _c_calls()
+    ggml = {m: {f for f in fs if f.startswith(GGML_C_MOVERS)} for m, fs in calls.items()}
+    ggml = {m: fs for m, fs in ggml.items() if fs}
+    assert set(ggml) == {f"{ROOT}.conversions.gguf_kernels"}, ggml
+    assert ggml[f"{ROOT}.conversions.gguf_kernels"] == {
+        "hk_q5_codes", "hk_q5_pack", "hk_dsc_scales", "hk_q6k_codes", "hk_q6k_pack"}
+    # the generic movers stay in the low layer, and every C function is called from one place
+    assert calls[f"{ROOT}.kernels"] >= {"hk_split_to_pairs", "hk_move", "hk_unpack_runs", "hk_string_starts"}
+    assert not calls[f"{ROOT}.kernels"] & calls[f"{ROOT}.conversions.gguf_kernels"]
 
 
 def _calls_print_or_exit(tree: ast.AST) -> list[str]:

@@ -402,7 +402,7 @@ def test_chunks_without_zero_scales_plan_and_pack(t: str) -> None:
     assert np.array_equal(packed, pack(x.codes, ge.form(t).storage)) and y.record.to_bytes() == x.record.to_bytes()
 
 
-FUSED = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]  # scales by kernels.dsc_scales
+FUSED = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]  # scales by gguf_kernels.dsc_scales
 
 
 def _tampered(x: ge.Expanded, how: str) -> ge.Expanded:

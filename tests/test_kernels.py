@@ -1,7 +1,8 @@
 """The compiled kernel (hurray_interop/_kernel.c) against the numpy movers, byte for byte.
 
-Every function of :mod:`hurray_interop.kernels` runs once through C and once with
-the library switched off (the numpy path, kernels.numpy_*), on random
+Every function of :mod:`hurray_interop.kernels` and of its GGML-specific companion
+:mod:`hurray_interop.conversions.gguf_kernels` runs once through C and once with
+the library switched off (``kernels._lib = None``: the numpy path, ``numpy_*``), on random
 blocks of many sizes (0, 1, odd, across the numpy step of 8192 rows, large), read
 through strided, reversed and every-other-row views of block buffers as the
 converters read the memory-mapped file.  The scale scans are also checked against
@@ -23,6 +24,7 @@ import pytest
 
 from hurray_interop import kernels as K
 from hurray_interop.kernels import _np as B
+from hurray_interop.conversions import gguf_kernels as GK  # GGML's own movers, same library
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (0, 1, 2, 7, 33, 8191, 8192, 8193, 20001)
@@ -154,16 +156,16 @@ def test_nibble_movers_portable_body(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_q5_movers(n: int, seed: int) -> None:
     for _, blocks in views(n, 24, seed):  # Q5_1: d 0, m 2, qh 4..8, qs 8..24
         qs, qh = blocks[:, 8:24], blocks[:, 4:8]
-        same(*both(lambda: K.q5_codes(qs, qh)))
-        codes = K.q5_codes(qs, qh)
+        same(*both(lambda: GK.q5_codes(qs, qh)))
+        codes = GK.q5_codes(qs, qh)
         assert codes.max(initial=0) <= 31
-        same(*both(lambda: K.q5_pack(codes)))
-        assert np.array_equal(np.hstack(K.q5_pack(codes)), np.hstack([qs, qh]))
+        same(*both(lambda: GK.q5_pack(codes)))
+        assert np.array_equal(np.hstack(GK.q5_pack(codes)), np.hstack([qs, qh]))
         # bits 5..7 of a code are ignored, by both paths
         noisy = blocks[:, :32] if blocks.shape[1] >= 32 else np.hstack([blocks, blocks])[:, :32]
-        same(*both(lambda: K.q5_pack(noisy)))
-        same(*both(lambda: K.q5_pack(noisy.view(np.int8))))
-        same(*both(lambda: K.q5_pack(noisy.astype(np.int16))))
+        same(*both(lambda: GK.q5_pack(noisy)))
+        same(*both(lambda: GK.q5_pack(noisy.view(np.int8))))
+        same(*both(lambda: GK.q5_pack(noisy.astype(np.int16))))
 
 
 @needs_c
@@ -190,9 +192,9 @@ def test_outputs_written_in_place(n: int, seed: int) -> None:
         codes_out = np.empty((n, 32), dtype=np.uint8)
         K.scatter_field(out, 0, np.random.default_rng(seed).standard_normal(n).astype("<f2"))
         K.pairs_to_split(h, out=out[:, 2:18])
-        K.q5_pack(codes, qs_out=out[:, 8:24], qh_out=out[:, 4:8])
+        GK.q5_pack(codes, qs_out=out[:, 8:24], qh_out=out[:, 4:8])
         K.split_to_pairs(h, 0x88, out=out[:, 2:18])
-        K.q5_codes(out[:, 8:24], out[:, 4:8], out=codes_out)
+        GK.q5_codes(out[:, 8:24], out[:, 4:8], out=codes_out)
         return out, codes_out
 
     movers = {"hk_pairs_to_split", "hk_q5_pack", "hk_split_to_pairs", "hk_q5_codes"}
@@ -343,8 +345,8 @@ def test_q5_movers_of_any_block_width_follow_the_element_order(k: int) -> None:
     qs, qh = raw[:, 1 : 1 + k // 2], raw[:, 1 + k // 2 :]
     high = np.unpackbits(qh, axis=1, bitorder="little")  # bit j of qh: bit 4 of code j
     want = _ggml_elements(qs) | high << 4
-    assert np.array_equal(K.q5_codes(qs, qh), want)
-    got_qs, got_qh = K.q5_pack(want | 0xE0)  # bits 5..7 ignored
+    assert np.array_equal(GK.q5_codes(qs, qh), want)
+    got_qs, got_qh = GK.q5_pack(want | 0xE0)  # bits 5..7 ignored
     assert np.array_equal(got_qs, qs) and np.array_equal(got_qh, qh)
 
 
@@ -524,13 +526,13 @@ def _dsc_oracle(blocks: np.ndarray, args: dict) -> tuple[np.ndarray, np.ndarray 
     d = np.ascontiguousarray(blocks[:, args["d_off"] : args["d_off"] + 2]).view("<f2").astype(np.float64)
     with np.errstate(invalid="ignore"):
         scales = (d * sc).astype(np.float32)
-    flags = (scales == 0).any(axis=1) * K.DSC_ZERO | ~np.isfinite(d[:, 0]) * K.DSC_BAD_D
+    flags = (scales == 0).any(axis=1) * GK.DSC_ZERO | ~np.isfinite(d[:, 0]) * GK.DSC_BAD_D
     corr = None
     if "dmin_off" in args:
         dm = np.ascontiguousarray(blocks[:, args["dmin_off"] : args["dmin_off"] + 2]).view("<f2").astype(np.float64)
         with np.errstate(invalid="ignore"):
             corr = (-(dm * B.unpack_runs(blocks, args["m"], subs, np.uint8))).astype(np.float32)
-        flags = flags | ~np.isfinite(dm[:, 0]) * K.DSC_BAD_DMIN
+        flags = flags | ~np.isfinite(dm[:, 0]) * GK.DSC_BAD_DMIN
     return scales, corr, flags.astype(np.uint8)
 
 
@@ -548,7 +550,7 @@ def test_dsc_scales(t: str, n: int, seed: int) -> None:
     for name, blocks in views(n, width, seed):
         _dsc_blocks(blocks, fields, seed)
         blocks[::10, : fields[0]] = 0  # (most sub-block scale fields lie before d)
-        c, m = both(lambda: K.dsc_scales(blocks, **args), {"hk_dsc_scales"} if n else False)
+        c, m = both(lambda: GK.dsc_scales(blocks, **args), {"hk_dsc_scales"} if n else False)
         same(c[0], m[0]), same(c[2], m[2])
         assert (c[1] is None) == (m[1] is None) == ("dmin_off" not in args)
         if c[1] is not None:
@@ -557,7 +559,7 @@ def test_dsc_scales(t: str, n: int, seed: int) -> None:
         assert _same_floats(c[0], scales) and np.array_equal(c[2], flags), name
         assert corr is None or _same_floats(c[1], corr)
         if n > 10:  # the edge cases are there: ±0 d, a zero sub-block scale, inf and NaN d
-            assert {0, K.DSC_ZERO, K.DSC_BAD_D} <= set(c[2] & 3)
+            assert {0, GK.DSC_ZERO, GK.DSC_BAD_D} <= set(c[2] & 3)
 
 
 def test_dsc_scales_outside_the_c_limits_take_the_numpy_path() -> None:
@@ -565,9 +567,9 @@ def test_dsc_scales_outside_the_c_limits_take_the_numpy_path() -> None:
     blocks = np.random.default_rng(5).integers(0, 256, size=(9, width), dtype=np.uint8)
     wide = dict(args, subs=65)  # more than 64 sub-blocks per block: numpy only
     if K.KERNEL == "c":
-        c, m = both(lambda: K.dsc_scales(blocks, **wide), expect_c=False)
+        c, m = both(lambda: GK.dsc_scales(blocks, **wide), expect_c=False)
         same(c[0], m[0])
-    assert K.dsc_scales(blocks, **wide)[0][:, :8].tobytes() == K.dsc_scales(blocks, **args)[0].tobytes()
+    assert GK.dsc_scales(blocks, **wide)[0][:, :8].tobytes() == GK.dsc_scales(blocks, **args)[0].tobytes()
 
 
 # ---------------------------------------------------------------------------
@@ -581,7 +583,7 @@ def test_q6k_movers(n: int, seed: int) -> None:
     layout table of gguf_expanded, itself checked against gguf-py's dequantize)."""
     runs, items, dtype, width = RUN_LAYOUTS["q6k-codes"]
     for name, blocks in views(n, 210, seed):
-        c, m = both(lambda: K.q6k_codes(blocks), {"hk_q6k_codes"} if n else False)
+        c, m = both(lambda: GK.q6k_codes(blocks), {"hk_q6k_codes"} if n else False)
         same(c, m)
         want = (B.unpack_runs(blocks, runs, items, dtype) + np.uint8(0xE0)).view(np.int8)
         assert c.tobytes() == want.tobytes(), name
@@ -592,7 +594,7 @@ def test_q6k_movers(n: int, seed: int) -> None:
             codes[rows, rng.integers(0, 256, 3)] = rng.choice(np.array([32, 100, -33, -128], dtype=np.int8), 3)
         base = rng.integers(0, 256, size=(2 * n, 210), dtype=np.uint8)
         c_out, m_out, r_out = base.copy(), base.copy(), base.copy()
-        got = both(lambda: K.q6k_pack(codes, (c_out if K._lib is not None else m_out)[::2]),
+        got = both(lambda: GK.q6k_pack(codes, (c_out if K._lib is not None else m_out)[::2]),
                    {"hk_q6k_pack"} if n else False)
         assert got[0] == got[1] == len(np.unique(rows) if n else [])
         same(c_out, m_out)
@@ -603,7 +605,7 @@ def test_q6k_movers(n: int, seed: int) -> None:
 def test_q6k_pack_restores_the_code_fields() -> None:
     blocks = np.random.default_rng(8).integers(0, 256, size=(301, 210), dtype=np.uint8)
     out = np.zeros_like(blocks)
-    assert K.q6k_pack(K.q6k_codes(blocks), out) == 0
+    assert GK.q6k_pack(GK.q6k_codes(blocks), out) == 0
     assert out[:, :192].tobytes() == blocks[:, :192].tobytes() and not out[:, 192:].any()
 
 

@@ -59,6 +59,7 @@ from ..core.elements import ElementType, buffer_size, element_type
 from ..formats import gguf as G
 from ..tables import load_table
 from .. import kernels as K
+from . import gguf_kernels as GK
 
 __all__ = [
     "BlockCodec",
@@ -161,14 +162,14 @@ def _nibbles_pack(c: "BlockCodec", codes: np.ndarray, out: np.ndarray) -> None:
 
 def _qh_unpack(c: "BlockCodec", blocks: np.ndarray) -> np.ndarray:
     k = c.block_size
-    codes = K.q5_codes(_field(blocks, c.fields["qs"], k // 2), _field(blocks, c.fields["qh"], k // 8))
+    codes = GK.q5_codes(_field(blocks, c.fields["qs"], k // 2), _field(blocks, c.fields["qh"], k // 8))
     return _offset_bytes(codes, c.code_offset, c.storage.signed)
 
 
 def _qh_pack(c: "BlockCodec", codes: np.ndarray, out: np.ndarray) -> None:
     k = c.block_size
     q = _offset_bytes(codes, -c.code_offset, c.storage.signed)
-    K.q5_pack(q, qs_out=_field(out, c.fields["qs"], k // 2), qh_out=_field(out, c.fields["qh"], k // 8))
+    GK.q5_pack(q, qs_out=_field(out, c.fields["qs"], k // 2), qh_out=_field(out, c.fields["qh"], k // 8))
 
 
 register_code_kind(CodeKind("i8", 8, True, _i8_unpack, _i8_pack, unpack_into=_i8_into))

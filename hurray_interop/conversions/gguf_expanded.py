@@ -53,9 +53,9 @@ TQ2_0), only the codes of the exception blocks and of the blocks with a zero-sca
 are decoded and compared: elsewhere they are the given codes by construction.
 
 Speed: the scales of the K-quants and IQ4_XS are computed in one compiled pass
-(:func:`~hurray_interop.kernels.dsc_scales`, which also flags the blocks with a zero scale),
-Q6_K's codes are moved by :func:`~hurray_interop.kernels.q6k_codes` /
-:func:`~hurray_interop.kernels.q6k_pack`, and Q4_K's by the split-half nibble movers (both
+(:func:`~.gguf_kernels.dsc_scales`, which also flags the blocks with a zero scale),
+Q6_K's codes are moved by :func:`~.gguf_kernels.q6k_codes` /
+:func:`~.gguf_kernels.q6k_pack`, and Q4_K's by the split-half nibble movers (both
 ways: :func:`rebuild` takes the stored uint4 bytes, ``packed``); numpy twins give the same bytes.
 
 Non-finite ``d``/``dmin`` are refused (:class:`NonFiniteScale`, naming the block).
@@ -75,6 +75,7 @@ from typing import Callable
 import numpy as np
 
 from .. import kernels as K
+from . import gguf_kernels as GK
 from ..core.elements import element_type, pack, unpack
 from ..errors import ConversionRefused, FormatError
 from ..tables import load_table
@@ -459,13 +460,13 @@ def _q6k_codec() -> _Codec:
     """Q6_K's int8 codes ``q − 32`` through the kernels' Q6_K movers (one pass over ql and qh;
     the fields of :func:`_q6k`, which give the coverage)."""
     def encode(codes: np.ndarray, out: np.ndarray) -> np.ndarray | None:
-        if K.q6k_pack(codes, out) == 0:
+        if GK.q6k_pack(codes, out) == 0:
             return None  # every code valid
         c = codes.view(np.int8)
         return (c >= -32) & (c <= 31)
 
     coverage = _bit_lut(256, _q6k, _r(-32, 32), _I8).coverage
-    return _Codec(K.q6k_codes, encode, coverage)
+    return _Codec(GK.q6k_codes, encode, coverage)
 
 
 def _coverage(b: _Bits, n_values: int) -> bytes | None:
@@ -747,7 +748,7 @@ def _fused_args() -> dict[int, dict | None]:
 
 
 def _fused(spec: _Spec) -> dict | None:
-    """The arguments of :func:`~hurray_interop.kernels.dsc_scales` for a type whose scales it
+    """The arguments of :func:`~.gguf_kernels.dsc_scales` for a type whose scales it
     computes (``d·(sc + add)``, ``−dmin·m``: Q2_K..Q6_K, IQ4_XS), else None."""
     return _fused_args().get(id(spec))
 
@@ -767,7 +768,7 @@ def _fused_spec(spec: _Spec) -> dict | None:
 
 def _refuse_flagged(blocks: np.ndarray, flags: np.ndarray, args: dict, first_block: int) -> None:
     """:func:`_refuse_non_finite` for ``d``, then ``dmin``, from the fused kernel's flags."""
-    for bit, name, off in ((K.DSC_BAD_D, "d", args["d_off"]), (K.DSC_BAD_DMIN, "dmin", args.get("dmin_off"))):
+    for bit, name, off in ((GK.DSC_BAD_D, "d", args["d_off"]), (GK.DSC_BAD_DMIN, "dmin", args.get("dmin_off"))):
         bad = (flags & bit) != 0
         if off is not None and bad.any():
             i = int(np.argmax(bad))
@@ -780,10 +781,10 @@ def _scale_pass(spec: _Spec, blocks: np.ndarray, first_block: int) -> tuple[np.n
     if args is None:
         scales, corr = _scales(spec, blocks, first_block)
         return scales, corr, (scales == 0).any(axis=1)
-    scales, corr, flags = K.dsc_scales(blocks, **args)
-    if (flags & (K.DSC_BAD_D | K.DSC_BAD_DMIN)).any():
+    scales, corr, flags = GK.dsc_scales(blocks, **args)
+    if (flags & (GK.DSC_BAD_D | GK.DSC_BAD_DMIN)).any():
         _refuse_flagged(blocks, flags, args, first_block)
-    return scales, corr, (flags & K.DSC_ZERO) != 0
+    return scales, corr, (flags & GK.DSC_ZERO) != 0
 
 
 def _scales(spec: _Spec, blocks: np.ndarray, first_block: int) -> tuple[np.ndarray, np.ndarray | None]:
