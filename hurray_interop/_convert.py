@@ -18,7 +18,7 @@ from typing import Any, Callable
 from .errors import ConversionRefused, HurrayInteropError, OutputExistsError, UsageError
 from .files.atomic import missing_directory, transient
 from .parallel import check_jobs
-from .registry import (FALLBACK_CHOICES, FALLBACK_EXACT, HURRAY, Format, detect_format, format_options,
+from .registry import (DTYPE_FALLBACKS, HURRAY, Format, detect_format, format_options,
                        import_to_intermediate, output_in_directory)
 from .report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, fallback_hint
 
@@ -26,8 +26,6 @@ __all__ = ["convert"]
 
 Progress = Callable[[int, int], None] | None
 
-#: the fallbacks that store values as floats
-DTYPE_FALLBACKS = tuple(f for f in FALLBACK_CHOICES if f != FALLBACK_EXACT)
 
 
 def convert(

@@ -64,19 +64,20 @@ def _options(given: dict[str, Any]) -> dict[str, Any]:
 _FLAGS = {"src_format": "--from", "dst_format": "--to"}
 
 
+def _set_away(opts: dict[str, Any], but: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """``(flag, value)`` of the conversion options set away from their defaults, except ``but``."""
+    return [(_FLAGS.get(k, f"--{k.replace('_', '-')}"), opts[k])
+            for k, d in CONVERSION_OPTIONS.items() if k not in but and opts[k] != d]
+
+
 def _given(opts: dict[str, Any], *, but: tuple[str, ...] = ()) -> list[str]:
     """The conversion options set away from their defaults (as flags), except ``but``."""
-    return [_FLAGS.get(k, f"--{k.replace('_', '-')}") for k, d in CONVERSION_OPTIONS.items() if k not in but and opts[k] != d]
+    return [flag for flag, _ in _set_away(opts, but)]
 
 
-def _flags(opts: dict[str, Any]) -> str:
-    """The conversion options given, as a command line would say them."""
-    words = []
-    for k, d in CONVERSION_OPTIONS.items():
-        if opts[k] != d:
-            flag = _FLAGS.get(k, f"--{k.replace('_', '-')}")
-            words.append(flag if isinstance(opts[k], bool) else f"{flag} {opts[k]}")
-    return " ".join(words)
+def _flags(opts: dict[str, Any], *, but: tuple[str, ...] = ()) -> str:
+    """The conversion options given (except ``but``), as a command line would say them."""
+    return " ".join(flag if isinstance(v, bool) else f"{flag} {v}" for flag, v in _set_away(opts, but))
 
 
 def _check_roundtrip_options(opts: dict[str, Any]) -> None:
@@ -89,7 +90,7 @@ def _check_roundtrip_options(opts: dict[str, Any]) -> None:
         )
     extra = _given(opts, but=("fallback", "src_format"))
     if extra:
-        given = _flags({**opts, "fallback": CONVERSION_OPTIONS["fallback"], "src_format": CONVERSION_OPTIONS["src_format"]})
+        given = _flags(opts, but=("fallback", "src_format"))
         raise UsageError(f"{', '.join(extra)} describe(s) a conversion: give its SRC and DST (verify SRC DST {given})")
 
 

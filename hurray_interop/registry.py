@@ -33,10 +33,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .core.dataclass import dataclass
 from .conversions.fallback import CHOICES as FALLBACK_CHOICES  # the --fallback vocabulary (no numpy)
+from .conversions.fallback import DTYPE_CHOICES as DTYPE_FALLBACKS  # the fallbacks that store floats
 from .conversions.fallback import EXACT as FALLBACK_EXACT
 from .errors import BadMagicError, ConversionRefused, FormatError, HurrayInteropError, UsageError
 
 __all__ = [
+    "DTYPE_FALLBACKS",
     "FALLBACK_CHOICES",
     "FALLBACK_EXACT",
     "HURRAY",
@@ -160,7 +162,7 @@ def import_to_intermediate(src_s: str, sf: Format, mid: str, opts: dict[str, Any
     from .files.atomic import transient
 
     with transient():  # the intermediate file is deleted at the end: only the result is made durable
-        if sf.exact_fallback and opts["fallback"] not in (None, FALLBACK_EXACT) and opts.get("q4_1") != "requantize":
+        if sf.exact_fallback and opts["fallback"] in DTYPE_FALLBACKS and opts.get("q4_1") != "requantize":
             try:
                 return sf.to_hurray(src_s, mid, **{**opts, "fallback": FALLBACK_EXACT})  # type: ignore[misc]
             except ConversionRefused:  # e.g. a non-finite super-block scale: the dtype fallback stores it

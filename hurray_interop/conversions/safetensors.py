@@ -154,7 +154,7 @@ def _check_unique(names: list[str], what: str, path: Any) -> None:
         raise InconsistentError(f"{what} {dup!r}", path=path, tensor=dup)
 
 
-def _check_storable_text(names: list[str], src: Any) -> None:
+def _check_storable_names(names: list[str], src: Any) -> None:
     """Names a .hrry can hold, checked before anything is written so that the error names the
     input: Hurray index names have at least one byte (the safetensors reader already refused
     text that is not Unicode, a lone surrogate escape of the JSON header)."""
@@ -259,7 +259,7 @@ def safetensors_to_hurray(
         plan.mark_fallback_scales()
         _check_unique([n for n, _ in plan.items], "two source tensors map to the Hurray name", src)
         if not dry_run and dst is not None:  # inspect and --dry-run show the plan of such a file
-            _check_storable_text([n for n, _ in plan.items], src)
+            _check_storable_names([n for n, _ in plan.items], src)
         if plan.refusals:
             rep.hint = report.fallback_hint(False, fallbacks.DTYPE_CHOICES)
         if plan.refusals and not dry_run and dst is not None:
