@@ -1,5 +1,5 @@
-"""The README's Design section and the package's folders say the same thing: every module
-is named there (by its path, or by a line for its folder), and every path named there exists."""
+"""The layout in docs/design.md (§ Layout) and the package's folders say the same thing: every
+module is named there (by its path, or by a line for its folder), and every path named there exists."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ PKG = ROOT / "hurray_interop"
 
 
 def design_block() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n## Design\n", 1)[1].split("\n## ", 1)[0]
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
     return section.split("```", 2)[1]  # the first fenced block: the layout
 
 
@@ -42,12 +42,12 @@ def test_every_module_is_in_the_design_section() -> None:
         if rel.endswith("__init__.py") and rel != "__init__.py":
             continue  # a package marker of a folder whose modules are listed
         missing.append(rel)
-    assert not missing, f"modules the README's Design section does not name: {missing}"
+    assert not missing, f"modules docs/design.md's layout does not name: {missing}"
 
 
 def test_every_path_in_the_design_section_exists() -> None:
     gone = sorted(n for n in named_paths(design_block()) if not (PKG / n).exists())
-    assert not gone, f"the README's Design section names paths that do not exist: {gone}"
+    assert not gone, f"docs/design.md's layout names paths that do not exist: {gone}"
 
 
 def test_the_reader_sees_the_layout() -> None:
