@@ -96,7 +96,7 @@ def _layer(mod: str) -> str:
 
 GRAPH = import_graph()
 
-#: layers the README promises import (almost) nothing: the low layer is not granted to them
+#: layers docs/design.md promises import (almost) nothing: the low layer is not granted to them
 LEAVES = {"report", "support"}
 
 #: what each layer may import (besides itself and the generic LOW layer)

@@ -1,4 +1,4 @@
-"""No function in the package is over 100 lines (docs: the README's Design section).
+"""No function in the package is over 100 lines (docs/design.md, § Layers).
 
 Lengths are read with ``ast`` (``end_lineno - lineno + 1`` of every ``def``, methods and
 nested functions included; decorators not counted)."""
