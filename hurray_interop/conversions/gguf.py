@@ -1606,15 +1606,16 @@ def _plan_export(t: Tensor, kv: dict[str, KVValue], rec: "S.TensorRow | None", s
     ex.ne = tuple(rec.ne) if rec is not None else tuple(int(x) for x in reversed(shape)) or (1,)  # type: ignore[arg-type]
     try:
         m = _export_match(t, kv, rec.type if rec else None)
-        plan.mapping = m.type_name
-        if rec is not None and rec.type != m.type_name:
-            plan.status = VALUE_EXACT
-            plan.reason = f"imported from {rec.type}, exported as {m.type_name}"
     except P.Refuse as r:
         if not fallback:
             plan.status, plan.reason, plan.mapping = REFUSED, r.reason, "-"
             return ex
         m = _export_fallback(t, plan, fallback, r.reason)
+    else:
+        plan.mapping = m.type_name
+        if rec is not None and rec.type != m.type_name:
+            plan.status = VALUE_EXACT
+            plan.reason = f"imported from {rec.type}, exported as {m.type_name}"
     ex.type_name, ex.source = m
     plan.bytes_out = G.tensor_nbytes(ex.type_name, ex.ne)
     plan.bytes_in += _record_bytes(kv, t.name, ex.type_name, plan.bytes_out)
