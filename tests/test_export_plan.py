@@ -138,3 +138,31 @@ def test_write_shard_takes_exactly_one_way_to_the_bytes(fixtures_dir: Path, tmp_
         with pytest.raises(UsageError, match="write_at with an open output file"):
             S.write_shard(tmp_path / "x.gguf", shard, kv, write_at=lambda *a: None)
     assert not (tmp_path / "x.gguf").exists()
+
+
+def _calls(path: Path, after: str | None = None, only: set[str] | None = None) -> list[tuple[str, int]]:
+    """``(callee, line)`` of every call of ``getattr``/``hasattr``/``id`` in the functions of
+    ``path`` defined after the class ``after`` (or named in ``only``)."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    start = next((n.lineno for n in tree.body if isinstance(n, ast.ClassDef) and n.name == after), 0)
+    found = []
+    for fn in tree.body:
+        if not isinstance(fn, (ast.FunctionDef, ast.ClassDef)) or fn.lineno < start:
+            continue
+        if only is not None and fn.name not in only:
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in {"getattr", "hasattr", "id"}:
+                found.append((node.func.id, node.lineno))
+    return found
+
+
+def test_the_export_asks_no_object_what_it_has() -> None:
+    """Sources are typed (no ``getattr``/``hasattr`` duck typing) and nothing is keyed by ``id()``:
+    the export half of conversions/gguf.py, its sources, and gguf_split's set writer."""
+    pkg = Path(C.__file__).resolve().parents[1]
+    assert _calls(pkg / "conversions" / "gguf.py", after="_Export") == []
+    assert _calls(pkg / "conversions" / "gguf_sources.py") == []
+    assert _calls(pkg / "formats" / "gguf_split.py", only={"write_shard", "write_set"}) == []
