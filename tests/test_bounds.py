@@ -742,8 +742,9 @@ def test_gguf_record_tensor_dimensions():
 
 def _check_offsets(rows: list, alignment: int = 1) -> Callable[[], Any]:
     from hurray_interop.conversions.gguf import _check_offsets as check, _Records
+    from hurray_interop.formats.gguf_split import TensorRow
 
-    rec = _Records(3, alignment, 0, [], [tuple(r) for r in rows])
+    rec = _Records(3, alignment, 0, [], [TensorRow(*r) for r in rows])
     sizes = {r[0]: int(np.prod(r[2])) for r in rows}  # I8: one byte per element
     return lambda: check(rec, sizes, "bounds.hrry")
 

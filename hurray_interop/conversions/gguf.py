@@ -60,7 +60,7 @@ import functools
 import json
 import os
 from dataclasses import field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -92,9 +92,11 @@ from . import fallback as fallbacks
 from . import gguf_metadata
 from . import gguf_pass as P
 from .gguf_codec import BlockCodec, Parts, codec, codecs
+from .gguf_sources import BlockSource, ChunkedBlocks, PlainBytes, StreamedBytes, Target
 
 if TYPE_CHECKING:  # the .hrry container, the split sets and --fallback exact are imported
     from ..core.hrry import HrryWriter  # when used, so that planning (inspect, --dry-run) starts fast
+    from ..files.positional import PositionalWriter
     from ..formats import gguf_split as S
 
 __all__ = ["gguf_to_hurray", "hurray_to_gguf", "plan_gguf", "dequantize_gguf", "KEY_PREFIX"]
@@ -1047,12 +1049,28 @@ def plan_gguf_open(gf: "G.GGUFFile | S.SplitSet", *, fallback: str | None = None
 
 @dataclass
 class _Export:
+    """The typed plan of one .hrry tensor's export: the GGUF tensor it becomes (GGML type and
+    ``ne``), the import's record of it (None: the file has none), what the report says, and
+    the source of its bytes (None: refused)."""
+
     name: str
     plan: TensorPlan
     type_name: str = ""
     ne: tuple[int, ...] = ()
-    offset: int | None = None
-    chunks: Callable[[], Iterable[Any]] | None = None
+    recorded: "S.TensorRow | None" = None
+    source: BlockSource | None = None
+
+    @property
+    def offset(self) -> int | None:
+        """The recorded offset of the tensor (None: laid out anew)."""
+        return None if self.recorded is None else self.recorded.offset
+
+
+class _Match(NamedTuple):
+    """What a matcher found: the GGML type a Hurray tensor is exported as, and its blocks."""
+
+    type_name: str
+    source: BlockSource
 
 
 def _scales_of(t: Tensor, kv: dict[str, KVValue], c: BlockCodec, buffer_index: int = 1) -> np.ndarray:
@@ -1096,23 +1114,19 @@ def _nblocks(d: Descriptor, c: BlockCodec) -> int:
     return n // c.block_size
 
 
-def _out_of_range(c: BlockCodec, data: np.ndarray, count: int) -> str | None:
-    """Why the Hurray codes ``data`` do not fit ``c``'s GGML codes, or None."""
+def _check_codes_fit(c: BlockCodec, data: np.ndarray, count: int) -> None:
+    """Refuses (:class:`~.gguf_pass.Refuse`) when the Hurray codes ``data`` do not fit ``c``'s GGML codes."""
     st = c.storage
     lo, hi = c.code_range()
     top = 1 << (st.bits - 1) if st.kind == "int" else 1 << st.bits
     slo = -top if st.kind == "int" else 0
     if lo <= slo and top - 1 <= hi:
-        return None  # every code of the storage fits
+        return  # every code of the storage fits
     v = unpack(data, st, count)
     if st.packed and st.kind == "int":
         v = sign_extend(v, st.bits)
     if v.size and (int(v.min()) < lo or int(v.max()) > hi):
-        return f"{st.name} codes outside {c.name}'s range"
-    return None
-
-
-Chunks = Callable[[], Iterable[Any]]
+        raise P.Refuse(f"{st.name} codes outside {c.name}'s range")
 
 
 def _rows_all(rows: np.ndarray, byte: int) -> np.ndarray:
@@ -1123,89 +1137,76 @@ def _rows_all(rows: np.ndarray, byte: int) -> np.ndarray:
     return np.all(rows == byte, axis=1)
 
 
-class _BlockSource:
-    """GGML blocks of ``c`` from Hurray codes ``(nb, code_bytes)``, scales and minimums (computed
-    per chunk by ``mins``, so nothing of the size of a tensor is held): as a stream of chunks
-    (call it), or written in place by the workers (:meth:`fill`)."""
+class _Blocks(ChunkedBlocks):
+    """GGML blocks of ``c`` joined from Hurray codes ``(nb, code_bytes)``, scales (read once
+    per write by ``scales``) and minimums (computed per chunk by ``mins``, so nothing of
+    the size of a tensor is held)."""
 
     def __init__(self, c: BlockCodec, codes: np.ndarray, scales: Callable[[], np.ndarray], nb: int,
                  mins: Callable[[slice], np.ndarray] | None = None) -> None:
-        self.c, self.codes, self.scales, self.nb, self.mins = c, codes, scales, nb, mins
+        super().__init__(nb, c.block_bytes, PAR_BLOCKS)
+        self.c, self.codes, self.scales, self.mins = c, codes, scales, mins
 
-    def _join(self, sl: slice, s: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        return self.c.join(Parts(self.codes[sl], s[sl], None if self.mins is None else self.mins(sl)), out=out)
-
-    def __call__(self) -> Iterator[np.ndarray]:
+    def chunk_function(self) -> Callable[[slice], np.ndarray]:
         s = self.scales()
-        yield from pmap(lambda sl: self._join(sl, s), self.nb, PAR_BLOCKS)
 
-    def fill(self, out: P.Output, offset: int) -> None:
-        s = self.scales()
-        size = self.c.block_bytes
+        def chunk(sl: slice) -> np.ndarray:
+            into = P.buffer("blocks", (sl.stop - sl.start, self.block_bytes), np.uint8)
+            return self.c.join(Parts(self.codes[sl], s[sl], None if self.mins is None else self.mins(sl)), out=into)
 
-        def work(sl: slice) -> None:
-            blocks = self._join(sl, s, P.buffer("blocks", (sl.stop - sl.start, size), np.uint8))
-            out.pw.pwrite(blocks, offset + sl.start * size)
-
-        P.run(work, self.nb, PAR_BLOCKS)
+        return chunk
 
 
-class _PlainSource:
-    """A plain tensor's bytes (buffer 0 of tensor ``name``): chunks, or a kernel copy."""
-
-    def __init__(self, t: Tensor) -> None:
-        self.name, self.data = t.name, t.data[0]
-
-    def __call__(self) -> Iterator[np.ndarray]:
-        return (self.data[i : i + CHUNK_BYTES] for i in range(0, self.data.size, CHUNK_BYTES))
-
-    def fill(self, out: P.Output, offset: int) -> None:
-        at = out.source_offsets(self.name)[0] if out.source_offsets is not None else None
-        P.copy_bytes(out, self.data, offset, at)
-
-
-def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tuple[str, Chunks] | str:
-    """Find the GGML type this Hurray tensor matches exactly.  Returns (type, chunk source) or a refusal reason."""
+def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> _Match:
+    """The GGML type this Hurray tensor matches exactly, and its blocks; :class:`~.gguf_pass.Refuse`
+    says why there is none."""
     d = t.descriptor
     if recorded is not None and all(c.name != recorded for c in codecs()):  # not a native type
         from . import gguf_exact
 
         if gguf_exact.has_form(recorded) and gguf_exact.record_key(t.name) in kv:
-            return recorded, gguf_exact.export(t, kv, recorded)  # --fallback exact: rebuilt from the record
+            return _Match(recorded, gguf_exact.export(t, kv, recorded))  # --fallback exact: rebuilt from the record
     if d.is_composite:
         return _export_overlay(t, kv, recorded)
     if d.shard is not None:
-        return (
-            f"a shard (offset {list(d.shard.offset)} of a {list(d.shard.parent_shape)} parent) "
-            "has no GGUF equivalent"
-        )
+        raise P.Refuse(f"a shard (offset {list(d.shard.offset)} of a {list(d.shard.parent_shape)} parent) "
+                       "has no GGUF equivalent")
     q = d.quantization
     if q is None:
-        if not isinstance(d.layout, RowMajor) or d.byte_offset != 0:
-            return f"{_layout_name(d)} layout with byte offset {d.byte_offset} has no GGML equivalent"
-        c = next((c for c in codecs() if c.mapping == "plain" and c.storage.name == d.element_type.name), None)
-        if c is None:
-            return f"element type {d.element_type.name} has no GGML equivalent"
-        return c.name, _PlainSource(t)
+        return _export_plain(t)
+    c = _block_codec(d, recorded)
+    nb = _nblocks(d, c)
+    _check_codes_fit(c, t.data[0], nb * c.block_size)
+    codes = t.data[0].reshape(nb, c.code_bytes)
+    if isinstance(q, PerBlockAffine) and not q.symmetric:
+        return _asym_match(t, kv, c, codes)
+    return _Match(c.name, _Blocks(c, codes, lambda: _scales_of(t, kv, c), nb))
+
+
+def _export_plain(t: Tensor) -> _Match:
+    d = t.descriptor
+    if not isinstance(d.layout, RowMajor) or d.byte_offset != 0:
+        raise P.Refuse(f"{_layout_name(d)} layout with byte offset {d.byte_offset} has no GGML equivalent")
+    c = next((c for c in codecs() if c.mapping == "plain" and c.storage.name == d.element_type.name), None)
+    if c is None:
+        raise P.Refuse(f"element type {d.element_type.name} has no GGML equivalent")
+    return _Match(c.name, PlainBytes(t.name, t.data[0]))
+
+
+def _block_codec(d: Descriptor, recorded: str | None) -> BlockCodec:
+    """The block codec of the quantized ``d`` (refused when none matches exactly)."""
+    q = d.quantization
+    c: BlockCodec | None = None
     if isinstance(q, MXFP):
         c = _choose(d, "mxfp", recorded)
         if c is None:
             forms = ", ".join(f"{c.storage.name}, block {c.block_size}" for c in codecs() if c.mapping == "mxfp")
-            return f"MXFP other than {forms} along the last axis has no GGML equivalent"
+            raise P.Refuse(f"MXFP other than {forms} along the last axis has no GGML equivalent")
     elif isinstance(q, PerBlockAffine):
         c = _choose(d, "block" if q.symmetric else "block_min", recorded, symmetric=q.symmetric)
-    else:
-        c = None
     if c is None:
-        return "no GGML type matches this layout, scheme, block size or scale type exactly"
-    nb = _nblocks(d, c)
-    problem = _out_of_range(c, t.data[0], nb * c.block_size)
-    if problem:
-        return problem
-    codes = t.data[0].reshape(nb, c.code_bytes)
-    if isinstance(q, PerBlockAffine) and not q.symmetric:
-        return _asym_chunks(t, kv, c, codes)
-    return c.name, _BlockSource(c, codes, lambda: _scales_of(t, kv, c), nb)
+        raise P.Refuse("no GGML type matches this layout, scheme, block size or scale type exactly")
+    return c
 
 
 def _record_bytes(kv: dict[str, KVValue], name: str, gtype: str | None, nbytes: int) -> int:
@@ -1222,42 +1223,50 @@ def _layout_name(d: Descriptor) -> str:
     return {RowMajor: "row-major"}.get(type(d.layout), type(d.layout).__name__)
 
 
-def _asym_chunks(t: Tensor, kv: dict[str, KVValue], c: BlockCodec, codes: np.ndarray) -> tuple[str, Chunks] | str:
+def _asym_match(t: Tensor, kv: dict[str, KVValue], c: BlockCodec, codes: np.ndarray) -> _Match:
     """Codes with integer zero points → ``d·q + m`` blocks when m = −z·d is exact in the scale type."""
-    d = t.descriptor
     nb = codes.shape[0]
-    qmax = c.code_range()[1]
     scales = _scales_of(t, kv, c)
-    zp = t.data[d.quantization.zero_point_buffer_index].view(_ZP)  # type: ignore[union-attr]
+    zp = t.data[t.descriptor.quantization.zero_point_buffer_index].view(_ZP)  # type: ignore[union-attr]
+    bad = _first_inexact_minimum(scales, zp, nb, c.code_range()[1])
+    if bad is not None:
+        raise P.Refuse(f"block {bad}: zero point × scale is not an f16-exact minimum")
+    return _Match(c.name, _Blocks(c, codes, lambda: scales, nb, lambda sl: _minimum_of(zp[sl], scales[sl].astype(np.float32))))
+
+
+def _first_inexact_minimum(scales: np.ndarray, zp: np.ndarray, nb: int, qmax: int) -> int | None:
+    """The proof that a zero point is a minimum: d·(q−z) ≡ d·q + m with m = f16(−z·d), bit for
+    bit in float32 for every code q ≤ ``qmax`` of each of the ``nb`` blocks.  Returns the
+    first block where it fails, or None."""
+    q = np.arange(qmax + 1, dtype=np.float32)
     for sl in _chunks(nb):
         d32 = scales[sl].astype(np.float32)
         m = _minimum_of(zp[sl], d32)
-        q = np.arange(qmax + 1, dtype=np.float32)
         lhs = d32[:, None] * (q[None, :] - zp[sl].astype(np.float32)[:, None])
         rhs = d32[:, None] * q[None, :] + m.astype(np.float32)[:, None]
-        if not np.array_equal(lhs.view(np.uint32), rhs.view(np.uint32)):
-            b = sl.start + int(np.argmax(np.any(lhs.view(np.uint32) != rhs.view(np.uint32), axis=1)))
-            return f"block {b}: zero point × scale is not an f16-exact minimum"
-    return c.name, _BlockSource(c, codes, lambda: scales, nb, lambda sl: _minimum_of(zp[sl], scales[sl].astype(np.float32)))
+        differs = lhs.view(np.uint32) != rhs.view(np.uint32)
+        if differs.any():
+            return sl.start + int(np.argmax(np.any(differs, axis=1)))
+    return None
 
 
-def _overlay_members(t: Tensor) -> tuple[Tensor, Tensor] | str:
-    """The base and correction members of an exact minimum overlay, or why ``t`` is none."""
+def _overlay_members(t: Tensor) -> tuple[Tensor, Tensor]:
+    """The base and correction members of an exact minimum overlay (refused when ``t`` is none)."""
     head = t.descriptor
     lay = head.layout
     assert isinstance(lay, CompositeHead)
     if lay.composition_rule != RULE_OVERLAY or lay.combine_op != OP_ADD or len(t.members) != 2:
-        return "only the exact minimum overlay (overlay, add, two members) has a GGML equivalent"
+        raise P.Refuse("only the exact minimum overlay (overlay, add, two members) has a GGML equivalent")
     by_role = {m.descriptor.composite_member.role: m for m in t.members if m.descriptor.composite_member}
     base, corr = by_role.get(ROLE_BASE), by_role.get(ROLE_CORRECTION)
     if base is None or corr is None:
-        return "overlay without one base and one correction member"
+        raise P.Refuse("overlay without one base and one correction member")
     for m in (base, corr):
         sh = m.descriptor.shard
         if m.descriptor.shape != head.shape or (sh is not None and any(sh.offset)):
-            return f"overlay member {m.name!r} does not cover the whole tensor"
+            raise P.Refuse(f"overlay member {m.name!r} does not cover the whole tensor")
     if head.element_type.name != "float32":
-        return "overlay head is not float32"
+        raise P.Refuse("overlay head is not float32")
     return base, corr
 
 
@@ -1274,30 +1283,25 @@ def _check_zero_minimum(cs: np.ndarray, zero: np.ndarray, start: int, name: str)
                           "not the ±1 the import writes", tensor=name, field="correction scale")
 
 
-def _export_overlay(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> tuple[str, Chunks] | str:
-    members = _overlay_members(t)
-    if isinstance(members, str):
-        return members
-    base, corr = members
+def _export_overlay(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> _Match:
+    base, corr = _overlay_members(t)
     c = _choose(base.descriptor, "block_min", recorded, symmetric=True)
     if c is None or c.scale is None:
         forms = " or ".join(f"{c.storage.name} per-block affine K={c.block_size} {c.scale.abbrev}"  # type: ignore[union-attr]
                             for c in codecs() if c.mapping == "block_min")
-        return f"overlay base is not {forms} along the last axis"
+        raise P.Refuse(f"overlay base is not {forms} along the last axis")
     if not _fits(corr.descriptor, c, storage=CORRECTION_STORAGE, symmetric=True):
-        return (f"overlay correction is not {CORRECTION_STORAGE} per-block affine K={c.block_size} "
-                f"{c.scale.abbrev} along the last axis")
+        raise P.Refuse(f"overlay correction is not {CORRECTION_STORAGE} per-block affine K={c.block_size} "
+                       f"{c.scale.abbrev} along the last axis")
     nb = _nblocks(base.descriptor, c)
-    problem = _out_of_range(c, base.data[0], nb * c.block_size)
-    if problem:
-        return problem
+    _check_codes_fit(c, base.data[0], nb * c.block_size)
     ccodes = corr.data[0].reshape(nb, buffer_size(CORRECTION_STORAGE, c.block_size))
     cs = corr.data[1].view(c.scale.view)
     for sl in _chunks(nb):  # the one pre-scan of an export: what decides the GGML type (the header comes first)
         zero = _rows_all(ccodes[sl], 0x00)
         const = _rows_all(ccodes[sl], _CORRECTION_ONES) | zero
         if not const.all():
-            return f"block {sl.start + int(np.argmin(const))}: overlay correction is not a constant minimum"
+            raise P.Refuse(f"block {sl.start + int(np.argmin(const))}: overlay correction is not a constant minimum")
         _check_zero_minimum(cs[sl], zero, sl.start, corr.name)
 
     def mins(sl: slice) -> np.ndarray:
@@ -1305,7 +1309,7 @@ def _export_overlay(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> 
         return np.where(ones, cs[sl], np.copysign(np.zeros(1, cs.dtype), cs[sl])).astype(cs.dtype)
 
     codes = base.data[0].reshape(nb, c.code_bytes)
-    return c.name, _BlockSource(c, codes, lambda: _scales_of(base, kv, c), nb, mins)
+    return _Match(c.name, _Blocks(c, codes, lambda: _scales_of(base, kv, c), nb, mins))
 
 
 @dataclass
@@ -1316,7 +1320,7 @@ class _Records:
     alignment: int
     tail: int
     types: list[str]
-    tensors: list[tuple[str, str, tuple[int, ...], int]]
+    tensors: list["S.TensorRow"]
     #: per shard (0: the one file), ``{absolute offset: bytes}`` of non-zero padding to write back
     padding: dict[int, dict[int, memoryview]] = field(default_factory=dict)
 
@@ -1372,18 +1376,18 @@ def _records(kv: dict[str, KVValue], path: str) -> _Records | None:
         raise _rec_error(path, K_TENSORS, f"not valid JSON ({type(e).__name__})") from None
     if not isinstance(rows, list):
         raise _rec_error(path, K_TENSORS, "not a JSON list of tensors")
-    tensors: list[tuple[str, str, tuple[int, ...], int]] = []
+    tensors: list[S.TensorRow] = []
     seen: set[str] = set()
     for i, row in enumerate(rows):
         try:
-            name, tname, ne, off = S.tensor_row(row, min_dims=1)
+            r = S.tensor_row(row, min_dims=1)
         except ValueError as e:
             who = row[0] if isinstance(row, list) and row and isinstance(row[0], str) else None
             raise _rec_error(path, K_TENSORS, f"entry {i}: {e}", tensor=who) from None
-        if name in seen:
-            raise _rec_error(path, K_TENSORS, "recorded twice", tensor=name)
-        seen.add(name)
-        tensors.append((name, tname, tuple(ne), off))
+        if r.name in seen:
+            raise _rec_error(path, K_TENSORS, "recorded twice", tensor=r.name)
+        seen.add(r.name)
+        tensors.append(r)
     return _Records(version, alignment, tail, types, tensors, _padding_record(kv, path))
 
 
@@ -1413,17 +1417,19 @@ def _check_offsets(rec: _Records, sizes: dict[str, int], path: str) -> bool:
     Returns False when they do not fit the tensors being written (sizes changed),
     in which case the standard layout is computed; raises when they are corrupt.
     """
-    if any(sizes[name] != G.tensor_nbytes(t, ne) for name, t, ne, _ in rec.tensors):
+    if any(sizes[r.name] != r.nbytes for r in rec.tensors):
         return False
     end = 0
     total = 0
-    for name, t, ne, off in sorted(rec.tensors, key=lambda r: r[3]):
-        if off % rec.alignment:
-            raise _rec_error(path, K_TENSORS, f"offset {off} is not a multiple of the alignment {rec.alignment}", tensor=name)
-        if off < end:
-            raise _rec_error(path, K_TENSORS, f"offset {off} overlaps the previous tensor (ends at {end})", tensor=name)
-        end = off + sizes[name]
-        total += sizes[name]
+    for r in sorted(rec.tensors, key=lambda r: r.offset):
+        if r.offset % rec.alignment:
+            raise _rec_error(path, K_TENSORS, f"offset {r.offset} is not a multiple of the alignment {rec.alignment}",
+                             tensor=r.name)
+        if r.offset < end:
+            raise _rec_error(path, K_TENSORS, f"offset {r.offset} overlaps the previous tensor (ends at {end})",
+                             tensor=r.name)
+        end = r.offset + sizes[r.name]
+        total += sizes[r.name]
     # gaps beyond alignment padding are legal in GGUF but never worth more than the data itself:
     # a record claiming otherwise would make us write an arbitrarily large file
     if end - total > max(total, 1 << 20) + len(rec.tensors) * rec.alignment:
@@ -1490,15 +1496,15 @@ def hurray_to_gguf(
     from any .hrry; otherwise one file."""
     _check_options(fallback)
     fallback = fallbacks.dtype_choice(fallback)  # exact: the records restore, nothing is dequantized
-    shape = _output_shape(merge, split_max_tensors, split_max_size)
+    request = _split_request(merge, split_max_tensors, split_max_size)
     with use_jobs(jobs):
         return _hurray_to_gguf(os.fspath(src), dst, fallback=fallback, dry_run=dry_run, force=force, progress=progress,
-                               out_shape=shape)
+                               request=request)
 
 
 @dataclass(frozen=True)
-class _Shape:
-    """The output shape an export was asked for (``gguf-split``'s options)."""
+class SplitRequest:
+    """How the output of an export was asked to be split (``gguf-split``'s options)."""
 
     merge: bool = False
     max_tensors: int | None = None
@@ -1509,22 +1515,22 @@ class _Shape:
         return self.max_tensors is not None or self.max_size is not None
 
 
-def _output_shape(merge: bool, max_tensors: int | None, max_size: int | str | None) -> _Shape:
+def _split_request(merge: bool, max_tensors: int | None, max_size: int | str | None) -> SplitRequest:
     from ..formats import gguf_split as S
 
     if isinstance(max_size, str):
         max_size = S.parse_split_size(max_size)
-    shape = _Shape(bool(merge), max_tensors, max_size)
-    if shape.merge and shape.split:
+    request = SplitRequest(bool(merge), max_tensors, max_size)
+    if request.merge and request.split:
         raise UsageError("--merge writes one file; it excludes --split-max-tensors and --split-max-size")
-    if shape.split:
+    if request.split:
         S.plan_split([], max_tensors=max_tensors, max_size=max_size)  # checks the values (one of them, positive)
-    return shape
+    return request
 
 
 def _hurray_to_gguf(
     src: str, dst: str | os.PathLike[str] | None, *, fallback: str | None, dry_run: bool, force: bool, progress: Progress,
-    out_shape: _Shape = _Shape(),
+    request: SplitRequest = SplitRequest(),
 ) -> ConversionReport:
     report = ConversionReport(
         source=src, destination=None if dst is None else os.fspath(dst), source_format="hurray",
@@ -1535,95 +1541,108 @@ def _hurray_to_gguf(
     with HrryFile(src) as hf:
         kv = dict(hf.kv)
         records = _records(kv, src)
-        alignment = records.alignment if records else G.DEFAULT_ALIGNMENT
-        if records is None and "general.alignment" in kv:
-            a = kv["general.alignment"]
-            if a.type not in ("int64", "uint64") or not 0 < int(a.value) <= 1 << 30 or int(a.value) & (int(a.value) - 1):
-                raise FormatError("general.alignment must be a power-of-two integer", path=src, field="general.alignment")
-            alignment = int(a.value)
-        order = [r[0] for r in records.tensors] if records is not None else list(hf.top_level_names())
-        rec_by_name = {r[0]: r for r in records.tensors} if records is not None else {}
-        exports: list[_Export] = []
-        for name in order:
-            if name not in hf:
-                raise FormatError(f"tensor {name!r} is recorded but missing from the file", path=src, field=K_TENSORS)
-            t = hf.tensor(name)
-            rec = rec_by_name.get(name)
-            shape = t.descriptor.shape
-            plan = TensorPlan(name=name, source_type=t.describe(), mapping="", status=EXACT, bytes_in=t.nbytes)
-            ex = _Export(name=name, plan=plan)
-            exportable_shape = all(x is not None for x in shape) and t.descriptor.rank <= G.MAX_DIMS
-            if rec is not None and (not exportable_shape or tuple(reversed(rec[2])) != shape):
-                raise _rec_error(src, K_TENSORS, f"recorded ne {list(rec[2])} does not match the shape {list(shape)}", tensor=name)
-            if not exportable_shape:
-                plan.status, plan.mapping = REFUSED, "-"
-                plan.reason = f"shape {['?' if x is None else x for x in shape]} has no GGUF equivalent (dynamic or rank > 4)"
-                exports.append(ex)
-                continue
-            m = _export_match(t, kv, rec[1] if rec else None)
-            if isinstance(m, str):
-                if fallback:
-                    _export_fallback(ex, t, fallback, m)
-                else:
-                    plan.status, plan.reason, plan.mapping = REFUSED, m, "-"
-            else:
-                gtype, chunks = m
-                ex.type_name, ex.chunks = gtype, chunks
-                plan.mapping = gtype
-                if rec is not None and rec[1] != gtype:
-                    plan.status = VALUE_EXACT
-                    plan.reason = f"imported from {rec[1]}, exported as {gtype}"
-            if rec is not None:
-                ex.ne = tuple(rec[2])
-                ex.offset = rec[3]
-            else:
-                ex.ne = tuple(int(x) for x in reversed(shape)) or (1,)  # type: ignore[arg-type]
-            if ex.type_name:
-                plan.bytes_out = G.tensor_nbytes(ex.type_name, ex.ne)
-            plan.bytes_in += _record_bytes(kv, name, ex.type_name, plan.bytes_out)
-            exports.append(ex)
-            hf.release_pages()  # planning reads codes (overlay checks): keep resident memory bounded
+        alignment = _alignment(kv, records, src)
+        exports = _plan_exports(hf, kv, records, src, fallback)
         report.tensors = [e.plan for e in exports]
         report.notes.extend(gguf_metadata.unwritten_note(kv))
-        split = None if report.refused else _set_layout(kv, records, src, exports, alignment, out_shape)
+        split = None if report.refused else _set_layout(kv, records, src, exports, alignment, request)
         if not report.refused:
-            report.notes.extend(_padding_lost_note(records, exports, split is not None, out_shape))
+            report.notes.extend(_padding_lost_note(records, exports, split is not None, request))
         if split is not None:
-            report.notes.append(_set_note(split, dst, out_shape.merge, dry_run))
-        elif out_shape.merge and not report.refused:
+            report.notes.append(_set_note(split, dst, request.merge, dry_run))
+        elif request.merge and not report.refused:
             report.notes.append("--merge: the file records no split GGUF set; it exports to one file, as without --merge")
         if _plan_only(report, src, "have no exact GGML equivalent", dst, dry_run):
             return report
+        gkv = _export_kv(kv, records, src, alignment)
         if split is not None:
             # the recorded padding belongs to the recorded layout: not to a new split, nor to changed tensor sizes
-            padding = records.padding if _why_padding_lost(records, exports, True, out_shape) is None else {}
-            _write_set(hf, src, dst, exports, split, _export_kv(kv, records, src, alignment), out_shape.merge, force,
-                       progress, padding)
-            return report
-        _write_single(hf, src, dst, exports, records, kv, alignment, force, progress)
+            padding = records.padding if records and _why_padding_lost(records, exports, True, request) is None else {}
+            _write_set(hf, src, dst, exports, split, gkv, request.merge, force, progress, padding)
+        else:
+            _write_single(hf, src, dst, exports, records, gkv, alignment, force, progress)
     return report
 
 
-def _why_padding_lost(records: _Records | None, exports: list[_Export], is_set: bool, shape: _Shape) -> str | None:
+def _alignment(kv: dict[str, KVValue], records: _Records | None, src: str) -> int:
+    """The data alignment of the GGUF an export writes: the recorded one, else ``general.alignment``."""
+    if records is not None:
+        return records.alignment
+    a = kv.get("general.alignment")
+    if a is None:
+        return G.DEFAULT_ALIGNMENT
+    if a.type not in ("int64", "uint64") or not 0 < int(a.value) <= 1 << 30 or int(a.value) & (int(a.value) - 1):
+        raise FormatError("general.alignment must be a power-of-two integer", path=src, field="general.alignment")
+    return int(a.value)
+
+
+def _plan_exports(hf: Any, kv: dict[str, KVValue], records: _Records | None, src: str,
+                  fallback: str | None) -> list[_Export]:
+    """Every tensor's export plan, in the order the GGUF lists them (the recorded one, else the file's)."""
+    recorded = {r.name: r for r in records.tensors} if records is not None else {}
+    exports = []
+    for name in recorded if records is not None else hf.top_level_names():
+        if name not in hf:
+            raise FormatError(f"tensor {name!r} is recorded but missing from the file", path=src, field=K_TENSORS)
+        exports.append(_plan_export(hf.tensor(name), kv, recorded.get(name), src, fallback))
+        hf.release_pages()  # planning reads codes (overlay checks): keep resident memory bounded
+    return exports
+
+
+def _plan_export(t: Tensor, kv: dict[str, KVValue], rec: "S.TensorRow | None", src: str,
+                 fallback: str | None) -> _Export:
+    """One tensor's export plan: its GGML type and block source, or why it is refused."""
+    shape = t.descriptor.shape
+    plan = TensorPlan(name=t.name, source_type=t.describe(), mapping="", status=EXACT, bytes_in=t.nbytes)
+    ex = _Export(name=t.name, plan=plan)
+    exportable_shape = all(x is not None for x in shape) and t.descriptor.rank <= G.MAX_DIMS
+    if rec is not None and (not exportable_shape or tuple(reversed(rec.ne)) != shape):
+        raise _rec_error(src, K_TENSORS, f"recorded ne {list(rec.ne)} does not match the shape {list(shape)}", tensor=t.name)
+    if not exportable_shape:
+        plan.status, plan.mapping = REFUSED, "-"
+        plan.reason = f"shape {['?' if x is None else x for x in shape]} has no GGUF equivalent (dynamic or rank > 4)"
+        return ex
+    ex.recorded = rec
+    ex.ne = tuple(rec.ne) if rec is not None else tuple(int(x) for x in reversed(shape)) or (1,)  # type: ignore[arg-type]
+    try:
+        m = _export_match(t, kv, rec.type if rec else None)
+    except P.Refuse as r:
+        if not fallback:
+            plan.status, plan.reason, plan.mapping = REFUSED, r.reason, "-"
+            return ex
+        m = _export_fallback(t, plan, fallback, r.reason)
+    else:
+        plan.mapping = m.type_name
+        if rec is not None and rec.type != m.type_name:
+            plan.status = VALUE_EXACT
+            plan.reason = f"imported from {rec.type}, exported as {m.type_name}"
+    ex.type_name, ex.source = m
+    plan.bytes_out = G.tensor_nbytes(ex.type_name, ex.ne)
+    plan.bytes_in += _record_bytes(kv, t.name, ex.type_name, plan.bytes_out)
+    return ex
+
+
+def _why_padding_lost(records: _Records | None, exports: list[_Export], is_set: bool,
+                      request: SplitRequest) -> str | None:
     """None when the export writes the recorded layout, so the recorded non-zero padding
     goes back where it was; else why it does not (the export writes zeros there)."""
     if records is None or not records.padding:
         return "no padding recorded"
-    if shape.merge and is_set:
+    if request.merge and is_set:
         return "--merge writes a new layout"
-    if shape.split:
+    if request.split:
         return "--split-max-* writes a new layout"
-    rec = {r[0]: r for r in records.tensors}
-    if is_set and any(e.type_name != rec[e.name][1] for e in exports):
+    if is_set and any(e.recorded is None or e.type_name != e.recorded.type for e in exports):
         return "the tensors' GGML types differ from the recorded ones, so the layout is new"
-    if any(G.tensor_nbytes(e.type_name, e.ne) != G.tensor_nbytes(rec[e.name][1], rec[e.name][2]) for e in exports):
+    if any(e.recorded is None or G.tensor_nbytes(e.type_name, e.ne) != e.recorded.nbytes for e in exports):
         return "the tensors' sizes differ from the recorded ones, so the layout is new"
     return None
 
 
-def _padding_lost_note(records: _Records | None, exports: list[_Export], is_set: bool, shape: _Shape) -> list[str]:
+def _padding_lost_note(records: _Records | None, exports: list[_Export], is_set: bool,
+                       request: SplitRequest) -> list[str]:
     """The note of an export that cannot write the recorded non-zero padding back."""
-    why = _why_padding_lost(records, exports, is_set, shape)
+    why = _why_padding_lost(records, exports, is_set, request)
     if why is None or records is None or not records.padding:
         return []
     n = sum(b.nbytes for runs in records.padding.values() for b in runs.values())
@@ -1632,11 +1651,11 @@ def _padding_lost_note(records: _Records | None, exports: list[_Export], is_set:
 
 
 def _write_single(hf: Any, src: str, dst: Any, exports: list[_Export], records: _Records | None,
-                  kv: dict[str, KVValue], alignment: int, force: bool, progress: Progress) -> None:
+                  gkv: list[tuple[str, "G.GGUFValue"]], alignment: int, force: bool, progress: Progress) -> None:
     """Write one GGUF file (the recorded layout when the tensor sizes still fit it)."""
     from ..files.atomic import AtomicOutput
+    from ..files.positional import PositionalWriter
 
-    gkv = _export_kv(kv, records, src, alignment)
     sizes_ok = records is not None and _check_offsets(
         records, {e.name: G.tensor_nbytes(e.type_name, e.ne) for e in exports}, src
     )
@@ -1644,8 +1663,6 @@ def _write_single(hf: Any, src: str, dst: Any, exports: list[_Export], records: 
     by_name = {e.name: e for e in exports}
     total = sum(e.plan.bytes_out for e in exports)
     done = 0
-    from ..files.positional import PositionalWriter
-
     fd = P.open_source(src)
     with AtomicOutput(dst, force=force, inputs=(src,)) as fh, _closing_fd(fd):
         try:
@@ -1661,16 +1678,12 @@ def _write_single(hf: Any, src: str, dst: Any, exports: list[_Export], records: 
         except UsageError as e:  # the layout the file's records or metadata describe is impossible
             where = KEY_PREFIX + "gguf" if records else "metadata"
             raise FormatError(f"cannot lay out the GGUF this file describes: {e.message}", path=src, field=where) from None
-        out = P.Output(None, PositionalWriter(fh, None), fd, hf.buffer_offsets)
+        out = Target(PositionalWriter(fh, None), fd, hf.buffer_offsets)
         with w:
             for spec in w.tensors_in_file_order:
                 e = by_name[spec.name]
-                assert e.chunks is not None
-                fill = getattr(e.chunks, "fill", None)  # the workers write the blocks in place
-                if fill is not None:
-                    fill(out, w.skip_tensor_data(name=e.name))
-                else:
-                    w.write_tensor_data(e.chunks(), name=e.name)
+                assert e.source is not None  # planning refused none of the tensors written
+                e.source.write(out, w.skip_tensor_data(name=e.name))  # the workers write the blocks in place
                 hf.release_pages()  # bounded resident memory: see HrryFile.release_pages
                 done += e.plan.bytes_out
                 if progress:
@@ -1688,15 +1701,15 @@ def _closing_fd(fd: int | None) -> Iterator[None]:
 
 
 def _set_layout(kv: dict[str, KVValue], records: _Records | None, src: str, exports: list[_Export], alignment: int,
-                shape: _Shape) -> "S.SplitLayout | None":
+                request: SplitRequest) -> "S.SplitLayout | None":
     """The split set an export writes (docs/conversion-rules.md § 10): a new one
     (``--split-max-*``), the recorded one (with the GGML types the export chose), or
     None for one plain file."""
     from ..formats import gguf_split as S
 
-    if shape.split:
+    if request.split:
         sizes = [G.tensor_nbytes(e.type_name, e.ne) for e in exports]
-        plan = S.plan_split(sizes, max_tensors=shape.max_tensors, max_size=shape.max_size)
+        plan = S.plan_split(sizes, max_tensors=request.max_tensors, max_size=request.max_size)
         keys = [k for k in kv if not k.startswith(KEY_PREFIX)]
         if records is None and alignment != G.DEFAULT_ALIGNMENT and "general.alignment" not in kv:
             keys.append("general.alignment")  # as _export_kv adds it
@@ -1736,49 +1749,34 @@ def _write_set(hf: Any, src: str, dst: Any, exports: list[_Export], layout: "S.S
     recorded non-zero padding per shard (the recorded layout only)."""
     from ..formats import gguf_split as S
 
-    from ..files.positional import PositionalWriter
-
     by_name = {e.name: e for e in exports}
-    outputs: dict[int, tuple[Any, P.Output]] = {}  # per shard file (kept: its id stays its own)
-
-    class Data:
-        def __init__(self, chunks: Chunks) -> None:
-            self.chunks = chunks
-
-        def __iter__(self) -> Iterator[Any]:
-            return iter(self.chunks())
-
-        def write_at(self, fh: Any, offset: int) -> None:  # the workers write in place (see write_shard)
-            if id(fh) not in outputs:
-                outputs[id(fh)] = (fh, P.Output(None, PositionalWriter(fh, None), fd, hf.buffer_offsets))
-            self.chunks.fill(outputs[id(fh)][1], offset)  # type: ignore[attr-defined]
-
-    def data_for(name: str) -> Any:
-        hf.release_pages()  # bounded resident memory: see HrryFile.release_pages
-        chunks = by_name[name].chunks
-        assert chunks is not None
-        return Data(chunks) if hasattr(chunks, "fill") else chunks()
-
     if padding and max(padding) >= layout.count:
         raise _rec_error(src, K_PADDING, f"names shard {max(padding) + 1} of a {layout.count}-shard set")
     fd = P.open_source(src)
+
+    def write_at(name: str, pw: "PositionalWriter", offset: int) -> None:  # the workers write in place
+        hf.release_pages()  # bounded resident memory: see HrryFile.release_pages
+        source = by_name[name].source
+        assert source is not None  # planning refused none of the tensors written
+        source.write(Target(pw, fd, hf.buffer_offsets), offset)
+
     with _closing_fd(fd):
         try:
-            S.write_set(dst, layout, dict(gkv), data_for, merge=merge, force=force, inputs=(src,), progress=progress,
-                        padding=padding)
+            S.write_set(dst, layout, dict(gkv), write_at=write_at, merge=merge, force=force, inputs=(src,),
+                        progress=progress, padding=padding)
         except UsageError as e:
             if padding and e.message.startswith(G.PADDING_MISPLACED):
                 raise _rec_error(src, K_PADDING, e.message) from None
             raise
 
 
-def _export_fallback(ex: _Export, t: Tensor, fallback: str, reason: str) -> None:
+def _export_fallback(t: Tensor, plan: TensorPlan, fallback: str, reason: str) -> _Match:
+    """``--fallback DTYPE``: the dequantized values of ``t`` as the plain GGML type of ``fallback``."""
     from ..dequant import iter_dequantize
 
     gtype = next(c.name for c in codecs() if c.mapping == "plain" and c.storage.name == fallback)
-    ex.type_name = gtype
-    ex.plan.mapping = f"{gtype} (fallback)"
-    ex.plan.reason = reason + "; stored dequantized"
+    plan.mapping = f"{gtype} (fallback)"
+    plan.reason = reason + "; stored dequantized"
 
     def gen() -> Iterator[np.ndarray]:
         for _, vals in iter_dequantize(t):
@@ -1788,6 +1786,6 @@ def _export_fallback(ex: _Export, t: Tensor, fallback: str, reason: str) -> None
     if not fallbacks.lossless(np.float32, fallback):  # the dequantizer's values are float32
         for _, vals in iter_dequantize(t):
             meter.add(vals, fallbacks.cast(vals, fallback))
-    ex.plan.max_abs_error = meter.error
-    ex.plan.status = fallbacks.status(meter.error)
-    ex.chunks = gen
+    plan.max_abs_error = meter.error
+    plan.status = fallbacks.status(meter.error)
+    return _Match(gtype, StreamedBytes(gen))

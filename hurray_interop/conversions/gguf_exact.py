@@ -29,10 +29,12 @@ thread spools the chunks' records in block order and collects the zero patches. 
 patches (rare) change the layout, so a tensor found to have some is taken back
 (:meth:`HrryWriter.rewind`) and written again with them; a dry run only scans.
 
-The export rebuilds the GGML blocks chunk by chunk with :func:`~.gguf_expanded.rebuild`
-(the workers ``pwrite`` them where ``GGUFWriterStream.skip_tensor_data`` left room), which proves the stored codes, scales, corrections and patches are those of the rebuilt
-blocks; any mismatch is a :class:`~hurray_interop.errors.FormatError` naming the tensor,
-the block and the field (nothing is written: the output is atomic).
+The export rebuilds the GGML blocks chunk by chunk with :func:`~.gguf_expanded.rebuild` (a
+:class:`~.gguf_sources.ChunkedBlocks`: the workers ``pwrite`` them where
+``GGUFWriterStream.skip_tensor_data`` left room), which proves the stored codes, scales,
+corrections and patches are those of the rebuilt blocks; any mismatch is a
+:class:`~hurray_interop.errors.FormatError` naming the tensor, the block and the field
+(nothing is written: the output is atomic).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import dataclasses
 import functools
 import shutil
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable
 
 import numpy as np
 
@@ -53,12 +55,11 @@ from ..errors import FormatError
 from ..parallel import pmap
 from ..tables import load_table
 from . import gguf_expanded as X
-from .gguf_pass import run
+from .gguf_sources import ChunkedBlocks
 
 if TYPE_CHECKING:
     from ..core.hrry import HrryWriter
     from ..files.positional import PositionalWriter
-    from .gguf_pass import Output
 
 __all__ = ["RECORD_PREFIX", "record_key", "record_bytes", "has_form", "ExactPlan", "plan", "export"]
 
@@ -388,12 +389,13 @@ def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> "_Rebuilt":
     return _Rebuilt(t.name, data, nb, spec.block_bytes)
 
 
-class _Rebuilt:
-    """The rebuilt GGML blocks of an expanded tensor: as a stream of chunks (call it), or
-    written in place by the workers (:meth:`fill`, at their final offsets)."""
+class _Rebuilt(ChunkedBlocks):
+    """The rebuilt GGML blocks of an expanded tensor, chunk by chunk (the chunk function
+    checks each chunk against the stored parts as it rebuilds it)."""
 
     def __init__(self, name: str, data: "_Stored", nb: int, block_bytes: int) -> None:
-        self.name, self.data, self.nb, self.block_bytes = name, data, nb, block_bytes
+        super().__init__(nb, block_bytes, CHUNK_BLOCKS)
+        self.name, self.data = name, data
 
     def chunk(self, sl: slice) -> np.ndarray:
         try:
@@ -403,14 +405,8 @@ class _Rebuilt:
             message = f"--fallback exact record mismatch: {e.message}"
             raise FormatError(message, tensor=self.name, field=e.field) from None
 
-    def __call__(self) -> Iterator[np.ndarray]:
-        return pmap(self.chunk, self.nb, CHUNK_BLOCKS)
-
-    def fill(self, out: "Output", offset: int) -> None:
-        def work(sl: slice) -> None:
-            out.pw.pwrite(self.chunk(sl), offset + sl.start * self.block_bytes)
-
-        run(work, self.nb, CHUNK_BLOCKS)
+    def chunk_function(self) -> Callable[[slice], np.ndarray]:
+        return self.chunk
 
 
 def _sub_block_codes(raw: np.ndarray, width: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 import numpy as np
 
@@ -46,15 +46,22 @@ class Refuse(Exception):
 
 @dataclass
 class Output:
-    """Where a writing pass puts its bytes: the .hrry writer (None when writing GGUF), the
-    positional writer, and the source file's descriptor for kernel copies (None: copy
-    through ``pwrite``)."""
+    """Where an import puts its bytes: the .hrry writer, the positional writer, and the
+    source file's descriptor for kernel copies (None: copy through ``pwrite``).  An export
+    writes through :class:`.gguf_sources.Target`."""
 
-    w: "HrryWriter | None"
+    w: "HrryWriter"
     pw: "PositionalWriter"
     fd: int | None = None
     #: a .hrry source: the file offsets of a tensor's buffers
     source_offsets: Callable[[str], list[int]] | None = None
+
+
+class Copies(Protocol):
+    """What :func:`copy_bytes` writes through: an :class:`Output` or an export's target."""
+
+    pw: "PositionalWriter"
+    fd: int | None
 
 
 #: a per-thread buffer for a key, grown when needed, reused from chunk to chunk
@@ -107,7 +114,7 @@ def run(work: Callable[[slice], T], n: int, step: int) -> list[T]:
     return list(pmap(work, n, step))
 
 
-def copy_bytes(out: Output, data: np.ndarray, offset: int, source_offset: int | None) -> None:
+def copy_bytes(out: Copies, data: np.ndarray, offset: int, source_offset: int | None) -> None:
     """A plain tensor's bytes to ``offset`` of the output, by the kernel where it can
     (``copy_file_range`` from ``source_offset`` of the source file), else ``pwrite``
     from the memory map ``data``."""

@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Seque
 
 from ..errors import FormatError, SplitSetError, UnsupportedError, UsageError
 from ..files.atomic import AtomicOutputSet, missing_directory
+from ..files.positional import PositionalWriter
 from . import gguf as G
 
 __all__ = [
@@ -843,10 +844,11 @@ def _check_tensors(shards: list[G.GGUFFile], total: int, paths: list[Path]) -> N
 # writing
 # --------------------------------------------------------------------------
 
-#: ``data_for(name)`` gives a tensor's bytes: a bytes-like object or numpy array, or an iterable of them,
-#: or an object with ``write_at(out, offset)`` that writes them itself at ``offset`` of the open
-#: output file ``out`` (positional writes from worker threads)
+#: ``data_for(name)`` gives a tensor's bytes: a bytes-like object or numpy array, or an iterable of them
 DataFor = Callable[[str], Any]
+#: ``write_at(name, out, offset)`` writes tensor ``name``'s bytes itself at ``offset`` of an open output
+#: file through ``out``, the file's one positional writer (positional writes, from worker threads)
+WriteAt = Callable[[str, PositionalWriter, int], None]
 Progress = Callable[[int, int], None] | None
 
 
@@ -880,14 +882,19 @@ def write_shard(
     dst: Any,
     shard: ShardLayout,
     model_kv: Mapping[str, G.GGUFValue],
-    data_for: DataFor,
+    data_for: DataFor | None = None,
     *,
+    write_at: WriteAt | None = None,
     on_tensor: Callable[[int], None] | None = None,
     padding: Mapping[int, Any] | None = None,
 ) -> int:
     """Write one GGUF file exactly as ``shard`` describes (``dst``: a path or an open
-    binary file); ``on_tensor(nbytes)`` after each tensor; ``padding``: the writer's
-    overrides of zero padding.  Returns the bytes written."""
+    binary file); the tensors' bytes from ``data_for``, or written in place by
+    ``write_at`` (``dst`` an open file; exactly one of the two); ``on_tensor(nbytes)``
+    after each tensor; ``padding``: the writer's overrides of zero padding.  Returns the
+    bytes written."""
+    if (data_for is None) == (write_at is None) or (write_at is not None and isinstance(dst, (str, os.PathLike))):
+        raise UsageError("write_shard takes data_for, or write_at with an open output file")
     w = G.GGUFWriterStream(
         dst,
         version=shard.version,
@@ -897,15 +904,17 @@ def write_shard(
         pad_end=True if shard.tail_bytes is None else shard.tail_bytes,
         padding=padding,
     )
+    positional: PositionalWriter | None = None  # this file's one, made at its first tensor
     with w:
         for spec in w.tensors_in_file_order:
             name = str(spec.name)
-            data = data_for(name)
-            write_at = getattr(data, "write_at", None)
-            if write_at is not None and not isinstance(dst, (str, os.PathLike)):
-                write_at(dst, w.skip_tensor_data(name=name))
+            if write_at is not None:
+                at = w.skip_tensor_data(name=name)
+                if positional is None:
+                    positional = PositionalWriter(dst, None)
+                write_at(name, positional, at)
             else:
-                w.write_tensor_data(data, name=name)
+                w.write_tensor_data(data_for(name), name=name)  # type: ignore[misc]  # (one of the two is given)
             if on_tensor is not None:
                 on_tensor(G.tensor_nbytes(spec.type_id, spec.ne))
     return w.bytes_written
@@ -927,16 +936,19 @@ def write_set(
     dst: "str | os.PathLike[str]",
     layout: "SplitLayout | Mapping[str, Any] | str",
     model_kv: Mapping[str, G.GGUFValue],
-    data_for: DataFor,
+    data_for: DataFor | None = None,
     *,
+    write_at: WriteAt | None = None,
     merge: bool = False,
     force: bool = False,
     inputs: Iterable["str | os.PathLike[str]"] = (),
     progress: Progress = None,
     padding: Mapping[int, Mapping[int, Any]] | None = None,
 ) -> list[Path]:
-    """Write the set ``layout`` describes; returns the paths written.  ``padding``: per shard
-    number (0-based), the writer's ``padding`` overrides (ignored with ``merge``).
+    """Write the set ``layout`` describes; returns the paths written.  The tensors' bytes
+    come from ``data_for`` or are written in place by ``write_at`` (see :func:`write_shard`).
+    ``padding``: per shard number (0-based), the writer's ``padding`` overrides (ignored
+    with ``merge``).
 
     Without ``merge``: every shard, named as gguf-split names them (see
     :func:`set_paths`), all or nothing
@@ -959,7 +971,7 @@ def write_set(
     with AtomicOutputSet(paths, force=force, inputs=inputs) as outs:
         for i, shard in enumerate(shards):
             pad = None if merge or padding is None else padding.get(i)
-            write_shard(outs.open(i), shard, model_kv, data_for, on_tensor=step, padding=pad)
+            write_shard(outs.open(i), shard, model_kv, data_for, write_at=write_at, on_tensor=step, padding=pad)
             outs.close(i)
         return outs.commit()
 
