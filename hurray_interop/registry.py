@@ -214,18 +214,25 @@ class Format:
 
 _REGISTRY: dict[str, Format] = {}
 _LOADING = threading.RLock()
-_loaded = False
+_state = "new"  # -> "loading" (the plugins register themselves) -> "loaded"
 
 
 def _records() -> dict[str, Format]:
-    """The registry, the built-in formats loaded first (each plugin module registers its record)."""
-    global _loaded
-    if not _loaded:
+    """The registry, the built-in formats loaded first (each plugin module registers its record;
+    another thread waits until all are in)."""
+    global _state
+    if _state != "loaded":
         with _LOADING:
-            if not _loaded:
-                _loaded = True
-                for name in BUILTIN_FORMATS:
-                    importlib.import_module(f"{__package__}.plugins.{name}")
+            if _state == "new":  # "loading": a plugin's own register_format call, in this thread
+                _state = "loading"
+                try:
+                    for name in BUILTIN_FORMATS:
+                        importlib.import_module(f"{__package__}.plugins.{name}")
+                except BaseException:
+                    _REGISTRY.clear()
+                    _state = "new"
+                    raise
+                _state = "loaded"
     return _REGISTRY
 
 
