@@ -68,6 +68,7 @@ __all__ = [
     "lossy_options",
     "format_options",
     "read_head",
+    "SAID",
     "get_format",
     "format_names",
     "formats",
@@ -246,8 +247,10 @@ def register_format(fmt: Format) -> Format:
         raise ValueError(f"extension(s) {sorted(taken & set(fmt.extensions))} already registered")
     names = {o.name for o in (*COMMON_OPTIONS, *RUN_OPTIONS)} | {o.name for f in records.values() for o in f.options}
     clash = sorted(names & {o.name for o in fmt.options})
-    if clash or any(o.applies not in (IMPORT, EXPORT) for o in fmt.options):
-        raise ValueError(f"option(s) {clash} already registered" if clash else "a format's options apply to its input or output")
+    if clash:
+        raise ValueError(f"option(s) {clash} already registered")
+    if any(o.applies not in (IMPORT, EXPORT) for o in fmt.options):
+        raise ValueError("a format's options apply to its input or output")
     records[fmt.name] = fmt
     return fmt
 
