@@ -26,12 +26,15 @@ from typing import Any, Callable, Iterator, Sequence, TextIO
 
 from . import __version__
 from .errors import ConversionRefused, HurrayInteropError, UsageError
-from .registry import FALLBACK_CHOICES, conversion_options, lossy_options, option_defaults
+from .registry import FALLBACK_CHOICES, conversion_options, lossy_options, option_defaults, run_options
 from .report import ConversionReport
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+
+#: how a conversion runs (``--dry-run``, ``--force``, ``--jobs``), as the registry declares it
+_RUN = {o.name: o for o in run_options()}
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -134,10 +137,7 @@ def _add_run_options(p: argparse.ArgumentParser, *, quiet: str) -> None:
     """Options that convert and verify share."""
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help=quiet)
-    p.add_argument(
-        "--jobs", "-j", type=int, metavar="N",
-        help="threads for the block conversion and dequantization (default: up to 2, one per core)",
-    )
+    p.add_argument("--jobs", "-j", **_RUN["jobs"].argparse_kwargs())
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -199,8 +199,8 @@ def _convert_arguments(c: argparse.ArgumentParser) -> None:
         "(GGUF and safetensors -> .hrry, .hrry -> .gguf; a split set's shards)",
     )
     _add_conversion_options(c)
-    c.add_argument("--dry-run", action="store_true", help="show the plan per tensor; write nothing")
-    c.add_argument("--force", action="store_true", help="overwrite an existing DST")
+    c.add_argument("--dry-run", **_RUN["dry_run"].argparse_kwargs())
+    c.add_argument("--force", **_RUN["force"].argparse_kwargs())
     c.add_argument(
         "--skip-existing", action="store_true",
         help="with --out-dir: skip the sources whose output exists (outputs are atomic: an existing one is "
