@@ -35,10 +35,14 @@ def convert(src: str | _os.PathLike[str], dst: str | _os.PathLike[str], **option
     """Convert ``src`` into ``dst`` (formats from the extensions, the source's confirmed by its
     magic bytes; GGUF ⇄ safetensors goes through Hurray) and return the per-tensor report.
 
-    ``options``: ``src_format``, ``dst_format``, ``fallback`` (``"float32"``, ``"float16"``,
-    ``"bfloat16"``), ``q4_1`` (``"overlay"``/``"requantize"``, GGUF input), ``convention``
-    (safetensors output), ``dry_run``, ``force``, ``progress``, ``jobs`` -- see
-    :func:`hurray_interop._convert.convert`.  Raises
+    ``options``: the keyword parameters of :func:`hurray_interop._convert.convert`, one per
+    option the formats declare in their registry records
+    (:func:`hurray_interop.registry.conversion_options`; ``help(hurray_interop._convert.convert)``
+    lists them with their choices and defaults): ``src_format``, ``dst_format``, ``fallback``
+    (``"float32"``, ``"float16"``, ``"bfloat16"``, ``"exact"``), ``q4_1``
+    (``"overlay"``/``"requantize"``, GGUF input), ``merge``, ``split_max_tensors``,
+    ``split_max_size`` (GGUF output), ``convention`` (safetensors output), and ``dry_run``,
+    ``force``, ``progress``, ``jobs``.  Raises
     :class:`~hurray_interop.errors.ConversionRefused` when a tensor has no exact form and no
     ``fallback`` was chosen (nothing written).
 
@@ -62,9 +66,10 @@ def verify(
     """Prove that nothing changes: with one file, convert it to Hurray and back in a temporary
     directory and compare bytes, and values against the source ecosystem's own decoder; with
     ``other``, compare the two files (a foreign file with a .hrry, or two of one format).
-    ``options``: those of the :func:`convert` that wrote ``other`` from ``path`` (``fallback``,
-    ``q4_1``, ``convention``, ``merge``, ``split_max_tensors``, ``split_max_size``, ``src_format``,
-    ``dst_format``; see ``verify SRC DST`` in the README); a round trip takes ``fallback="exact"``.
+    ``options``: the conversion options of the :func:`convert` that wrote ``other`` from ``path``
+    (:func:`hurray_interop.registry.conversion_options`: ``src_format``, ``dst_format``,
+    ``fallback``, ``q4_1``, ``merge``, ``split_max_tensors``, ``split_max_size``, ``convention``;
+    see ``verify SRC DST`` in the README); a round trip takes ``fallback="exact"``.
     Failures are in the result (``ok``, ``tensors``, ``problems``, ``error``), not raised.
 
     >>> import hurray_interop

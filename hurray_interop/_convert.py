@@ -11,6 +11,7 @@ directly).
 
 from __future__ import annotations
 
+import inspect
 import os
 import tempfile
 from typing import Any, Callable
@@ -18,46 +19,35 @@ from typing import Any, Callable
 from .errors import ConversionRefused, HurrayInteropError, OutputExistsError, UsageError
 from .files.atomic import missing_directory, transient
 from .parallel import check_jobs
-from .registry import (DTYPE_FALLBACKS, HURRAY, Format, detect_format, format_options,
-                       import_to_intermediate, output_in_directory)
+from .registry import (DTYPE_FALLBACKS, EXPORT, FALLBACK_EXACT, HURRAY, IMPORT, Format, conversion_options,
+                       detect_format, format_options, formats, lossy_options, option_defaults, output_in_directory,
+                       run_options)
 from .report import EXACT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, fallback_hint
 
-__all__ = ["convert"]
+__all__ = ["convert", "import_to_intermediate"]
 
 Progress = Callable[[int, int], None] | None
 
 
-
-def convert(
-    src: str | os.PathLike[str],
-    dst: str | os.PathLike[str],
-    *,
-    src_format: str | None = None,
-    dst_format: str | None = None,
-    fallback: str | None = None,
-    q4_1: str = "overlay",
-    convention: str | None = None,
-    merge: bool = False,
-    split_max_tensors: int | None = None,
-    split_max_size: int | str | None = None,
-    dry_run: bool = False,
-    force: bool = False,
-    progress: Progress = None,
-    jobs: int | None = None,
-) -> ConversionReport:
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progress: Progress = None,
+            **options: Any) -> ConversionReport:
     """Convert ``src`` into ``dst``; return the per-tensor report.
 
-    ``q4_1`` (GGUF input: ``"overlay"`` or ``"requantize"``), ``convention``
-    (safetensors output) and ``merge`` / ``split_max_tensors`` / ``split_max_size``
-    (GGUF output: one merged file, or a new split set; see
-    :func:`hurray_interop.conversions.gguf.hurray_to_gguf`) are format options; ``jobs`` sets the threads that
-    convert GGUF blocks (default: up to two).
+    ``options`` are the conversion options the formats declare
+    (:func:`hurray_interop.registry.conversion_options`, listed below) and how the conversion
+    runs (``dry_run``, ``force``, ``jobs``: the threads that convert GGUF blocks, default up
+    to two); a format's own option given to a conversion of other formats is a
+    :class:`~hurray_interop.errors.UsageError`, an unknown keyword a :class:`TypeError`.
+    ``progress(done, total)`` is called as bytes are written.
 
     Raises :class:`~hurray_interop.errors.ConversionRefused` when a tensor is
     not exactly representable and no ``fallback`` was chosen (nothing written),
     :class:`~hurray_interop.errors.FormatError` for malformed input and
     :class:`~hurray_interop.errors.UsageError` for impossible requests.
     """
+    opts = _given(options)
+    src_format, dst_format, fallback = opts["src_format"], opts["dst_format"], opts["fallback"]
+    dry_run, force, jobs = opts["dry_run"], opts["force"], opts["jobs"]
     src_s, dst_s = os.fspath(src), os.fspath(dst)
     sf = detect_format(src_s, src_format)
     dst_s = _into_directory(src_s, dst_s, sf, dst_format)
@@ -68,10 +58,7 @@ def convert(
         raise UsageError(f"{src_s} is already {sf.name}; nothing to convert")
     if not force and not dry_run and os.path.exists(dst_s):
         raise OutputExistsError(f"{dst_s}: exists (use --force to overwrite)")
-    import_opts, export_opts = format_options(sf, df, {
-        "q4_1": q4_1, "convention": convention, "merge": merge, "split_max_tensors": split_max_tensors,
-        "split_max_size": split_max_size,
-    })
+    import_opts, export_opts = format_options(sf, df, opts)
     check_jobs(jobs, "--jobs")
     common: dict[str, Any] = dict(fallback=fallback, dry_run=dry_run, force=force, progress=progress, jobs=jobs)
     if df.name == HURRAY:
@@ -87,6 +74,59 @@ def convert(
         mid = os.path.join(tmp, "intermediate.hrry")
         first_opts, second_opts = {**common, **import_opts}, {**common, **export_opts}
         return _through_hurray(src_s, sf, dst_s, df, mid, first_opts, second_opts)
+
+
+def _given(options: dict[str, Any]) -> dict[str, Any]:
+    """Every option of :func:`convert` by name: those given, the others' defaults."""
+    defaults = option_defaults(run=True)
+    unknown = next((k for k in options if k not in defaults), None)
+    if unknown is not None:
+        raise TypeError(f"convert() got an unexpected keyword argument {unknown!r}")
+    return {**defaults, **options}
+
+
+def _options_doc() -> str:
+    """The option list of :func:`convert`'s docstring, from the registry's declarations."""
+    lines = []
+    for o in (*conversion_options(), *run_options()):
+        allowed = o.allowed() if o.choices is not None and not callable(o.choices) else None
+        values = f" ({' | '.join(map(repr, allowed))})" if allowed else ""
+        where = {IMPORT: "input", EXPORT: "output"}.get(o.applies)
+        owner = next((f.title for f in formats() if o in f.options), None)
+        scope = f"{owner} {where}: " if owner and where and not o.help.startswith(f"{owner} {where}") else ""
+        lines.append(f"    * ``{o.name}={o.default!r}``{values} -- {scope}{o.help} (CLI ``{o.cli_flag}``)")
+    return "\n".join(lines)
+
+
+def _signature() -> inspect.Signature:
+    """:func:`convert`'s signature with one keyword parameter per declared option (``help(convert)``)."""
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("src", "dst")]
+    params += [inspect.Parameter(o.name, kw, default=o.default) for o in (*conversion_options(), *run_options())]
+    params.append(inspect.Parameter("progress", kw, default=None))
+    return inspect.Signature(params, return_annotation=ConversionReport)
+
+
+convert.__signature__ = _signature()  # type: ignore[attr-defined]
+convert.__doc__ = f"{convert.__doc__}\n    The options:\n\n{_options_doc()}\n"
+
+
+def import_to_intermediate(src_s: str, sf: Format, mid: str, opts: dict[str, Any]) -> Any:
+    """The import into the intermediate .hrry of a conversion between two foreign formats
+    (``convert`` writes it, ``verify`` checks such a pair through it: one rule for both).
+    With a dtype fallback, a source whose import has exact expanded forms stores them
+    instead (their values are the reference decoder's, bit for bit): the export then
+    dequantizes and casts each tensor once, in windows, into the same bytes, where the dtype
+    fallback would write (and the export copy) the whole model as floats -- unless another
+    option asks for a lossy import (``--q4-1 requantize``: the exact forms exclude it).  A
+    source those forms refuse (non-finite super-block scales) takes the dtype fallback itself."""
+    with transient():  # the intermediate file is deleted at the end: only the result is made durable
+        if sf.exact_fallback and opts["fallback"] in DTYPE_FALLBACKS and not lossy_options(opts, but=("fallback",)):
+            try:
+                return sf.to_hurray(src_s, mid, **{**opts, "fallback": FALLBACK_EXACT})  # type: ignore[misc]
+            except ConversionRefused:  # e.g. a non-finite super-block scale: the dtype fallback stores it
+                pass
+        return sf.to_hurray(src_s, mid, **opts)  # type: ignore[misc]
 
 
 def _into_directory(src_s: str, dst_s: str, sf: Format, dst_format: str | None) -> str:

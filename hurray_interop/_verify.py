@@ -19,12 +19,13 @@ from typing import Any, Callable, Sequence
 
 from .errors import ConversionRefused, HurrayInteropError, UsageError
 from .parallel import check_jobs, use_jobs
-from .registry import (FALLBACK_CHOICES, FALLBACK_EXACT, HURRAY, Format, detect_format, format_options, get_format,
-                       group_models, import_to_intermediate, output_in_directory)
+from ._convert import import_to_intermediate
+from .registry import (FALLBACK_EXACT, HURRAY, Format, conversion_options, detect_format, format_options, get_format,
+                       group_models, option_defaults, output_in_directory)
 from .report import LOSSY, VALUE_EXACT
 from .verification.common import TensorCheck, VerifyResult, reporting, scratch_dir
 
-__all__ = ["CONVERSION_OPTIONS", "resolve_output", "TensorCheck", "VerifyResult", "verify_roundtrip", "verify_pair", "plan_checks", "verify_check", "verify_files"]
+__all__ = ["resolve_output", "TensorCheck", "VerifyResult", "verify_roundtrip", "verify_pair", "plan_checks", "verify_check", "verify_files"]
 
 
 def _run(result: VerifyResult, fn: Callable[[], None], jobs: int | None = None) -> VerifyResult:
@@ -40,34 +41,27 @@ def _run(result: VerifyResult, fn: Callable[[], None], jobs: int | None = None) 
     return result
 
 
-#: the options of ``convert`` that ``verify SRC DST`` takes, by API name, with their defaults:
-#: the check is that DST is what ``convert SRC DST`` with these options writes, and true to SRC
-CONVERSION_OPTIONS: dict[str, Any] = {
-    "src_format": None, "dst_format": None, "fallback": None, "q4_1": "overlay", "convention": None,
-    "merge": False, "split_max_tensors": None, "split_max_size": None,
-}
-
 #: the statuses of a conversion's report that a pair check accepts "as reported"
 _EXPLAINED = (LOSSY, VALUE_EXACT)
 
 
 def _options(given: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(given) - set(CONVERSION_OPTIONS))
+    """Every option of ``convert`` that ``verify SRC DST`` takes (the registry's
+    :func:`~hurray_interop.registry.conversion_options`: the check is that DST is what
+    ``convert SRC DST`` with them writes, and true to SRC), by API name: those given, the
+    others' defaults; the fallback checked."""
+    defaults = option_defaults()
+    unknown = sorted(set(given) - set(defaults))
     if unknown:
         raise TypeError(f"unknown verify option(s): {', '.join(unknown)}")
-    opts = {**CONVERSION_OPTIONS, **given}
-    if opts["fallback"] not in (None, *FALLBACK_CHOICES):
-        raise UsageError(f"unknown fallback {opts['fallback']!r} (one of: {', '.join(FALLBACK_CHOICES)})")
+    opts = {**defaults, **given}
+    next(o for o in conversion_options() if o.name == "fallback").check(opts["fallback"])
     return opts
-
-
-_FLAGS = {"src_format": "--from", "dst_format": "--to"}
 
 
 def _set_away(opts: dict[str, Any], but: tuple[str, ...]) -> list[tuple[str, Any]]:
     """``(flag, value)`` of the conversion options set away from their defaults, except ``but``."""
-    return [(_FLAGS.get(k, f"--{k.replace('_', '-')}"), opts[k])
-            for k, d in CONVERSION_OPTIONS.items() if k not in but and opts[k] != d]
+    return [(o.cli_flag, opts[o.name]) for o in conversion_options() if o.name not in but and opts[o.name] != o.default]
 
 
 def _given(opts: dict[str, Any], *, but: tuple[str, ...] = ()) -> list[str]:
@@ -123,7 +117,7 @@ def verify_pair(a: str | os.PathLike[str], b: str | os.PathLike[str], *, jobs: i
     """Compare two files of any supported pair: two of one format, or a foreign file with a .hrry
     (or with a file of another foreign format, through a .hrry made in a temporary directory).
 
-    ``options`` are those of ``convert`` (:data:`CONVERSION_OPTIONS`) when ``b`` was converted
+    ``options`` are those of ``convert`` (:func:`~hurray_interop.registry.conversion_options`) when ``b`` was converted
     from ``a`` with them: the check then repeats that conversion's export (``--merge``,
     ``--split-max-*``, ``--convention``, ``--fallback``) or import (``--fallback``, ``--q4-1``), and
     tensors its report calls lossy or value-exact pass "as reported" when ``b`` is byte for byte

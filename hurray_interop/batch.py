@@ -32,6 +32,7 @@ only places this module touches the conversion and verification code.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import os
 import time
 from contextlib import contextmanager
@@ -101,7 +102,7 @@ def convert_file(src: str, dst: str, options: "ConvertOptions") -> "ConversionRe
     """Convert one source (the single-file entry point, every option passed through)."""
     from ._convert import convert
 
-    return convert(src, dst, **asdict(options))
+    return convert(src, dst, **options.asdict())
 
 
 def plan_checks(files: Sequence[str], options: "VerifyOptions") -> list[tuple[str, ...]]:
@@ -140,44 +141,93 @@ def output_extension(fmt: str) -> str:
 # results
 
 
-@dataclass(frozen=True)
-class ConvertOptions:
-    """The single-file options of :func:`hurray_interop.convert` (no progress callback)."""
+class _Options:
+    """Options by their API names, read as attributes (``options.q4_1``): every option the
+    registry declares for this use (:meth:`defaults`), the ones not given at their default.
+    Frozen and picklable (a task carries them to its worker); an unknown name is a
+    :class:`TypeError`, as for a keyword :func:`hurray_interop.convert` does not take."""
 
-    src_format: str | None = None
-    dst_format: str | None = None
-    fallback: str | None = None
-    q4_1: str = "overlay"
-    convention: str | None = None
-    merge: bool = False
-    split_max_tensors: int | None = None
-    split_max_size: int | str | None = None
-    dry_run: bool = False
-    force: bool = False
-    jobs: int | None = None
+    __slots__ = ("_values",)
+    _values: dict[str, Any]
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:  # pragma: no cover - every subclass has its own
+        raise NotImplementedError
+
+    def __init__(self, **given: Any) -> None:
+        defaults = self.defaults()
+        unknown = sorted(set(given) - set(defaults))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unexpected option(s): {', '.join(unknown)}")
+        object.__setattr__(self, "_values", {**defaults, **given})
+
+    def __getattr__(self, name: str) -> Any:
+        values = object.__getattribute__(self, "_values") if not name.startswith("__") else {}
+        try:
+            return values[name]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__} has no option {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to option {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), dict(self._values)))
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other._values == self._values  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), tuple(self._values.items())))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+    def asdict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def replace(self, **changes: Any) -> "_Options":
+        return type(self)(**{**self._values, **changes})
 
 
-@dataclass(frozen=True)
-class VerifyOptions:
-    """The options of ``hurray-interop verify`` (as :func:`hurray_interop._verify.verify_files` takes them)."""
+def _rebuild(cls: type[_Options], values: dict[str, Any]) -> _Options:
+    """An unpickled options object, as it was made (its worker may know fewer formats)."""
+    obj = object.__new__(cls)
+    object.__setattr__(obj, "_values", values)
+    return obj
 
-    pair: bool = False
-    each: bool = False
-    jobs: int | None = None
-    fallback: str | None = None
-    #: the options of the conversion that made the second file of a pair from the first
-    #: (:data:`hurray_interop._verify.CONVERSION_OPTIONS`)
-    src_format: str | None = None
-    dst_format: str | None = None
-    q4_1: str = "overlay"
-    convention: str | None = None
-    merge: bool = False
-    split_max_tensors: int | None = None
-    split_max_size: int | str | None = None
+
+class ConvertOptions(_Options):
+    """The single-file options of :func:`hurray_interop.convert` (no progress callback): the
+    conversion options the formats declare and ``dry_run``, ``force``, ``jobs``
+    (:func:`hurray_interop.registry.option_defaults`)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        from .registry import option_defaults
+
+        return option_defaults(run=True)
+
+
+class VerifyOptions(_Options):
+    """The options of ``hurray-interop verify`` (as :func:`hurray_interop._verify.verify_files`
+    takes them): ``pair``, ``each``, ``jobs`` and the options of the conversion that made the
+    second file of a pair from the first (:func:`hurray_interop.registry.conversion_options`)."""
+
+    __slots__ = ()
+    OWN = {"pair": False, "each": False, "jobs": None}
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        from .registry import option_defaults
+
+        return {**cls.OWN, **option_defaults()}
 
     def conversion(self) -> dict[str, Any]:
         """The conversion options, by their API names."""
-        return {k: v for k, v in asdict(self).items() if k not in ("pair", "each", "jobs")}
+        return {k: v for k, v in self._values.items() if k not in self.OWN}
 
 
 @dataclass(frozen=True)
@@ -515,9 +565,9 @@ def convert_many(
 ) -> Iterator[FileResult]:
     """Convert every source to ``out_dir/<stem>.<ext of dst_format>``; yield a result per file as each finishes.
 
-    ``options`` are those of :func:`hurray_interop.convert` (``src_format``,
-    ``fallback``, ``q4_1``, ``convention``, ``dry_run``, ``force``, ``jobs``); the
-    outputs are the bytes single conversions write.  Checks every path first
+    ``options`` are those of :func:`hurray_interop.convert` (the fields of
+    :class:`ConvertOptions`: every conversion option the formats declare, ``dry_run``,
+    ``force``, ``jobs``); the outputs are the bytes single conversions write.  Checks every path first
     (raises :class:`UsageError` before submitting anything) and creates
     ``out_dir`` (its last component only) unless ``dry_run``; ``skip_existing``
     yields a ``"skipped"`` result for each source whose output exists complete instead

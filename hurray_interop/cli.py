@@ -26,13 +26,15 @@ from typing import Any, Callable, Iterator, Sequence, TextIO
 
 from . import __version__
 from .errors import ConversionRefused, HurrayInteropError, UsageError
-from .registry import FALLBACK_CHOICES, FALLBACK_EXACT, format_names
+from .registry import FALLBACK_CHOICES, conversion_options, lossy_options, option_defaults, run_options
 from .report import ConversionReport
-from .tables import load_table
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+
+#: how a conversion runs (``--dry-run``, ``--force``, ``--jobs``), as the registry declares it
+_RUN = {o.name: o for o in run_options()}
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -135,10 +137,7 @@ def _add_run_options(p: argparse.ArgumentParser, *, quiet: str) -> None:
     """Options that convert and verify share."""
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help=quiet)
-    p.add_argument(
-        "--jobs", "-j", type=int, metavar="N",
-        help="threads for the block conversion and dequantization (default: up to 2, one per core)",
-    )
+    p.add_argument("--jobs", "-j", **_RUN["jobs"].argparse_kwargs())
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -200,8 +199,8 @@ def _convert_arguments(c: argparse.ArgumentParser) -> None:
         "(GGUF and safetensors -> .hrry, .hrry -> .gguf; a split set's shards)",
     )
     _add_conversion_options(c)
-    c.add_argument("--dry-run", action="store_true", help="show the plan per tensor; write nothing")
-    c.add_argument("--force", action="store_true", help="overwrite an existing DST")
+    c.add_argument("--dry-run", **_RUN["dry_run"].argparse_kwargs())
+    c.add_argument("--force", **_RUN["force"].argparse_kwargs())
     c.add_argument(
         "--skip-existing", action="store_true",
         help="with --out-dir: skip the sources whose output exists (outputs are atomic: an existing one is "
@@ -212,42 +211,11 @@ def _convert_arguments(c: argparse.ArgumentParser) -> None:
 
 
 def _add_conversion_options(c: argparse.ArgumentParser, *, verify: bool = False) -> None:
-    """The options of a conversion: convert's, and verify's for the pair SRC DST they made."""
-    said = " (as the conversion SRC -> DST was given it)" if verify else ""
-    c.add_argument("--from", dest="src_format", choices=format_names(), help="force the source format" + said)
-    c.add_argument("--to", dest="dst_format", choices=format_names(), help="force the destination format" + said)
-    c.add_argument(
-        "--fallback",
-        choices=FALLBACK_CHOICES,
-        help="store tensors that cannot be converted exactly dequantized as this type (reported per tensor); "
-        "exact: GGUF types without a native mapping (K-quants, IQ, TQ, NVFP4) in their exact expanded form"
-        + ("; verify: of the conversion SRC -> DST (a lossy tensor passes as reported when DST is what that "
-           "conversion writes), or for a round trip --fallback exact" if verify else ""),
-    )
-    c.add_argument(
-        "--q4-1",
-        dest="q4_1",
-        choices=("overlay", "requantize"),
-        default="overlay",
-        help="Q4_1/Q5_1: exact minimum overlay composite (default) or lossy plain per-block affine" + said,
-    )
-    c.add_argument(
-        "--convention",
-        choices=tuple(load_table("mx_types")["conventions"]),
-        help="safetensors output: MX checkpoint convention (default: the one recorded at import)" + said,
-    )
-    c.add_argument(
-        "--merge", action="store_true",
-        help="GGUF output: one file with every tensor of a split set (as gguf-split --merge writes it)" + said,
-    )
-    c.add_argument(
-        "--split-max-tensors", type=int, metavar="N",
-        help="GGUF output: a split set (gguf-split shards) of at most N tensors per shard" + said,
-    )
-    c.add_argument(
-        "--split-max-size", metavar="SIZE",
-        help="GGUF output: a split set of shards of at most SIZE tensor bytes (500M, 2G: 10^6, 10^9 bytes)" + said,
-    )
+    """The options of a conversion: convert's, and verify's for the pair SRC DST they made --
+    every option the registry declares (:func:`~hurray_interop.registry.conversion_options`),
+    with its flag, type, choices, default and help."""
+    for o in conversion_options():
+        c.add_argument(o.cli_flag, **o.argparse_kwargs(verify=verify))
 
 
 def _verify_arguments(v: argparse.ArgumentParser) -> None:
@@ -396,13 +364,9 @@ def _render_verify(result: Any, out: TextIO, quiet: bool) -> None:
 
 
 def _convert_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The single-file conversion options of the command line, by their API names (the one
-    list of them is :class:`hurray_interop.batch.ConvertOptions`)."""
-    import dataclasses
-
-    from .batch import ConvertOptions
-
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(ConvertOptions)}
+    """The single-file conversion options of the command line, by their API names (the
+    registry's declarations: :class:`hurray_interop.batch.ConvertOptions`' fields)."""
+    return {name: getattr(args, name) for name in option_defaults(run=True)}
 
 
 def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
@@ -432,9 +396,7 @@ def _cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
 
 def _verify_options(args: argparse.Namespace) -> dict[str, Any]:
     """The conversion options of ``verify SRC DST`` by their API names (:class:`hurray_interop.batch.VerifyOptions`)."""
-    from ._verify import CONVERSION_OPTIONS
-
-    return {name: getattr(args, name) for name in CONVERSION_OPTIONS}
+    return {name: getattr(args, name) for name in option_defaults()}
 
 
 def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
@@ -542,7 +504,7 @@ def _cmd_verify_any(args: argparse.Namespace, out: TextIO) -> int:
 
     batch = plan_verify(args.files, pair=args.pair, each=args.each, jobs=args.jobs, **_verify_options(args))
     # pairs of a lossy conversion pass "as reported" (float32 is value-exact: its values are equal)
-    lossy = args.fallback in ("float16", "bfloat16") or args.q4_1 == "requantize"
+    lossy = bool(lossy_options(vars(args)))
     return _run_batch(batch, args, out, "verified (lossy as reported)" if lossy else "verified exact")
 
 

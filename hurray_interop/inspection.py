@@ -1,6 +1,6 @@
 """What ``hurray-interop inspect`` shows per format, as plain data (the CLI renders it).
 
-The registry's records call :func:`inspect_hurray`, :func:`inspect_gguf` and
+The format records (:mod:`hurray_interop.plugins`) call :func:`inspect_hurray`, :func:`inspect_gguf` and
 :func:`inspect_safetensors`; :func:`hurray_interop.inspect` picks one by the
 file's magic bytes.
 

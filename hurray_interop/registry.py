@@ -2,16 +2,24 @@
 
 A :class:`Format` record names a format and says how to recognise it
 (extensions, and a sniff predicate over the file's first bytes -- the one place
-the magic bytes are declared for detection), and what the tool can do with it:
+the magic bytes are declared for detection), what the tool can do with it:
 ``to_hurray`` / ``from_hurray`` (its converters), ``open`` (its reader),
 ``inspect`` (what ``inspect`` shows) and ``verifier`` (its round-trip and pair
-checks).  ``convert``, ``verify``, ``inspect``, :func:`hurray_interop.open` and
-the CLI's ``--from/--to`` choices all dispatch through :func:`get_format` and
-:func:`detect_format`.
+checks), and the options its import or export takes (:class:`Option`: name,
+type, default, choices, help, the direction it applies to, the check).
+``convert``, ``verify``, ``inspect``, :func:`hurray_interop.open`, the batch
+layer and the CLI dispatch through :func:`get_format` and
+:func:`detect_format`, and take their conversion options from
+:func:`conversion_options`: ``convert()``'s keyword parameters,
+``batch.ConvertOptions`` / ``VerifyOptions``, the CLI's flags and their help.
 
-The callables of the built-in records are small shims that import their module
-when first called, so detecting a format (and inspecting a GGUF) loads only
-what that format needs.
+This module knows no format's internals.  Each built-in format is one module of
+:mod:`hurray_interop.plugins` that declares its record and registers it
+(:data:`BUILTIN_FORMATS` names them; they are loaded on the first look-up).  Its
+callables import their modules when first called, so detecting a format (and
+inspecting a GGUF) loads only what that format needs.  A new format is one such
+module (its reader, converters and verifier beside it) and one entry in
+:data:`BUILTIN_FORMATS` -- or a :func:`register_format` call of its own.
 
     >>> from hurray_interop import registry
     >>> registry.format_names()
@@ -20,13 +28,15 @@ what that format needs.
     'gguf'
     >>> registry.format_for_extension("model.hrry").name
     'hurray'
+    >>> [o.cli_flag for o in registry.conversion_options()]
+    ['--from', '--to', '--fallback', '--q4-1', '--merge', '--split-max-tensors', '--split-max-size', '--convention']
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-import struct
-import sys
+import threading
 from dataclasses import field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -35,7 +45,7 @@ from .core.dataclass import dataclass
 from .conversions.fallback import CHOICES as FALLBACK_CHOICES  # the --fallback vocabulary (no numpy)
 from .conversions.fallback import DTYPE_CHOICES as DTYPE_FALLBACKS  # the fallbacks that store floats
 from .conversions.fallback import EXACT as FALLBACK_EXACT
-from .errors import BadMagicError, ConversionRefused, FormatError, HurrayInteropError, UsageError
+from .errors import BadMagicError, FormatError, UsageError
 
 __all__ = [
     "DTYPE_FALLBACKS",
@@ -43,10 +53,22 @@ __all__ = [
     "FALLBACK_EXACT",
     "HURRAY",
     "SNIFF_BYTES",
+    "BUILTIN_FORMATS",
+    "IMPORT",
+    "EXPORT",
+    "CONVERSION",
+    "RUN",
+    "Option",
     "Format",
     "register_format",
+    "unregister_format",
+    "conversion_options",
+    "run_options",
+    "option_defaults",
+    "lossy_options",
     "format_options",
-    "import_to_intermediate",
+    "read_head",
+    "SAID",
     "get_format",
     "format_names",
     "formats",
@@ -66,7 +88,75 @@ HURRAY = "hurray"
 #: how many leading bytes a sniff predicate is given
 SNIFF_BYTES = 16
 
+#: the built-in formats, in registration order: each the module ``hurray_interop.plugins.<name>``,
+#: which declares the format's record and registers it (loaded on the first look-up)
+BUILTIN_FORMATS = ("gguf", "hurray", "safetensors")
+
+#: the directions an :class:`Option` applies to: a format's import (the format is the
+#: source), its export (the destination), the whole conversion (every format), or the run
+#: (how ``convert`` runs: not a property of the output, not taken by ``verify SRC DST``)
+IMPORT, EXPORT, CONVERSION, RUN = "input", "output", "conversion", "run"
+
+#: what ``verify SRC DST``'s help adds to an option's own
+SAID = " (as the conversion SRC -> DST was given it)"
+
 Converter = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a conversion, declared once; ``convert()``'s keyword parameter, the batch
+    options' field, the CLI flag and its help, and the check all come from it.
+
+    ``kind`` is ``str``, ``int`` or ``bool`` (a flag: ``store_true``); ``choices`` a tuple or a
+    callable giving it (read when the CLI's ``convert``/``verify`` arguments are made or a
+    value is checked); ``unknown`` the message for a value outside them (``{value!r}``,
+    ``{choices}``); ``verify_help`` what ``verify``'s help adds (default :data:`SAID`);
+    ``lossy`` the values that make a conversion lossy (a batch says "lossy as reported"; the
+    import through Hurray then takes no exact expanded forms)."""
+
+    name: str
+    default: Any = None
+    help: str = ""
+    applies: str = IMPORT
+    kind: type = str
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None
+    unknown: str = ""
+    flag: str = ""
+    metavar: str | None = None
+    verify_help: str = SAID
+    lossy: tuple[Any, ...] = ()
+
+    @property
+    def cli_flag(self) -> str:
+        """The command line's flag: ``flag``, else ``--name`` with dashes (``q4_1`` -> ``--q4-1``)."""
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    def allowed(self) -> tuple[str, ...] | None:
+        return self.choices() if callable(self.choices) else self.choices
+
+    def check(self, value: Any) -> None:
+        """Raise :class:`UsageError` for a value outside ``choices`` (the default always passes)."""
+        allowed = self.allowed()
+        if allowed is None or value == self.default or value in allowed:
+            return
+        text = self.unknown or "unknown " + self.cli_flag + " {value!r} (one of: {choices})"
+        raise UsageError(text.format(value=value, choices=", ".join(allowed)))
+
+    def argparse_kwargs(self, *, verify: bool = False) -> dict[str, Any]:
+        """``add_argument(option.cli_flag, **this)``: the CLI's argument for the option."""
+        kw: dict[str, Any] = {"dest": self.name, "help": self.help + (self.verify_help if verify else "")}
+        if self.kind is bool:
+            return {**kw, "action": "store_true"}
+        if self.kind is int:
+            kw["type"] = int
+        if self.choices is not None:
+            kw["choices"] = self.allowed()
+        if self.default is not None:
+            kw["default"] = self.default
+        if self.metavar is not None:
+            kw["metavar"] = self.metavar
+        return kw
 
 
 @dataclass(frozen=True)
@@ -75,9 +165,9 @@ class Format:
 
     ``to_hurray(src, dst, *, jobs=None, **options)`` and ``from_hurray`` take the
     common conversion options (``fallback``, ``dry_run``, ``force``, ``progress``)
-    plus the format's own ``import_options`` / ``export_options`` (option name ->
-    default; an option given away from its default to a format that does not take
-    it is a usage error).  The Hurray hub itself has neither converter.
+    plus the format's own ``options`` that apply to its import / export (an option
+    given away from its default to a format that does not take it is a usage error).
+    The Hurray hub itself has neither converter.
     ``member_of`` groups the files of a multi-file model (see the field).
     ``verifier()`` returns the object that runs ``roundtrip(path, result, fmt)`` and
     the pair checks (see :mod:`hurray_interop.verification.common`).
@@ -92,8 +182,8 @@ class Format:
     verifier: Callable[[], Any]
     to_hurray: Converter | None = None
     from_hurray: Converter | None = None
-    import_options: Mapping[str, Any] = field(default_factory=dict)
-    export_options: Mapping[str, Any] = field(default_factory=dict)
+    #: the options of the format's import (``applies=IMPORT``) and export (``EXPORT``)
+    options: tuple[Option, ...] = ()
     #: for a format whose models may span several files (GGUF split sets): ``member_of(path)``
     #: is ``(set key, place in the set, output stem)`` when the name makes the file a member
     #: of such a set, None for a file of its own (batches count a set as one source)
@@ -112,83 +202,158 @@ class Format:
     #: mapping, with the values of the dtype fallbacks' reference decoder, bit for bit)
     exact_fallback: bool = False
 
+    @property
+    def import_options(self) -> dict[str, Any]:
+        """The import's options: name -> default."""
+        return {o.name: o.default for o in self.options if o.applies == IMPORT}
+
+    @property
+    def export_options(self) -> dict[str, Any]:
+        """The export's options: name -> default."""
+        return {o.name: o.default for o in self.options if o.applies == EXPORT}
+
 
 _REGISTRY: dict[str, Format] = {}
+_LOADING = threading.RLock()
+_state = "new"  # -> "loading" (the plugins register themselves) -> "loaded"
+
+
+def _records() -> dict[str, Format]:
+    """The registry, the built-in formats loaded first (each plugin module registers its record;
+    another thread waits until all are in)."""
+    global _state
+    if _state != "loaded":
+        with _LOADING:
+            if _state == "new":  # "loading": a plugin's own register_format call, in this thread
+                _state = "loading"
+                try:
+                    for name in BUILTIN_FORMATS:
+                        importlib.import_module(f"{__package__}.plugins.{name}")
+                except BaseException:
+                    _REGISTRY.clear()
+                    _state = "new"
+                    raise
+                _state = "loaded"
+    return _REGISTRY
 
 
 def register_format(fmt: Format) -> Format:
-    """Add ``fmt`` to the registry (a name or extension may be registered once)."""
-    if fmt.name in _REGISTRY:
+    """Add ``fmt`` to the registry (a name, extension or option name may be registered once)."""
+    records = _records()
+    if fmt.name in records:
         raise ValueError(f"format {fmt.name!r} is already registered")
-    taken = {ext for f in _REGISTRY.values() for ext in f.extensions}
+    taken = {ext for f in records.values() for ext in f.extensions}
     if taken & set(fmt.extensions):
         raise ValueError(f"extension(s) {sorted(taken & set(fmt.extensions))} already registered")
-    _REGISTRY[fmt.name] = fmt
+    names = {o.name for o in (*COMMON_OPTIONS, *RUN_OPTIONS)} | {o.name for f in records.values() for o in f.options}
+    clash = sorted(names & {o.name for o in fmt.options})
+    if clash:
+        raise ValueError(f"option(s) {clash} already registered")
+    if any(o.applies not in (IMPORT, EXPORT) for o in fmt.options):
+        raise ValueError("a format's options apply to its input or output")
+    records[fmt.name] = fmt
+    return fmt
+
+
+def unregister_format(name: str) -> Format:
+    """Remove the record named ``name`` (a format registered for a while, e.g. by a test)."""
+    fmt = get_format(name)
+    del _REGISTRY[name]
     return fmt
 
 
 def format_names() -> tuple[str, ...]:
     """The registered format names, in registration order (the CLI's ``--from/--to`` choices)."""
-    return tuple(_REGISTRY)
+    return tuple(_records())
 
 
 def formats() -> tuple[Format, ...]:
-    return tuple(_REGISTRY.values())
+    return tuple(_records().values())
+
+
+#: the options of every conversion, whatever its formats
+COMMON_OPTIONS = (
+    Option("src_format", help="force the source format", applies=CONVERSION, choices=format_names, flag="--from",
+           unknown="unknown format {value!r} (one of {choices})"),
+    Option("dst_format", help="force the destination format", applies=CONVERSION, choices=format_names, flag="--to",
+           unknown="unknown format {value!r} (one of {choices})"),
+    Option(
+        "fallback", applies=CONVERSION, choices=FALLBACK_CHOICES, lossy=DTYPE_FALLBACKS[1:],
+        unknown="unknown fallback {value!r} (one of: {choices})",
+        help="store tensors that cannot be converted exactly dequantized as this type (reported per tensor); "
+        "exact: GGUF types without a native mapping (K-quants, IQ, TQ, NVFP4) in their exact expanded form",
+        verify_help="; verify: of the conversion SRC -> DST (a lossy tensor passes as reported when DST is what that "
+        "conversion writes), or for a round trip --fallback exact",
+    ),
+)
+
+#: how ``convert`` runs (``convert()``'s keywords and ``batch.ConvertOptions``' fields; the CLI's
+#: ``--dry-run``, ``--force`` and ``--jobs`` have the help of each command)
+RUN_OPTIONS = (
+    Option("dry_run", False, "show the plan per tensor; write nothing", applies=RUN, kind=bool),
+    Option("force", False, "overwrite an existing DST", applies=RUN, kind=bool),
+    Option("jobs", None, "threads for the block conversion and dequantization (default: up to 2, one per core)",
+           applies=RUN, kind=int, metavar="N"),
+)
+
+
+def conversion_options() -> tuple[Option, ...]:
+    """The options that describe a conversion: the common ones, then every format's own, in
+    registration order (``verify SRC DST`` takes them all)."""
+    return COMMON_OPTIONS + tuple(o for f in formats() for o in f.options)
+
+
+def run_options() -> tuple[Option, ...]:
+    return RUN_OPTIONS
+
+
+def option_defaults(*, run: bool = False) -> dict[str, Any]:
+    """Option name -> default, of :func:`conversion_options` (and, with ``run``, :data:`RUN_OPTIONS`)."""
+    return {o.name: o.default for o in conversion_options() + (RUN_OPTIONS if run else ())}
+
+
+def lossy_options(given: Mapping[str, Any], *, but: tuple[str, ...] = ()) -> list[str]:
+    """The names of the options (except ``but``) whose value in ``given`` makes a conversion lossy."""
+    return [o.name for o in conversion_options() if o.name not in but and o.lossy and given.get(o.name) in o.lossy]
 
 
 def format_options(src: Format, dst: Format, given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split the format-specific options of a conversion ``src`` -> ``dst`` between its import
-    (source) and export (destination) step; an option set away from its default for a format
-    that does not take it is refused (:class:`UsageError`)."""
-    for side, fmt, attr in (("output", dst, "export_options"), ("input", src, "import_options")):
+    (source) and export (destination) step, each value checked by its option; an option set
+    away from its default for a format that does not take it is refused (:class:`UsageError`)."""
+    for applies, fmt in ((EXPORT, dst), (IMPORT, src)):
         for f in formats():
-            for opt, default in getattr(f, attr).items():
-                if f is not fmt and given.get(opt, default) != default:
-                    raise UsageError(f"--{opt.replace('_', '-')} applies to {f.title} {side} only")
+            for o in f.options:
+                if o.applies == applies and f is not fmt and given.get(o.name, o.default) != o.default:
+                    raise UsageError(f"{o.cli_flag} applies to {f.title} {applies} only")
+    mine = [o for o in src.options if o.applies == IMPORT] + [o for o in dst.options if o.applies == EXPORT]
+    for o in mine:
+        o.check(given.get(o.name, o.default))
     return (
-        {k: given.get(k, d) for k, d in src.import_options.items()},
-        {k: given.get(k, d) for k, d in dst.export_options.items()},
+        {o.name: given.get(o.name, o.default) for o in src.options if o.applies == IMPORT},
+        {o.name: given.get(o.name, o.default) for o in dst.options if o.applies == EXPORT},
     )
-
-
-def import_to_intermediate(src_s: str, sf: Format, mid: str, opts: dict[str, Any]) -> Any:
-    """The import into the intermediate .hrry of a conversion between two foreign formats
-    (``convert`` writes it, ``verify`` checks such a pair through it: one rule for both).
-    With a dtype fallback, a source whose import has exact expanded forms stores them
-    instead (their values are the reference decoder's, bit for bit): the export then
-    dequantizes and casts each tensor once, in windows, into the same bytes, where the dtype
-    fallback would write (and the export copy) the whole model as floats.  A source those
-    forms refuse (non-finite super-block scales) takes the dtype fallback itself."""
-    from .files.atomic import transient
-
-    with transient():  # the intermediate file is deleted at the end: only the result is made durable
-        if sf.exact_fallback and opts["fallback"] in DTYPE_FALLBACKS and opts.get("q4_1") != "requantize":
-            try:
-                return sf.to_hurray(src_s, mid, **{**opts, "fallback": FALLBACK_EXACT})  # type: ignore[misc]
-            except ConversionRefused:  # e.g. a non-finite super-block scale: the dtype fallback stores it
-                pass
-        return sf.to_hurray(src_s, mid, **opts)  # type: ignore[misc]
 
 
 def get_format(name: str) -> Format:
     """The record named ``name``; :class:`UsageError` for an unknown name."""
     try:
-        return _REGISTRY[name]
+        return _records()[name]
     except KeyError:
         raise UsageError(f"unknown format {name!r} (one of {', '.join(_REGISTRY)})") from None
 
 
 def sniff_format(head: bytes) -> Format | None:
     """The format whose magic ``head`` (a file's first :data:`SNIFF_BYTES` bytes) carries."""
-    return next((f for f in _REGISTRY.values() if f.sniff(head)), None)
+    return next((f for f in formats() if f.sniff(head)), None)
 
 
 def format_for_extension(path: str | os.PathLike[str]) -> Format | None:
     ext = Path(os.fspath(path)).suffix.lower()
-    return next((f for f in _REGISTRY.values() if ext in f.extensions), None)
+    return next((f for f in formats() if ext in f.extensions), None)
 
 
-def _read_head(p: str) -> bytes:
+def read_head(p: str) -> bytes:
     try:
         with open(p, "rb") as fh:
             return fh.read(SNIFF_BYTES)
@@ -227,7 +392,7 @@ def output_in_directory(src: str, directory: str, src_format: Format, dst_format
 def dequantize_foreign(tensor: Any, **options: Any) -> Any:
     """The float32 values of a tensor of a foreign format's reader, by the format that made it
     (:attr:`Format.dequantize`); None when no format claims it."""
-    for f in _REGISTRY.values():
+    for f in formats():
         if f.dequantize is not None:
             values = f.dequantize(tensor, **options)
             if values is not None:
@@ -270,16 +435,16 @@ def detect_format(path: str | os.PathLike[str], forced: str | None = None, *, mu
     claimed = get_format(forced) if forced is not None else format_for_extension(p)
     if not must_exist:
         if claimed is None:
-            exts = [e for f in _REGISTRY.values() for e in f.extensions]
+            exts = [e for f in formats() for e in f.extensions]
             raise UsageError(
                 f"{p}: cannot tell the output format from the extension "
-                f"(use {_list(exts)}, or --to {'|'.join(_REGISTRY)})"
+                f"(use {_list(exts)}, or --to {'|'.join(format_names())})"
             )
         return claimed
-    found = sniff_format(_read_head(p))
+    found = sniff_format(read_head(p))
     if claimed is None:
         if found is None:
-            titles = [f.title for f in _REGISTRY.values()]
+            titles = [f.title for f in formats()]
             raise FormatError(f"not a {_list(titles)} file (unknown magic bytes)", path=p, field="magic", offset=0)
         return found
     if found is not claimed:
@@ -289,192 +454,3 @@ def detect_format(path: str | os.PathLike[str], forced: str | None = None, *, mu
     return claimed
 
 
-# ---------------------------------------------------------------------------
-# the built-in formats; every shim imports its module on first call
-
-
-def _sniff_gguf(head: bytes) -> bool:
-    return head[:4] == b"GGUF"
-
-
-def _sniff_hurray(head: bytes) -> bool:
-    return head[:8] == b"HRRYFILE"
-
-
-def _sniff_safetensors(head: bytes) -> bool:
-    """An 8-byte little-endian header length, then the header's JSON object."""
-    if len(head) < 9:
-        return False
-    (n,) = struct.unpack_from("<Q", head, 0)
-    return 2 <= n < (1 << 31) and head[8:9] == b"{"
-
-
-def _gguf_to_hurray(src: str, dst: str | None, *, jobs: int | None = None, **options: Any) -> Any:
-    from .conversions.gguf import gguf_to_hurray
-
-    return gguf_to_hurray(src, dst, jobs=jobs, **options)
-
-
-def _hurray_to_gguf(src: str, dst: str | None, *, jobs: int | None = None, **options: Any) -> Any:
-    from .conversions.gguf import hurray_to_gguf
-
-    return hurray_to_gguf(src, dst, jobs=jobs, **options)
-
-
-def _safetensors_to_hurray(src: str, dst: str | None, *, jobs: int | None = None, **options: Any) -> Any:
-    from .conversions.safetensors import safetensors_to_hurray
-
-    return safetensors_to_hurray(src, dst, **options)  # single-threaded: ``jobs`` does not apply
-
-
-def _hurray_to_safetensors(src: str, dst: str | None, *, jobs: int | None = None, **options: Any) -> Any:
-    from .conversions.safetensors import hurray_to_safetensors
-
-    return hurray_to_safetensors(src, dst, **options)
-
-
-def _gguf_member_of(path: str) -> tuple[str, int, str] | None:
-    from .formats.gguf_split import parse_shard_name
-
-    sn = parse_shard_name(os.path.basename(path))
-    if sn is None:
-        return None
-    return os.path.join(os.path.dirname(path), f"{sn.prefix}-of-{sn.count}"), sn.number, sn.prefix
-
-
-def _gguf_outputs(src: str, dst: str, *, merge: bool = False, split_max_tensors: int | None = None,
-                  split_max_size: int | str | None = None) -> list[str]:
-    """The files in the way of a GGUF export to ``dst`` (docs/conversion-rules.md § 10): ``dst``
-    (``convert`` refuses an existing DST in any case), and the shards of a set: for a new set
-    (its size unknown before converting) every shard of the sets that files named as its
-    shards belong to (by the names' counts, the missing shards too), for a .hrry that
-    recorded a set that set's shards; with ``merge`` only ``dst``."""
-    from .formats import gguf_split as S
-
-    if merge:
-        return [dst]
-    if split_max_tensors is not None or split_max_size is not None:
-        return [dst, *_whole_sets(S.shards_in_the_way(dst))]
-    count = _recorded_set_count(src)
-    try:
-        return [dst] if count is None else [dst, *(os.fspath(p) for p in S.set_paths(dst, count))]
-    except UsageError:  # the conversion reports it, located
-        return [dst]
-
-
-def _whole_sets(found: list[Any]) -> list[str]:
-    """Every shard of each set that the shard-named files ``found`` belong to, found or not
-    (by their names' counts), in set order: a batch tells a complete set from a partial one."""
-    from .formats.gguf_split import parse_shard_name, shard_name
-
-    names = [(parse_shard_name(p.name), p) for p in found]
-    counts = {(sn.prefix, sn.count): p for sn, p in names if sn is not None}
-    return [os.fspath(p.with_name(shard_name(prefix, i, count)))
-            for (prefix, count), p in sorted(counts.items()) for i in range(count)]
-
-
-def _recorded_set_count(src: str) -> int | None:
-    """The shard count of the split set a .hrry recorded (None: not a .hrry, no set, or a bad record)."""
-    from .conversions.gguf import K_SPLIT
-    from .core.hrry import HrryFile
-    from .formats.gguf_split import SplitLayout
-
-    try:
-        if not _sniff_hurray(_read_head(src)):
-            return None
-        with HrryFile(src) as hf:
-            v = hf.kv.get(K_SPLIT)
-            return None if v is None or v.type != "string" else SplitLayout.from_json(v.value).count
-    except HurrayInteropError:
-        return None
-
-
-def _dequantize_gguf(tensor: Any, **options: Any) -> Any:
-    G = sys.modules.get("hurray_interop.formats.gguf")  # loaded: a GGUF tensor exists only then
-    if G is None or not isinstance(tensor, G.GGUFTensorInfo):
-        return None
-    from .conversions.gguf import dequantize_gguf
-
-    return dequantize_gguf(tensor, **options)
-
-
-def _dequantize_safetensors(tensor: Any, **options: Any) -> Any:
-    S = sys.modules.get("hurray_interop.formats.safetensors")  # loaded: such a tensor exists only then
-    if S is None or not isinstance(tensor, S.STTensor):
-        return None
-    from .conversions.safetensors import dequantize_safetensors
-
-    return dequantize_safetensors(tensor, **options)
-
-
-def _open_gguf(path: str) -> Any:
-    from .formats.gguf_split import open_model
-
-    return open_model(path)  # a shard of a split set opens as the whole set (docs/conversion-rules.md § 10)
-
-
-def _open_hurray(path: str) -> Any:
-    from .core.hrry import HrryFile
-
-    return HrryFile(path)
-
-
-def _open_safetensors(path: str) -> Any:
-    from .formats.safetensors import SafetensorsFile
-
-    return SafetensorsFile(path)
-
-
-def _inspect_gguf(path: str, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
-    from .inspection import inspect_gguf
-
-    return inspect_gguf(path, fallback=fallback, **shown)
-
-
-def _inspect_hurray(path: str, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
-    from .inspection import inspect_hurray
-
-    return inspect_hurray(path, **shown)  # a .hrry has no conversion plan into it
-
-
-def _inspect_safetensors(path: str, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
-    from .inspection import inspect_safetensors
-
-    return inspect_safetensors(path, **shown)  # no safetensors tensor has an expanded form
-
-
-def _gguf_verifier() -> Any:
-    from .verification.gguf import VERIFIER
-
-    return VERIFIER
-
-
-def _hurray_verifier() -> Any:
-    from .verification.hurray import VERIFIER
-
-    return VERIFIER
-
-
-def _safetensors_verifier() -> Any:
-    from .verification.safetensors import VERIFIER
-
-    return VERIFIER
-
-
-register_format(Format(
-    name="gguf", title="GGUF", extensions=(".gguf",), sniff=_sniff_gguf, open=_open_gguf, inspect=_inspect_gguf,
-    verifier=_gguf_verifier, to_hurray=_gguf_to_hurray, from_hurray=_hurray_to_gguf,
-    import_options={"q4_1": "overlay"},
-    export_options={"merge": False, "split_max_tensors": None, "split_max_size": None},  # docs/conversion-rules.md § 10
-    member_of=_gguf_member_of, outputs=_gguf_outputs, dequantize=_dequantize_gguf, exact_fallback=True,
-))
-register_format(Format(
-    name=HURRAY, title="Hurray", extensions=(".hrry",), sniff=_sniff_hurray, open=_open_hurray,
-    inspect=_inspect_hurray, verifier=_hurray_verifier, counterpart="gguf",
-))
-register_format(Format(
-    name="safetensors", title="safetensors", extensions=(".safetensors",), sniff=_sniff_safetensors,
-    open=_open_safetensors, inspect=_inspect_safetensors, verifier=_safetensors_verifier,
-    to_hurray=_safetensors_to_hurray, from_hurray=_hurray_to_safetensors, export_options={"convention": None},
-    dequantize=_dequantize_safetensors,
-))

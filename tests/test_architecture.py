@@ -2,9 +2,12 @@
 module-level or inside a function, TYPE_CHECKING blocks included): it has no cycle, and
 its layers import only downwards --
 
-    cli -> public verbs (__init__) -> _convert/_verify/_inspect -> registry
+    cli -> public verbs (__init__) -> _convert/_verify/_inspect -> plugins/ -> registry
         -> inspection, verification/ -> conversions/ -> formats/, dequant -> core/
         -> files/, parallel, errors, tables (generic, anyone may import them)
+
+-- where the registry itself knows no format (it loads the built-in records of plugins/ by
+name), and a format's record in plugins/ reaches its modules below the registry
 
 -- and only cli.py prints or exits."""
 
@@ -109,9 +112,10 @@ ALLOWED = {
     "conversions": {"conversions", "formats", "core", "dequant", "report"},
     "inspection": {"conversions", "formats", "core", "report"},
     "verification": {"verification", "conversions", "formats", "core", "dequant"},
-    "registry": {"conversions", "formats", "core", "inspection", "verification"},
+    "registry": {"conversions", "core"},  # only generic modules of them (checked below)
+    "plugins": {"registry", "conversions", "formats", "core", "inspection", "verification"},
     "_convert": {"registry", "report"},
-    "_verify": {"registry", "verification", "report"},
+    "_verify": {"_convert", "registry", "verification", "report"},
     "_inspect": {"registry"},
     "__init__": {"_convert", "_verify", "_inspect", "registry", "dequant", "core", "report", "verification"},
     "batch": {"_convert", "_verify", "registry", "report", "verification"},
@@ -123,11 +127,29 @@ ALLOWED = {
 
 def test_the_graph_is_read_from_every_module() -> None:
     # the reader sees what we know is there: a function-level import and a relative one
-    assert "hurray_interop.conversions.gguf" in GRAPH["hurray_interop.registry"]  # inside a shim
+    assert "hurray_interop.conversions.gguf" in GRAPH["hurray_interop.plugins.gguf"]  # inside a shim
     assert "hurray_interop.verification.common" in GRAPH["hurray_interop.verification.gguf"]
     assert GRAPH["hurray_interop.core.hrry"] >= {"hurray_interop.core.descriptor", "hurray_interop.files.binary"}
     # the GGUF reader reads through files.binary.Reader too (one bounds-checked cursor, one message)
     assert "hurray_interop.files.binary" in GRAPH["hurray_interop.formats.gguf"]
+
+
+#: what the registry may import: the record type's dataclass, the --fallback vocabulary, the low layer
+REGISTRY_IMPORTS = {f"{ROOT}.core.dataclass", f"{ROOT}.conversions.fallback"}
+
+
+def test_the_registry_imports_no_format_specific_module() -> None:
+    """The registry knows no format's internals: its imports are generic (the built-in
+    formats' records are plugins/ modules it loads by name, each importing the registry)."""
+    from hurray_interop import registry
+
+    bad = {m for m in GRAPH[f"{ROOT}.registry"] if _layer(m) not in LOW and m not in REGISTRY_IMPORTS}
+    assert not bad, f"the registry imports {sorted(bad)}"
+    plugins = {m for m in GRAPH if _layer(m) == "plugins" and m != f"{ROOT}.plugins"}
+    assert plugins == {f"{ROOT}.plugins.{name}" for name in registry.BUILTIN_FORMATS}
+    assert all(f"{ROOT}.registry" in GRAPH[m] for m in plugins)  # each registers its own record
+    # no module imports a plugin: the registry loads them, so the layering holds at run time too
+    assert not {m for m, deps in GRAPH.items() for d in deps if d in plugins}
 
 
 def test_detects_a_cycle() -> None:

@@ -1,0 +1,35 @@
+"""The Hurray hub format (``.hrry``): read, inspected and verified; every conversion goes through it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..registry import HURRAY, Format, register_format
+
+
+def sniff(head: bytes) -> bool:
+    return head[:8] == b"HRRYFILE"
+
+
+def _open(path: str) -> Any:
+    from ..core.hrry import HrryFile
+
+    return HrryFile(path)
+
+
+def _inspect(path: str, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
+    from ..inspection import inspect_hurray
+
+    return inspect_hurray(path, **shown)  # a .hrry has no conversion plan into it
+
+
+def _verifier() -> Any:
+    from ..verification.hurray import VERIFIER
+
+    return VERIFIER
+
+
+FORMAT = register_format(Format(
+    name=HURRAY, title="Hurray", extensions=(".hrry",), sniff=sniff, open=_open, inspect=_inspect,
+    verifier=_verifier, counterpart="gguf",
+))

@@ -1,0 +1,75 @@
+"""safetensors (``.safetensors``), OCP MX checkpoints among them: the record and its shims."""
+
+from __future__ import annotations
+
+import struct
+import sys
+from typing import Any
+
+from ..registry import EXPORT, Format, Option, register_format
+from ..tables import load_table
+
+
+def _sniff(head: bytes) -> bool:
+    """An 8-byte little-endian header length, then the header's JSON object."""
+    if len(head) < 9:
+        return False
+    (n,) = struct.unpack_from("<Q", head, 0)
+    return 2 <= n < (1 << 31) and head[8:9] == b"{"
+
+
+def _conventions() -> tuple[str, ...]:
+    """The MX checkpoint conventions (``mappings/mx_types.toml``), read when asked."""
+    return tuple(load_table("mx_types")["conventions"])
+
+
+def _to_hurray(src: str, dst: str | None, *, jobs: int | None = None, **options: Any) -> Any:
+    from ..conversions.safetensors import safetensors_to_hurray
+
+    return safetensors_to_hurray(src, dst, **options)  # single-threaded: ``jobs`` does not apply
+
+
+def _from_hurray(src: str, dst: str | None, *, jobs: int | None = None, **options: Any) -> Any:
+    from ..conversions.safetensors import hurray_to_safetensors
+
+    return hurray_to_safetensors(src, dst, **options)
+
+
+def _dequantize(tensor: Any, **options: Any) -> Any:
+    S = sys.modules.get("hurray_interop.formats.safetensors")  # loaded: such a tensor exists only then
+    if S is None or not isinstance(tensor, S.STTensor):
+        return None
+    from ..conversions.safetensors import dequantize_safetensors
+
+    return dequantize_safetensors(tensor, **options)
+
+
+def _open(path: str) -> Any:
+    from ..formats.safetensors import SafetensorsFile
+
+    return SafetensorsFile(path)
+
+
+def _inspect(path: str, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
+    from ..inspection import inspect_safetensors
+
+    return inspect_safetensors(path, **shown)  # no safetensors tensor has an expanded form
+
+
+def _verifier() -> Any:
+    from ..verification.safetensors import VERIFIER
+
+    return VERIFIER
+
+
+OPTIONS = (
+    Option("convention", applies=EXPORT, choices=_conventions,
+           unknown="unknown convention {value!r} (one of: {choices})",
+           help="safetensors output: MX checkpoint convention (default: the one recorded at import)"),
+)
+
+FORMAT = register_format(Format(
+    name="safetensors", title="safetensors", extensions=(".safetensors",), sniff=_sniff, open=_open,
+    inspect=_inspect, verifier=_verifier, to_hurray=_to_hurray, from_hurray=_from_hurray, options=OPTIONS,
+    dequantize=_dequantize,
+))
