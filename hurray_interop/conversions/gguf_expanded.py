@@ -52,6 +52,19 @@ Where packing valid codes with a header decodes back to them (:func:`_reversible
 TQ2_0), only the codes of the exception blocks and of the blocks with a zero-scale sub-block
 are decoded and compared: elsewhere they are the given codes by construction.
 
+**The rows** (:func:`_specs`): per type its block struct of ggml-common.h field by field
+(``_Q4_K = block_q4_K { d, dmin, scales[12], qs[128] }``), the header fields the record
+keeps, the code fields (each item's bit parts ``_F(byte, shift, width, dst)`` from a named
+function citing the struct field it reads) with their values, and the scale rule
+``float32(d)·(sc·mul + add)·post`` (``m``: the overlay's minimum, correction ``−dmin·m``).
+
+**The reference path** (:func:`reference_expand`) evaluates the rows block by block in
+plain integers and float32 scalars, every block decoded and checked. The fast paths below
+-- :func:`expand` (the fused scale pass; a dense type decodes and checks only its blocks
+with a zero-scale sub-block), :func:`expand_scales`, :func:`expand_packed` and the expansion
+inside :func:`rebuild` -- must give its bytes on both kernel paths
+(``tests/test_gguf_expanded.py``).
+
 Speed: the scales of the K-quants and IQ4_XS are computed in one compiled pass
 (:func:`~.gguf_kernels.dsc_scales`, which also flags the blocks with a zero scale),
 Q6_K's codes are moved by :func:`~.gguf_kernels.q6k_codes` /
@@ -651,7 +664,8 @@ def _lut_codec(values: tuple[int, ...], dtype: type, zp: int, unpack: Callable, 
     return _Codec(lambda blocks: vals[unpack(blocks)], encode)
 
 
-def _bit_lut(n: int, parts: Callable, values: tuple[int, ...], dtype: type, zp: int = 0) -> _Codec:
+def _bit_lut(n: int, parts: Callable[[int], _Parts], *, values: tuple[int, ...], dtype: type, zp: int = 0) -> _Codec:
+    """Codes that are ``values[raw]`` of the ``n`` per-element fields ``parts``."""
     b = _bits(n, parts)
     c = _lut_codec(values, dtype, zp, lambda blocks: _unpack(blocks, b), lambda raw, out: _pack(raw, b, out))
     return dataclasses.replace(c, coverage=_coverage(b, len(set(values))),
@@ -666,7 +680,7 @@ def _split_pairs_codec(n: int, offset: int, groups: int, width: int) -> _Codec:
         g, r = divmod(e, 2 * width)
         return [_F(offset + g * width + r % width, 4 * (r // width), 4)]
 
-    return _bit_lut(n, field, _r(0, 16), _U8)
+    return _bit_lut(n, field, values=_r(0, 16), dtype=_U8)
 
 
 def _q6k_codec() -> _Codec:
@@ -678,7 +692,7 @@ def _q6k_codec() -> _Codec:
         c = codes.view(np.int8)
         return (c >= -32) & (c <= 31)
 
-    fields = _bit_lut(256, _q6k_code, _r(-32, 32), _I8)
+    fields = _bit_lut(256, _q6k_code, values=_r(-32, 32), dtype=_I8)
     return _Codec(GK.q6k_codes, encode, fields.coverage, fields.reference)
 
 
@@ -864,77 +878,87 @@ def _r(a: int, b: int) -> tuple[int, ...]:
     return tuple(range(a, b))
 
 
-def _grid(quant: str, group: int, index: Callable[[int], _Parts], signs: str, sign: tuple[int, Callable[[int], _Parts]],
-          delta: int = 0) -> _Codec:
-    """An IQ lattice codec (:class:`_Grid`): ``256 // group`` grid indices, ``sign[0]`` sign items."""
-    return _grid_codec(_Grid(quant, group, _bits(256 // group, index), signs, _bits(*sign), delta))
+def _grid(quant: str, *, group: int, index: Callable[[int], _Parts], signs: str, sign: "_Bits", delta: int = 0) -> _Codec:
+    """An IQ lattice codec (:class:`_Grid`): ``256 // group`` grid indices of ``group``
+    elements each, signs by ``signs`` from the items ``sign``."""
+    return _grid_codec(_Grid(quant, group, _bits(256 // group, index), signs, sign, delta))
 
 
 def _f16_or_none(s: _Struct, field: str) -> "_Bits | None":
     return _f16_field(s, field) if field in dict(s.fields) else None
 
 
-def _k_quant(t: str, s: _Struct, header: tuple[str, ...], codec: _Codec, masked: tuple[tuple[int, int], ...] = (),
-             **rule: object) -> _Spec:
-    """A type whose sub-block scale is ``float32(d)·(sc·mul + add)·post`` (``scale="d_sc"``);
-    the record keeps the fields ``header`` whole and the ``masked`` ``(byte, bits)``."""
-    fields: dict[str, object] = dict(d=_f16_or_none(s, "d"), dmin=_f16_or_none(s, "dmin"))
+def _row(ggml_type: str, struct: _Struct, *, header: tuple[str, ...], codes: _Codec, scale: str = "d_sc",
+         masked: tuple[tuple[int, int], ...] = (), **rule: object) -> _Spec:
+    """One row: the record keeps the struct's fields ``header`` whole and the ``masked``
+    ``(byte, bits)``; ``d`` and ``dmin`` are the struct's ggml_half fields of those names
+    unless ``rule`` says otherwise; ``rule``: the other :class:`_Spec` fields."""
+    fields: dict[str, object] = dict(d=_f16_or_none(struct, "d"), dmin=_f16_or_none(struct, "dmin"))
     fields.update(rule)
-    return _Spec(type=t, struct=s, header=s.whole(*header) + masked, codec=codec, scale="d_sc", **fields)  # type: ignore[arg-type]
-
-
-def _iq(t: str, s: _Struct, codec: _Codec, sc: Callable[[int], _Parts], n_sc: int, *, masked: tuple[tuple[int, int], ...] = (),
-        header: tuple[str, ...] = ("d",), **rule: object) -> _Spec:
-    """An IQ lattice type: ``n_sc`` sub-block scales in the ``header`` fields or in ``masked``
-    bits of the code bytes."""
-    return _k_quant(t, s, header, codec, masked, sc=_bits(n_sc, sc), **rule)
+    return _Spec(type=ggml_type, struct=struct, header=struct.whole(*header) + masked, codec=codes, scale=scale,
+                 **fields)  # type: ignore[arg-type]
 
 
 @functools.cache
 def _specs() -> dict[str, _Spec]:
-    """The rows: per type the ggml struct, the header bytes kept raw in the record, the code
-    fields and values, and the scale rule (``d·(sc·mul + add)·post``; ``m``: the minimum of
-    the overlay's correction ``−dmin·m``)."""
-    u2, u4, u5 = _r(0, 4), _r(0, 16), _r(0, 32)
-    k4 = dict(sc=_bits(8, _k4_sc(_Q4_K)), m=_bits(8, _k4_m(_Q4_K)))
+    """The rows: per type the ggml struct, the header fields kept raw in the record, the
+    codes (their fields and values), and the scale: ``d`` (the float16 super-block scale),
+    ``ue4m3`` or ``d_sc``: ``float32(d)·(sc·mul + add)·post`` of the sub-block scale
+    fields ``sc`` (int8 where ``sc_int8``), and for the overlay types the minimum ``m`` of
+    the correction ``−dmin·m``."""
     iq2 = dict(add=0.5, post=0.25)  # d·(0.5 + s)·0.25 (dequantize_row_iq2_*)
-    iq1 = dict(mul=2.0, add=1.0, post=0.125)  # d·(2s + 1)/8 (dequantize_row_iq1_*, the delta folded into the code)
+    iq1 = dict(mul=2.0, add=1.0, post=0.125)  # d·(2s + 1)/8 (dequantize_row_iq1_*; the delta is in the code)
+    q4k_qs = _Q4_K.at("qs")
     specs = (
-        _k_quant("Q2_K", _Q2_K, ("scales", "d", "dmin"), _bit_lut(256, _crumbs(_Q2_K, "qs"), u2, _U8),
-                 sc=_bits(16, _q2k_sc), m=_bits(16, _q2k_m)),
-        _k_quant("Q3_K", _Q3_K, ("scales", "d"), _bit_lut(256, _q3k_code, _r(-4, 4), _I8),
-                 sc=_bits(16, _q3k_sc), add=-32.0, zero_code=-4),
-        _k_quant("Q4_K", _Q4_K, ("d", "dmin", "scales"), _split_pairs_codec(256, _Q4_K.at("qs"), 4, 32),
-                 direct=_split_pairs(_Q4_K.at("qs"), 4, 32), undirect=_split_pairs_back(_Q4_K.at("qs"), 4, 32), **k4),
-        _k_quant("Q5_K", _Q5_K, ("d", "dmin", "scales"), _bit_lut(256, _q5k_code, u5, _U8),
-                 sc=_bits(8, _k4_sc(_Q5_K)), m=_bits(8, _k4_m(_Q5_K))),
-        _k_quant("Q6_K", _Q6_K, ("scales", "d"), _q6k_codec(), sc=_bits(16, _each_byte(_Q6_K, "scales")), sc_int8=True,
-                 zero_code=-32),
-        _Spec(type="IQ4_NL", struct=_IQ4_NL, header=_IQ4_NL.whole("d"), scale="d", d=_f16_field(_IQ4_NL, "d"),
-              codec=_bit_lut(32, _nibbles(_IQ4_NL, "qs", 16), _IQ4NL_VALUES, _I8), zero_code=1),
-        _k_quant("IQ4_XS", _IQ4_XS, ("d", "scales_h", "scales_l"), _bit_lut(256, _nibbles(_IQ4_XS, "qs", 16), _IQ4NL_VALUES, _I8),
-                 sc=_bits(8, _iq4xs_sc), add=-32.0, zero_code=1),
-        _Spec(type="TQ1_0", struct=_TQ1_0, header=_TQ1_0.whole("d"), scale="d", d=_f16_field(_TQ1_0, "d"),
-              codec=dataclasses.replace(_lut_codec(_r(0, 3), _U8, 1, _tq1_unpack, _tq1_pack), reference=_tq1_reference)),
-        _Spec(type="TQ2_0", struct=_TQ2_0, header=_TQ2_0.whole("d"), scale="d", d=_f16_field(_TQ2_0, "d"),
-              codec=_bit_lut(256, _crumbs(_TQ2_0, "qs"), u2, _U8, 1)),
-        _Spec(type="NVFP4", struct=_NVFP4, header=_NVFP4.whole("d"), scale="ue4m3",
-              codec=_bit_lut(64, _nibbles(_NVFP4, "qs", 8), _FP4X2_VALUES, _I8)),
-        _iq("IQ2_XXS", _IQ2_XXS, _grid("IQ2_XXS", 8, _iq2xxs_index, "ksigns", (32, _ksigns(_IQ2_XXS, 4, 8))),
-            _aux32_scale(_IQ2_XXS, 4, 8), 8, masked=tuple((_IQ2_XXS.at("qs") + 8 * i + 7, 0xF0) for i in range(8)), **iq2),
-        _iq("IQ2_XS", _IQ2_XS, _grid("IQ2_XS", 8, _iq2xs_index, "ksigns", (32, _iq2xs_sign)),
-            _each_nibble(_IQ2_XS, "scales"), 16, header=("d", "scales"), **iq2),
-        _iq("IQ2_S", _IQ2_S, _grid("IQ2_S", 8, _iq2s_index, "bits", (256, _sign_bits(_IQ2_S, "qs", 32))),
-            _each_nibble(_IQ2_S, "scales"), 16, header=("d", "scales"), **iq2),
-        _iq("IQ3_XXS", _IQ3_XXS, _grid("IQ3_XXS", 4, _iq3xxs_index, "ksigns", (32, _ksigns(_IQ3_XXS, 64, 4))),
-            _aux32_scale(_IQ3_XXS, 64, 4), 8, masked=tuple((_IQ3_XXS.at("qs") + 64 + 4 * i + 3, 0xF0) for i in range(8)),
-            add=0.5, post=0.5),
-        _iq("IQ3_S", _IQ3_S, _grid("IQ3_S", 4, _iq3s_index, "bits", (256, _sign_bits(_IQ3_S, "signs"))),
-            _each_nibble(_IQ3_S, "scales"), 8, header=("d", "scales"), mul=2.0, add=1.0),
-        _iq("IQ1_S", _IQ1_S, _grid("IQ1_S", 8, _iq1s_index, "delta", (8, _iq1s_delta), delta=32),
-            _iq1s_sc, 8, masked=tuple((_IQ1_S.at("qh") + 2 * i + 1, 0x70) for i in range(8)), **iq1),
-        _iq("IQ1_M", _IQ1_M, _grid("IQ1_M", 8, _iq1m_index, "delta", (32, _iq1m_delta), delta=8),
-            _iq1m_sc, 16, header=("scales",), d=_bits(1, _iq1m_d), **iq1),
+        _row("Q2_K", _Q2_K, header=("scales", "d", "dmin"),
+             codes=_bit_lut(256, _crumbs(_Q2_K, "qs"), values=_r(0, 4), dtype=_U8),
+             sc=_bits(16, _q2k_sc), m=_bits(16, _q2k_m)),
+        _row("Q3_K", _Q3_K, header=("scales", "d"),
+             codes=_bit_lut(256, _q3k_code, values=_r(-4, 4), dtype=_I8),
+             sc=_bits(16, _q3k_sc), add=-32.0, zero_code=-4),
+        _row("Q4_K", _Q4_K, header=("d", "dmin", "scales"),
+             codes=_split_pairs_codec(256, q4k_qs, 4, 32),
+             sc=_bits(8, _k4_sc(_Q4_K)), m=_bits(8, _k4_m(_Q4_K)),
+             direct=_split_pairs(q4k_qs, 4, 32), undirect=_split_pairs_back(q4k_qs, 4, 32)),
+        _row("Q5_K", _Q5_K, header=("d", "dmin", "scales"),
+             codes=_bit_lut(256, _q5k_code, values=_r(0, 32), dtype=_U8),
+             sc=_bits(8, _k4_sc(_Q5_K)), m=_bits(8, _k4_m(_Q5_K))),
+        _row("Q6_K", _Q6_K, header=("scales", "d"),
+             codes=_q6k_codec(),
+             sc=_bits(16, _each_byte(_Q6_K, "scales")), sc_int8=True, zero_code=-32),
+        _row("IQ4_NL", _IQ4_NL, header=("d",), scale="d",
+             codes=_bit_lut(32, _nibbles(_IQ4_NL, "qs", 16), values=_IQ4NL_VALUES, dtype=_I8),
+             zero_code=1),
+        _row("IQ4_XS", _IQ4_XS, header=("d", "scales_h", "scales_l"),
+             codes=_bit_lut(256, _nibbles(_IQ4_XS, "qs", 16), values=_IQ4NL_VALUES, dtype=_I8),
+             sc=_bits(8, _iq4xs_sc), add=-32.0, zero_code=1),
+        _row("TQ1_0", _TQ1_0, header=("d",), scale="d",
+             codes=dataclasses.replace(_lut_codec(_r(0, 3), _U8, 1, _tq1_unpack, _tq1_pack), reference=_tq1_reference)),
+        _row("TQ2_0", _TQ2_0, header=("d",), scale="d",
+             codes=_bit_lut(256, _crumbs(_TQ2_0, "qs"), values=_r(0, 4), dtype=_U8, zp=1)),
+        _row("NVFP4", _NVFP4, header=("d",), scale="ue4m3", d=None,  # (d: four UE4M3 bytes, not a ggml_half)
+             codes=_bit_lut(64, _nibbles(_NVFP4, "qs", 8), values=_FP4X2_VALUES, dtype=_I8)),
+        _row("IQ2_XXS", _IQ2_XXS, header=("d",), masked=tuple((_IQ2_XXS.at("qs") + 8 * i + 7, 0xF0) for i in range(8)),
+             codes=_grid("IQ2_XXS", group=8, index=_iq2xxs_index, signs="ksigns", sign=_bits(32, _ksigns(_IQ2_XXS, 4, 8))),
+             sc=_bits(8, _aux32_scale(_IQ2_XXS, 4, 8)), **iq2),
+        _row("IQ2_XS", _IQ2_XS, header=("d", "scales"),
+             codes=_grid("IQ2_XS", group=8, index=_iq2xs_index, signs="ksigns", sign=_bits(32, _iq2xs_sign)),
+             sc=_bits(16, _each_nibble(_IQ2_XS, "scales")), **iq2),
+        _row("IQ2_S", _IQ2_S, header=("d", "scales"),
+             codes=_grid("IQ2_S", group=8, index=_iq2s_index, signs="bits", sign=_bits(256, _sign_bits(_IQ2_S, "qs", 32))),
+             sc=_bits(16, _each_nibble(_IQ2_S, "scales")), **iq2),
+        _row("IQ3_XXS", _IQ3_XXS, header=("d",), masked=tuple((_IQ3_XXS.at("qs") + 64 + 4 * i + 3, 0xF0) for i in range(8)),
+             codes=_grid("IQ3_XXS", group=4, index=_iq3xxs_index, signs="ksigns", sign=_bits(32, _ksigns(_IQ3_XXS, 64, 4))),
+             sc=_bits(8, _aux32_scale(_IQ3_XXS, 64, 4)), add=0.5, post=0.5),
+        _row("IQ3_S", _IQ3_S, header=("d", "scales"),
+             codes=_grid("IQ3_S", group=4, index=_iq3s_index, signs="bits", sign=_bits(256, _sign_bits(_IQ3_S, "signs"))),
+             sc=_bits(8, _each_nibble(_IQ3_S, "scales")), mul=2.0, add=1.0),
+        _row("IQ1_S", _IQ1_S, header=("d",), masked=tuple((_IQ1_S.at("qh") + 2 * i + 1, 0x70) for i in range(8)),
+             codes=_grid("IQ1_S", group=8, index=_iq1s_index, signs="delta", sign=_bits(8, _iq1s_delta), delta=32),
+             sc=_bits(8, _iq1s_sc), **iq1),
+        _row("IQ1_M", _IQ1_M, header=("scales",), d=_bits(1, _iq1m_d),
+             codes=_grid("IQ1_M", group=8, index=_iq1m_index, signs="delta", sign=_bits(32, _iq1m_delta), delta=8),
+             sc=_bits(16, _iq1m_sc), **iq1),
     )
     return {s.type: s for s in specs}
 
