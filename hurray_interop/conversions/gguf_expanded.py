@@ -1398,9 +1398,10 @@ def expand_packed(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> t
     return dataclasses.replace(x, codes=None), packed.reshape(-1)
 
 # ---------------------------------------------------------------------------------------
-# The reference path: block by block, field by field, every block decoded and checked, no
-# compiled kernel, no fused scale pass, no subset of rows. The fast paths above must give
-# its bytes (tests/test_gguf_expanded.py, every type, both kernel paths).
+# The reference path: block by block, field by field, every block decoded and checked; no
+# compiled kernel, no fused scale pass and no subset of rows in the decoding (packing back,
+# to find the exception blocks, is the one encoder's, as in rebuild). The fast paths above
+# must give its bytes (tests/test_gguf_expanded.py, every type, both kernel paths).
 
 
 def reference_expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded:
@@ -1435,8 +1436,10 @@ def reference_expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -
     if corr is not None:
         correction_codes = (corr != 0).astype(np.uint8)  # ±0: code 0, scale ±1 keeping the sign
         correction = np.where(corr == 0, np.copysign(np.float32(1), corr), corr).astype(np.float32)
+    header = np.array([[block[b] & m for b, m in spec.header] for block in blocks.tolist()], dtype=np.uint8)
     exc = _exceptions(spec, codes, blocks)
-    rec = Record(ggml_type, _header(spec, blocks), (exc + first_block).astype(np.uint32), np.ascontiguousarray(blocks[exc]))
+    rec = Record(ggml_type, header.reshape(n, len(spec.header)), (exc + first_block).astype(np.uint32),
+                 np.ascontiguousarray(blocks[exc]))
     return Expanded(ggml_type, codes, scales, correction, correction_codes, np.array(patch_index, dtype=np.int64),
                     np.array(patches, dtype=np.float32).reshape(-1, k), rec)
 
