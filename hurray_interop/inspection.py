@@ -45,7 +45,7 @@ def describe_layout(d: Descriptor) -> str:
 
 
 def describe_quantization(d: Descriptor) -> dict[str, Any] | None:
-    from .core.model import NF4, PerTensorAffine  # not created for a GGUF's inspect (core/model_extra.py)
+    from .core.model import NF4, PerTensorAffine
 
     q = d.quantization
     if q is None:

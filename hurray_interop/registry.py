@@ -37,11 +37,10 @@ from __future__ import annotations
 import importlib
 import os
 import threading
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .core.dataclass import dataclass
 from .conversions.fallback import CHOICES as FALLBACK_CHOICES  # the --fallback vocabulary (no numpy)
 from .conversions.fallback import DTYPE_CHOICES as DTYPE_FALLBACKS  # the fallbacks that store floats
 from .conversions.fallback import EXACT as FALLBACK_EXACT

@@ -963,8 +963,7 @@ def test_quantization_length_fields():
 
 def _u8_desc(n: int, buffer: int, *, byte_offset: int = 0, strides: tuple[int, ...] | None = None) -> Any:
     from hurray_interop.core.elements import element_type
-    from hurray_interop.core.model import BufferHandle, Descriptor, RowMajor
-    from hurray_interop.core.model_extra import Strided
+    from hurray_interop.core.model import BufferHandle, Descriptor, RowMajor, Strided
 
     layout = RowMajor() if strides is None else Strided(strides)
     return Descriptor(element_type=element_type("uint8"), shape=(n,), buffers=(BufferHandle.cpu(buffer),), layout=layout,

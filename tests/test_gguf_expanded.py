@@ -469,3 +469,92 @@ def test_compiled_and_numpy_paths_agree(t: str, monkeypatch) -> None:
         assert out[-1] == blocks.tobytes() and x.record.exception_index.size
         assert x.zero_patch_index.size or t in OVERLAY  # (unsigned codes: a zero sub-block's zeros share a sign)
     assert results[0] == results[1]
+
+
+# --- the rows and the reference path ------------------------------------------------------
+
+
+def test_each_row_names_its_ggml_struct_and_the_struct_is_the_block() -> None:
+    """Each type's row cites its ggml-common.h struct, field by field: the fields add up to
+    the type's block bytes (ggml_types.toml), and the record keeps bytes of named fields."""
+    for t in TYPES:
+        spec = ge._specs()[t]
+        assert spec.struct.name.lower() == "block_" + t.lower() and spec.struct.size == spec.block_bytes, t
+        offsets = {b for n, size in spec.struct.fields for b in range(spec.struct.at(n), spec.struct.at(n) + size)}
+        assert {b for b, _ in spec.header} <= offsets, t
+    with pytest.raises(KeyError, match="block_q2_K has no field qh"):
+        ge._specs()["Q2_K"].struct.at("qh")
+
+
+def test_the_fused_scale_arguments_are_keyed_by_type_not_by_object() -> None:
+    """A row equal to the table's (a copy) finds the same fused-kernel arguments."""
+    for t in FUSED:
+        spec = ge._specs()[t]
+        assert ge._fused(dataclasses.replace(spec)) == ge._fused(spec) is not None, t
+
+
+def _edge_blocks(t: str) -> np.ndarray:
+    """Random blocks with the edge cases (±0 and subnormal/extreme d, zero blocks, stale
+    codes under zero scales), ggml's quantizer blocks, all-0x00 and all-0xFF bytes but for
+    a finite d."""
+    fx = fixture_blocks()[t]
+    ones = np.full((2, block_bytes(t)), 0xFF, dtype=np.uint8)
+    if F16_FIELDS[t] or t == "IQ1_M":
+        for k in range(len(F16_FIELDS[t]) or 1):
+            set_d(t, ones, np.arange(2), np.array([1.0, -2.0 ** -14]), k)
+    return np.concatenate([random_blocks(t, 211, seed=41), fx, np.zeros((1, block_bytes(t)), np.uint8), ones])
+
+
+def _fields(x: ge.Expanded) -> dict[str, object]:
+    out: dict[str, object] = {"record": x.record.to_bytes()}
+    for f in ("codes", "scales", "correction", "correction_codes", "zero_patch_index", "zero_patch"):
+        a = getattr(x, f)
+        out[f] = None if a is None else (a.dtype.str, a.shape, np.ascontiguousarray(a).tobytes())
+    return out
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_reference_path_is_gguf_py_bit_for_bit(t: str) -> None:
+    blocks = _edge_blocks(t)
+    x = ge.reference_expand(t, blocks)
+    assert_bits_equal(x, blocks, t)
+    assert np.array_equal(ge.rebuild(x), blocks)
+
+
+@pytest.mark.parametrize("t", TYPES)
+@pytest.mark.parametrize("kernel", ["c", "numpy"])
+def test_every_fast_path_is_byte_identical_to_the_reference(t: str, kernel: str, monkeypatch) -> None:
+    """expand (fused scale pass, dense types decoding only zero-scale blocks), expand with
+    known codes, expand_scales, expand_packed (codes moved straight from the blocks) and
+    rebuild's own expansion give the reference path's bytes, with the C kernels and with
+    their numpy twins."""
+    from hurray_interop import kernels
+
+    if kernel == "numpy":
+        monkeypatch.setattr(kernels, "_lib", None)
+    blocks = _edge_blocks(t)
+    ref = _fields(ge.reference_expand(t, blocks, 1000))
+    assert _fields(ge.expand(t, blocks, 1000)) == ref
+    assert _fields(ge.expand(t, blocks, 1000, ge._specs()[t].codec.decode(blocks))) == ref
+    scales = _fields(ge.expand_scales(t, blocks, 1000))
+    assert {k: v for k, v in scales.items() if k not in ("codes", "record")} == \
+        {k: v for k, v in ref.items() if k not in ("codes", "record")}
+    x, packed = ge.expand_packed(t, blocks, 1000)
+    assert {**_fields(x), "codes": None} == {**ref, "codes": None}
+    r = ge.reference_expand(t, blocks, 1000)
+    assert packed.tobytes() == pack(r.codes, ge.form(t).storage).tobytes()
+    assert ge.rebuild(r, 1000).tobytes() == blocks.tobytes()
+    if ge.rebuilds_packed(t):
+        assert ge.rebuild(dataclasses.replace(r, codes=None), 1000, _stored(r)).tobytes() == blocks.tobytes()
+
+
+@pytest.mark.parametrize("t", ["Q2_K", "Q3_K", "IQ4_NL", "TQ1_0", "IQ2_XS", "IQ1_M"])
+def test_reference_path_refuses_a_non_finite_d_as_expand_does(t: str) -> None:
+    blocks = random_blocks(t, 20, seed=43)
+    set_d(t, blocks, np.array([13]), np.array([np.inf]))
+    with pytest.raises(ge.NonFiniteScale) as fast:
+        ge.expand(t, blocks, 50)
+    with pytest.raises(ge.NonFiniteScale) as ref:
+        ge.reference_expand(t, blocks, 50)
+    assert (ref.value.block, ref.value.field, str(ref.value)) == (fast.value.block, fast.value.field, str(fast.value)) == \
+        (63, "d", str(fast.value))

@@ -357,13 +357,13 @@ def test_q5_movers_of_any_block_width_follow_the_element_order(k: int) -> None:
 def _layout_runs() -> dict[str, tuple[tuple[int, ...], ...]]:
     from hurray_interop.conversions import gguf_expanded as G
 
-    q6 = G._bits(256, G._q6k)
-    q3 = G._bits(256, G._q3k)
+    q6 = G._bits(256, G._q6k_code)
+    q3 = G._bits(256, G._q3k_code)
     return {
         "q6k-codes": (q6.runs, 256, np.uint8, 210),
         "q3k-codes": (q3.runs, 256, np.uint8, 110),
         "q4k-scales": (G._specs()["Q4_K"].sc.runs, 8, np.uint8, 144),
-        "f16-d": (G._f16_at(208).runs, 1, np.uint16, 210),
+        "f16-d": (G._specs()["Q6_K"].d.runs, 1, np.uint16, 210),
         # hand-made: unaligned lengths (tails), shifts and dsts into uint16 items
         "odd": (((0, 3, 13, 1, 0x7F, 0), (13, 1, 11, 5, 0x7, 9), (0, 20, 5, 0, 0xFF, 8)), 24, np.uint16, 25),
     }

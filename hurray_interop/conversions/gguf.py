@@ -59,12 +59,11 @@ import contextlib
 import functools
 import json
 import os
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from ..core.dataclass import dataclass
 from ..core.elements import buffer_size, element_type, sign_extend, unpack
 from ..core.kv import KVValue
 from ..core.model import (

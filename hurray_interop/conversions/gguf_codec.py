@@ -48,13 +48,12 @@ more than one codec row can say.
 from __future__ import annotations
 
 import functools
-from dataclasses import field
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..core.dataclass import dataclass
 from ..core.elements import ElementType, buffer_size, element_type
 from ..formats import gguf as G
 from ..tables import load_table

@@ -52,6 +52,19 @@ Where packing valid codes with a header decodes back to them (:func:`_reversible
 TQ2_0), only the codes of the exception blocks and of the blocks with a zero-scale sub-block
 are decoded and compared: elsewhere they are the given codes by construction.
 
+**The rows** (:func:`_specs`): per type its block struct of ggml-common.h field by field
+(``_Q4_K = block_q4_K { d, dmin, scales[12], qs[128] }``), the header fields the record
+keeps, the code fields (each item's bit parts ``_F(byte, shift, width, dst)`` from a named
+function citing the struct field it reads) with their values, and the scale rule
+``float32(d)·(sc·mul + add)·post`` (``m``: the overlay's minimum, correction ``−dmin·m``).
+
+**The reference path** (:func:`reference_expand`) evaluates the rows block by block in
+plain integers and float32 scalars, every block decoded and checked. The fast paths below
+-- :func:`expand` (the fused scale pass; a dense type decodes and checks only its blocks
+with a zero-scale sub-block), :func:`expand_scales`, :func:`expand_packed` and the expansion
+inside :func:`rebuild` -- must give its bytes on both kernel paths
+(``tests/test_gguf_expanded.py``).
+
 Speed: the scales of the K-quants and IQ4_XS are computed in one compiled pass
 (:func:`~.gguf_kernels.dsc_scales`, which also flags the blocks with a zero scale),
 Q6_K's codes are moved by :func:`~.gguf_kernels.q6k_codes` /
@@ -70,7 +83,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -90,6 +103,7 @@ __all__ = [
     "expand",
     "expand_scales",
     "expand_packed",
+    "reference_expand",
     "rebuild",
     "rebuilds_packed",
 ]
@@ -255,6 +269,16 @@ def _bits(n_items: int, parts: Callable[[int], list[tuple[int, int, int, int]]])
     return _Bits(n_items, dtype, tuple(unpack), tuple(pack), _runs(rows))
 
 
+def _items(block: bytes, b: _Bits) -> list[int]:
+    """The reference path's reader: every item of the fields ``b`` in one block, part by
+    part (``(byte >> shift) & mask``, placed at ``dst``), in plain integers."""
+    values = [0] * b.n_items
+    for p in b.unpack:
+        for item, byte, shift, mask, dst in zip(*(a.tolist() for a in (p.items, p.byte, p.shift, p.mask, p.dst))):
+            values[item] |= ((block[byte] >> shift) & mask) << dst
+    return values
+
+
 def _unpack(blocks: np.ndarray, b: _Bits) -> np.ndarray:
     """``(n, items)`` values (uint8 or uint16) of the fields ``b`` in every block."""
     if b.runs is not None:
@@ -295,59 +319,258 @@ def _pack(values: np.ndarray, b: _Bits, out: np.ndarray) -> None:
         out[:, p.dest] |= x.astype(np.uint8, copy=False)
 
 
-# Element -> code bits, one builder per layout (docs/conversion-rules.md § 9; docs/format-notes.md § 1.4).
-def _q2k(e: int) -> list[tuple[int, int, int, int]]:  # qs[16:80]: 2 bits, shift 2j
-    return [(16 + 32 * (e // 128) + e % 32, 2 * ((e % 128) // 32), 2, 0)]
+# ---------------------------------------------------------------------------------------
+# The block structs of ggml/src/ggml-common.h (ggml-org/llama.cpp), field by field, and the
+# bit fields of each item (an element's code, a sub-block's scale) inside them: every
+# offset below is ``STRUCT.at("field")`` of the struct the type's row names.
 
 
-def _q3k(e: int) -> list[tuple[int, int, int, int]]:  # qs[32:96] 2 bits + hmask[0:32] bit → bit 2
-    return [(32 + 32 * (e // 128) + e % 32, 2 * ((e % 128) // 32), 2, 0), (e % 32, e // 32, 1, 2)]
+class _F(NamedTuple):
+    """One part of an item: ``width`` bits of block byte ``byte`` from bit ``shift``,
+    placed at bit ``dst`` of the item's value."""
+
+    byte: int
+    shift: int
+    width: int
+    dst: int = 0
 
 
-def _q45k(qs: int, e: int) -> tuple[int, int, int, int]:  # nibble of qs[qs + 32c + l], high for odd 32-run
-    return (qs + 32 * (e // 64) + e % 32, 4 * ((e % 64) // 32), 4, 0)
+_Parts = list[_F]
 
 
-def _q5k(e: int) -> list[tuple[int, int, int, int]]:  # + qh[16:48] bit (e // 32) → bit 4
-    return [_q45k(48, e), (16 + e % 32, e // 32, 1, 4)]
+@dataclass(frozen=True)
+class _Struct:
+    """A ggml block struct: its C name and its fields in order with their sizes in bytes."""
+
+    name: str
+    fields: tuple[tuple[str, int], ...]
+
+    def at(self, field: str) -> int:
+        """The byte offset of ``field``."""
+        offset = 0
+        for name, size in self.fields:
+            if name == field:
+                return offset
+            offset += size
+        raise KeyError(f"{self.name} has no field {field}")
+
+    @property
+    def size(self) -> int:
+        return sum(size for _, size in self.fields)
+
+    def whole(self, *names: str) -> tuple[tuple[int, int], ...]:
+        """The ``(byte, 0xFF)`` header entries of the fields ``names``, byte by byte."""
+        sizes = dict(self.fields)
+        return tuple((self.at(n) + k, 0xFF) for n in names for k in range(sizes[n]))
 
 
-def _q6k(e: int) -> list[tuple[int, int, int, int]]:  # ql[0:128] nibble + qh[128:192] 2 bits → bits 4-5
+def _struct(name: str, *fields: tuple[str, int]) -> _Struct:
+    return _Struct(name, fields)
+
+
+QK_K = 256
+#: ggml-common.h, with QK_K = 256 and K_SCALE_SIZE = 12 (ggml_half: 2 bytes)
+_Q2_K = _struct("block_q2_K", ("scales", QK_K // 16), ("qs", QK_K // 4), ("d", 2), ("dmin", 2))
+_Q3_K = _struct("block_q3_K", ("hmask", QK_K // 8), ("qs", QK_K // 4), ("scales", 12), ("d", 2))
+_Q4_K = _struct("block_q4_K", ("d", 2), ("dmin", 2), ("scales", 12), ("qs", QK_K // 2))
+_Q5_K = _struct("block_q5_K", ("d", 2), ("dmin", 2), ("scales", 12), ("qh", QK_K // 8), ("qs", QK_K // 2))
+_Q6_K = _struct("block_q6_K", ("ql", QK_K // 2), ("qh", QK_K // 4), ("scales", QK_K // 16), ("d", 2))
+_IQ4_NL = _struct("block_iq4_nl", ("d", 2), ("qs", 32 // 2))
+_IQ4_XS = _struct("block_iq4_xs", ("d", 2), ("scales_h", 2), ("scales_l", QK_K // 64), ("qs", QK_K // 2))
+_TQ1_0 = _struct("block_tq1_0", ("qs", (QK_K - 4 * QK_K // 64) // 5), ("qh", QK_K // 64), ("d", 2))
+_TQ2_0 = _struct("block_tq2_0", ("qs", QK_K // 4), ("d", 2))
+_NVFP4 = _struct("block_nvfp4", ("d", 64 // 16), ("qs", 64 // 2))
+_IQ2_XXS = _struct("block_iq2_xxs", ("d", 2), ("qs", 2 * QK_K // 8))
+_IQ2_XS = _struct("block_iq2_xs", ("d", 2), ("qs", 2 * QK_K // 8), ("scales", QK_K // 32))
+_IQ2_S = _struct("block_iq2_s", ("d", 2), ("qs", QK_K // 4), ("qh", QK_K // 32), ("scales", QK_K // 32))
+_IQ3_XXS = _struct("block_iq3_xxs", ("d", 2), ("qs", 3 * QK_K // 8))
+_IQ3_S = _struct("block_iq3_s", ("d", 2), ("qs", QK_K // 4), ("qh", QK_K // 32), ("signs", QK_K // 8),
+                 ("scales", QK_K // 64))
+_IQ1_S = _struct("block_iq1_s", ("d", 2), ("qs", QK_K // 8), ("qh", 2 * QK_K // 32))
+_IQ1_M = _struct("block_iq1_m", ("qs", QK_K // 8), ("qh", QK_K // 16), ("scales", QK_K // 32))
+
+
+def _span(byte: int, bit: int, width: int, dst: int = 0) -> _Parts:
+    """The parts of a ``width``-bit field starting at bit ``bit`` of the little-endian
+    integer at ``byte`` (it may cross bytes)."""
+    parts = []
+    while width:
+        b, s = byte + bit // 8, bit % 8
+        w = min(width, 8 - s)
+        parts.append(_F(b, s, w, dst))
+        bit, width, dst = bit + w, width - w, dst + w
+    return parts
+
+
+def _f16_field(s: _Struct, field: str) -> "_Bits":
+    """A little-endian ggml_half field."""
+    return _bits(1, lambda _: _span(s.at(field), 0, 16))
+
+
+def _nibbles(s: _Struct, field: str, run: int) -> Callable[[int], _Parts]:
+    """``field`` as runs of ``2·run`` 4-bit codes: element j the low nibble of byte j of the
+    run's ``run`` bytes, element j + run its high nibble (block_iq4_nl/iq4_xs/nvfp4.qs)."""
+    qs = s.at(field)
+    return lambda e: [_F(qs + run * (e // (2 * run)) + e % run, 4 * ((e % (2 * run)) // run), 4)]
+
+
+def _crumbs(s: _Struct, field: str) -> Callable[[int], _Parts]:
+    """``field`` as 2-bit codes, 128 elements per 32 bytes: element 32j + l at bits 2j of
+    byte l (block_q2_K.qs, block_q3_K.qs, block_tq2_0.qs)."""
+    qs = s.at(field)
+    return lambda e: [_F(qs + 32 * (e // 128) + e % 32, 2 * ((e % 128) // 32), 2)]
+
+
+def _q3k_code(e: int) -> _Parts:
+    """block_q3_K: 2 low bits from qs, bit 2 from hmask (byte e % 32, bit e // 32)."""
+    return _crumbs(_Q3_K, "qs")(e) + [_F(_Q3_K.at("hmask") + e % 32, e // 32, 1, 2)]
+
+
+def _q5k_code(e: int) -> _Parts:
+    """block_q5_K: the low nibble from qs (split halves of 32-element runs), bit 4 from qh
+    (byte e % 32, bit e // 32)."""
+    qs = _Q5_K.at("qs")
+    return [_F(qs + 32 * (e // 64) + e % 32, 4 * ((e % 64) // 32), 4), _F(_Q5_K.at("qh") + e % 32, e // 32, 1, 4)]
+
+
+def _q6k_code(e: int) -> _Parts:
+    """block_q6_K: the low nibble from ql, bits 4-5 from qh (two 128-element halves)."""
     h, r = divmod(e, 128)
-    return [(64 * h + r % 64, 4 * (r // 64), 4, 0), (128 + 32 * h + r % 32, 2 * (r // 32), 2, 4)]
+    return [_F(_Q6_K.at("ql") + 64 * h + r % 64, 4 * (r // 64), 4),
+            _F(_Q6_K.at("qh") + 32 * h + r % 32, 2 * (r // 32), 2, 4)]
 
 
-def _nibbles(qs: int, run: int) -> Callable[[int], list[tuple[int, int, int, int]]]:
-    """Runs of ``2·run`` elements: element j low nibble, j + run high nibble of byte j."""
-    return lambda e: [(qs + run * (e // (2 * run)) + e % run, 4 * ((e % (2 * run)) // run), 4, 0)]
+def _q2k_sc(i: int) -> _Parts:
+    """block_q2_K.scales[i], low nibble: the scale of sub-block i."""
+    return [_F(_Q2_K.at("scales") + i, 0, 4)]
 
 
-def _tq2(e: int) -> list[tuple[int, int, int, int]]:  # qs[0:64]: 2 bits, shift 2l
-    return [(32 * (e // 128) + e % 32, 2 * ((e % 128) // 32), 2, 0)]
+def _q2k_m(i: int) -> _Parts:
+    """block_q2_K.scales[i], high nibble: the minimum of sub-block i."""
+    return [_F(_Q2_K.at("scales") + i, 4, 4)]
 
 
-# Sub-block scale fields of the header.
-def _q3k_scale(i: int) -> list[tuple[int, int, int, int]]:  # 4 low bits + 2 high bits
-    return [(96 + i % 8, 4 * (i // 8), 4, 0), (104 + i % 4, 2 * (i // 4), 2, 4)]
+def _q3k_sc(i: int) -> _Parts:
+    """block_q3_K.scales (12 bytes): 4 low bits from bytes 0..7, 2 high bits from bytes 8..11."""
+    sc = _Q3_K.at("scales")
+    return [_F(sc + i % 8, 4 * (i // 8), 4), _F(sc + 8 + i % 4, 2 * (i // 4), 2, 4)]
 
 
-def _q4k_sc(i: int) -> list[tuple[int, int, int, int]]:  # get_scale_min_k4, scales at 4..15
-    return [(4 + i, 0, 6, 0)] if i < 4 else [(4 + i + 4, 0, 4, 0), (4 + i - 4, 6, 2, 4)]
+def _k4_sc(s: _Struct) -> Callable[[int], _Parts]:
+    """get_scale_min_k4's scale j of block_q4_K/q5_K.scales: 6 bits of byte j (j < 4), else
+    the low nibble of byte j + 4 and the top 2 bits of byte j − 4."""
+    sc = s.at("scales")
+    return lambda j: [_F(sc + j, 0, 6)] if j < 4 else [_F(sc + j + 4, 0, 4), _F(sc + j - 4, 6, 2, 4)]
 
 
-def _q4k_m(i: int) -> list[tuple[int, int, int, int]]:
-    return [(4 + i + 4, 0, 6, 0)] if i < 4 else [(4 + i + 4, 4, 4, 0), (4 + i, 6, 2, 4)]
+def _k4_m(s: _Struct) -> Callable[[int], _Parts]:
+    """get_scale_min_k4's minimum j: 6 bits of byte j + 4 (j < 4), else the high nibble of
+    byte j + 4 and the top 2 bits of byte j."""
+    sc = s.at("scales")
+    return lambda j: [_F(sc + j + 4, 0, 6)] if j < 4 else [_F(sc + j + 4, 4, 4), _F(sc + j, 6, 2, 4)]
 
 
-def _iq4xs_scale(i: int) -> list[tuple[int, int, int, int]]:  # scales_l[4:8] nibble + scales_h[2:4] 2 bits
-    return [(4 + i // 2, 4 * (i % 2), 4, 0), (2 + (2 * i) // 8, (2 * i) % 8, 2, 4)]
+def _iq4xs_sc(i: int) -> _Parts:
+    """block_iq4_xs: the nibble i of scales_l (low 4 bits), bits 2i..2i+1 of scales_h (high 2)."""
+    return [_F(_IQ4_XS.at("scales_l") + i // 2, 4 * (i % 2), 4), _F(_IQ4_XS.at("scales_h") + (2 * i) // 8, (2 * i) % 8, 2, 4)]
 
 
-def _byte(offset: int, width: int = 8) -> Callable[[int], list[tuple[int, int, int, int]]]:
-    return lambda i: [(offset + i, 0, width, 0)]
+def _each_byte(s: _Struct, field: str) -> Callable[[int], _Parts]:
+    """Item i is byte i of ``field`` (block_q6_K.scales, int8)."""
+    return lambda i: [_F(s.at(field) + i, 0, 8)]
 
 
+def _each_nibble(s: _Struct, field: str, width: int = 4) -> Callable[[int], _Parts]:
+    """Item i is the low (even i) or high (odd i) nibble of byte i // 2 of ``field``
+    (block_iq2_xs/iq2_s/iq3_s.scales)."""
+    return lambda i: [_F(s.at(field) + i // 2, 4 * (i % 2), width)]
+
+
+def _aux32_scale(s: _Struct, at: int, stride: int) -> Callable[[int], _Parts]:
+    """The 4-bit sub-block scale i, bits 28..31 of the little-endian uint32 at byte
+    ``at + stride·i`` of qs (``aux32 >> 28`` of dequantize_row_iq2_xxs/iq3_xxs)."""
+    return lambda i: _span(s.at("qs") + at + stride * i, 28, 4)
+
+
+def _ksigns(s: _Struct, at: int, stride: int) -> Callable[[int], _Parts]:
+    """The 7-bit ksigns_iq2xs index h: bits 7·(h % 4) of the uint32 at byte ``at +
+    stride·(h // 4)`` of qs (block_iq2_xxs, block_iq3_xxs)."""
+    return lambda h: _span(s.at("qs") + at + stride * (h // 4), 7 * (h % 4), 7)
+
+
+def _sign_bits(s: _Struct, field: str, at: int = 0) -> Callable[[int], _Parts]:
+    """One sign bit per element: bit e % 8 of byte ``at`` + e // 8 of ``field``
+    (block_iq2_s.qs[32:], block_iq3_s.signs)."""
+    return lambda e: [_F(s.at(field) + at + e // 8, e % 8, 1)]
+
+
+def _iq2xxs_index(g: int) -> _Parts:
+    """block_iq2_xxs.qs: grid index g is byte g % 4 of the first uint32 of each 8-byte group."""
+    return [_F(_IQ2_XXS.at("qs") + 8 * (g // 4) + g % 4, 0, 8)]
+
+
+def _iq2xs_index(g: int) -> _Parts:
+    """block_iq2_xs.qs[g]: a uint16, the grid index in bits 0..8 (its signs in 9..15)."""
+    return _span(_IQ2_XS.at("qs") + 2 * g, 0, 9)
+
+
+def _iq2xs_sign(g: int) -> _Parts:
+    return _span(_IQ2_XS.at("qs") + 2 * g, 9, 7)
+
+
+def _iq2s_index(g: int) -> _Parts:
+    """block_iq2_s: 8 bits from qs[g], bits 8-9 from qh[g // 4] (bits 2·(g % 4))."""
+    return [_F(_IQ2_S.at("qs") + g, 0, 8), _F(_IQ2_S.at("qh") + g // 4, 2 * (g % 4), 2, 8)]
+
+
+def _iq3xxs_index(g: int) -> _Parts:
+    """block_iq3_xxs.qs[g] (the first 64 bytes): a grid index of 4 elements."""
+    return [_F(_IQ3_XXS.at("qs") + g, 0, 8)]
+
+
+def _iq3s_index(g: int) -> _Parts:
+    """block_iq3_s: 8 bits from qs[g], bit 8 from qh[g // 8] (bit g % 8)."""
+    return [_F(_IQ3_S.at("qs") + g, 0, 8), _F(_IQ3_S.at("qh") + g // 8, g % 8, 1, 8)]
+
+
+def _iq1s_index(g: int) -> _Parts:
+    """block_iq1_s: 8 bits from qs[g], bits 8-10 from the uint16 qh[g // 4] (bits 3·(g % 4))."""
+    return [_F(_IQ1_S.at("qs") + g, 0, 8)] + _span(_IQ1_S.at("qh") + 2 * (g // 4), 3 * (g % 4), 3, 8)
+
+
+def _iq1s_delta(i: int) -> _Parts:
+    """block_iq1_s: bit 15 of the uint16 qh[i], the sign of the ±1/8 delta of its 32 elements."""
+    return _span(_IQ1_S.at("qh") + 2 * i, 15, 1)
+
+
+def _iq1s_sc(i: int) -> _Parts:
+    """block_iq1_s: the 3-bit scale of sub-block i, bits 12..14 of the uint16 qh[i]."""
+    return _span(_IQ1_S.at("qh") + 2 * i, 12, 3)
+
+
+def _iq1m_index(g: int) -> _Parts:
+    """block_iq1_m: 8 bits from qs[g], bits 8-10 from the nibble g % 2 of qh[g // 2]."""
+    return [_F(_IQ1_M.at("qs") + g, 0, 8), _F(_IQ1_M.at("qh") + g // 2, 4 * (g % 2), 3, 8)]
+
+
+def _iq1m_delta(g: int) -> _Parts:
+    """block_iq1_m: the grid shift bit of group g, bit 3 of the nibble g % 2 of qh[g // 2]."""
+    return [_F(_IQ1_M.at("qh") + g // 2, 4 * (g % 2) + 3, 1)]
+
+
+def _iq1m_d(_: int) -> _Parts:
+    """block_iq1_m's ggml_half d (iq1m_scale_t): the top nibbles of the four uint16 scales."""
+    return [_F(_IQ1_M.at("scales") + 1 + 2 * k, 4, 4, 4 * k) for k in range(4)]
+
+
+def _iq1m_sc(i: int) -> _Parts:
+    """block_iq1_m.scales: 3-bit scale i, bits 3·(i % 4) of the uint16 i // 4."""
+    return _span(_IQ1_M.at("scales") + 2 * (i // 4), 3 * (i % 4), 3)
+
+
+#: kvalues_iq4nl (ggml-common.h): the IQ4_NL/IQ4_XS codebook
 _IQ4NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+#: kvalues_mxfp4 (ggml-common.h, doubled E2M1 values): the NVFP4 codebook
 _FP4X2_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
@@ -369,6 +592,17 @@ def _tq1_unpack(blocks: np.ndarray) -> np.ndarray:
     return (np.concatenate(parts, axis=1).astype(np.uint16) * 3) >> 8
 
 
+def _tq1_reference(block: bytes) -> list[int]:
+    """dequantize_row_tq1_0: digit l of qs byte j is ``((q·3^l) mod 256)·3 >> 8``; elements
+    32l + j (qs[0:32], five digits), 160 + 16l + j (qs[32:48]), 240 + 4l + j (qh, four)."""
+    codes = [0] * 256
+    for start, first, count, digits in ((0, 0, 32, 5), (160, 32, 16, 5), (240, 48, 4, 4)):
+        for j in range(count):
+            for l in range(digits):
+                codes[start + count * l + j] = ((block[first + j] * 3**l) & 0xFF) * 3 >> 8
+    return codes
+
+
 def _tq1_pack(trits: np.ndarray, out: np.ndarray) -> None:
     n = trits.shape[0]
     t = trits.astype(np.uint16)
@@ -377,18 +611,6 @@ def _tq1_pack(trits: np.ndarray, out: np.ndarray) -> None:
     vh = (t[:, 240:].reshape(n, 4, 4) * _TQ1_WEIGHT4[None, :, None]).sum(axis=1)
     v = np.concatenate([v0, v1, vh], axis=1)
     out[:, :52] |= ((v * 256 + 242) // 243).astype(np.uint8)
-
-
-def _span(byte: int, bit: int, width: int, dst: int = 0) -> list[tuple[int, int, int, int]]:
-    """The parts of a ``width``-bit field starting at bit ``bit`` of the little-endian
-    integer at ``byte`` (it may cross bytes)."""
-    parts = []
-    while width:
-        b, s = byte + bit // 8, bit % 8
-        w = min(width, 8 - s)
-        parts.append((b, s, w, dst))
-        bit, width, dst = bit + w, width - w, dst + w
-    return parts
 
 
 # ---------------------------------------------------------------------------------------
@@ -402,6 +624,9 @@ class _Codec:
     #: bijective codecs (every raw field value is one code, and back): the bits of each
     #: block byte the codes occupy (a bytes object), else None
     coverage: bytes | None = None
+    #: the plain per-block decoder of the reference path: a block's bytes -> its codes, read
+    #: field by field from the type's rows (:func:`reference_expand`)
+    reference: Callable[[bytes], list[int]] | None = None
 
 
 def _lut_codec(values: tuple[int, ...], dtype: type, zp: int, unpack: Callable, pack: Callable) -> _Codec:
@@ -439,34 +664,36 @@ def _lut_codec(values: tuple[int, ...], dtype: type, zp: int, unpack: Callable, 
     return _Codec(lambda blocks: vals[unpack(blocks)], encode)
 
 
-def _bit_lut(n: int, parts: Callable, values: tuple[int, ...], dtype: type, zp: int = 0) -> _Codec:
+def _bit_lut(n: int, parts: Callable[[int], _Parts], *, values: tuple[int, ...], dtype: type, zp: int = 0) -> _Codec:
+    """Codes that are ``values[raw]`` of the ``n`` per-element fields ``parts``."""
     b = _bits(n, parts)
     c = _lut_codec(values, dtype, zp, lambda blocks: _unpack(blocks, b), lambda raw, out: _pack(raw, b, out))
-    return dataclasses.replace(c, coverage=_coverage(b, len(set(values))))
+    return dataclasses.replace(c, coverage=_coverage(b, len(set(values))),
+                               reference=lambda block: [values[raw] for raw in _items(block, b)])
 
 
 def _split_pairs_codec(n: int, offset: int, groups: int, width: int) -> _Codec:
     """Codes 0..15 that are ``groups`` runs of GGML split-half nibbles (:func:`_split_pairs`):
     element j of a group is the low nibble of its byte j, element j + ``width`` the high
     nibble -- two bit-field runs per group, moved by the kernels' run movers (C when built)."""
-    def field(e: int) -> list[tuple[int, int, int, int]]:
+    def field(e: int) -> _Parts:
         g, r = divmod(e, 2 * width)
-        return [(offset + g * width + r % width, 4 * (r // width), 4, 0)]
+        return [_F(offset + g * width + r % width, 4 * (r // width), 4)]
 
-    return _bit_lut(n, field, _r(0, 16), _U8)
+    return _bit_lut(n, field, values=_r(0, 16), dtype=_U8)
 
 
 def _q6k_codec() -> _Codec:
     """Q6_K's int8 codes ``q − 32`` through the kernels' Q6_K movers (one pass over ql and qh;
-    the fields of :func:`_q6k`, which give the coverage)."""
+    the fields of :func:`_q6k_code`, which give the coverage)."""
     def encode(codes: np.ndarray, out: np.ndarray) -> np.ndarray | None:
         if GK.q6k_pack(codes, out) == 0:
             return None  # every code valid
         c = codes.view(np.int8)
         return (c >= -32) & (c <= 31)
 
-    coverage = _bit_lut(256, _q6k, _r(-32, 32), _I8).coverage
-    return _Codec(GK.q6k_codes, encode, coverage)
+    fields = _bit_lut(256, _q6k_code, values=_r(-32, 32), dtype=_I8)
+    return _Codec(GK.q6k_codes, encode, fields.coverage, fields.reference)
 
 
 def _coverage(b: _Bits, n_values: int) -> bytes | None:
@@ -563,7 +790,24 @@ def _grid_encode(g: _Grid, codes: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 def _grid_codec(g: _Grid) -> _Codec:
-    return _Codec(functools.partial(_grid_decode, g), functools.partial(_grid_encode, g))
+    return _Codec(functools.partial(_grid_decode, g), functools.partial(_grid_encode, g),
+                  reference=functools.partial(_grid_reference, g))
+
+
+def _grid_reference(g: _Grid, block: bytes) -> list[int]:
+    """One block's codes, group by group: ± the grid row of each index (dequantize_row_iq*)."""
+    grid = _grid_rows(g.quant)[0]
+    index, sign = _items(block, g.index), _items(block, g.sign)
+    codes = []
+    for k, i in enumerate(index):
+        for j, mag in enumerate(int(v) for v in grid[i]):
+            e = k * g.group + j
+            if g.signs == "delta":  # 8·g ± 1: the ±1/8 delta of the group's elements
+                codes.append(8 * mag + (-1 if sign[e // g.delta] else 1))
+                continue
+            neg = (int(_KSIGNS[sign[e // 8]]) >> (e % 8)) & 1 if g.signs == "ksigns" else sign[e]
+            codes.append(-mag if neg else mag)
+    return codes
 
 
 # ---------------------------------------------------------------------------------------
@@ -573,6 +817,7 @@ def _grid_codec(g: _Grid) -> _Codec:
 @dataclass(frozen=True)
 class _Spec:
     type: str  # the GGML type
+    struct: _Struct  # its block struct in ggml-common.h
     header: tuple[tuple[int, int], ...]  # (byte, bit mask) recorded raw: d, dmin, sub-block scales
     codec: _Codec
     scale: str  # "d_sc": (float32(d)·(sc·mul + add))·post | "d": the f16 d | "ue4m3"
@@ -626,18 +871,6 @@ def _split_pairs_back(offset: int, groups: int, width: int) -> Callable[[np.ndar
     return undirect
 
 
-def _hdr(*ranges: tuple[int, int], masked: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
-    return tuple((b, 0xFF) for a, z in ranges for b in range(a, z)) + masked
-
-
-def _f16_at(offset: int) -> _Bits:
-    return _bits(1, lambda i: _span(offset, 0, 16))
-
-
-def _grid_type(quant: str, group: int, index: Callable, signs: str, sign: tuple[int, Callable], delta: int = 0) -> _Codec:
-    return _grid_codec(_Grid(quant, group, _bits(256 // group, index), signs, _bits(*sign), delta))
-
-
 _I8, _U8 = np.int8, np.uint8
 
 
@@ -645,56 +878,87 @@ def _r(a: int, b: int) -> tuple[int, ...]:
     return tuple(range(a, b))
 
 
+def _grid(quant: str, *, group: int, index: Callable[[int], _Parts], signs: str, sign: "_Bits", delta: int = 0) -> _Codec:
+    """An IQ lattice codec (:class:`_Grid`): ``256 // group`` grid indices of ``group``
+    elements each, signs by ``signs`` from the items ``sign``."""
+    return _grid_codec(_Grid(quant, group, _bits(256 // group, index), signs, sign, delta))
+
+
+def _f16_or_none(s: _Struct, field: str) -> "_Bits | None":
+    return _f16_field(s, field) if field in dict(s.fields) else None
+
+
+def _row(ggml_type: str, struct: _Struct, *, header: tuple[str, ...], codes: _Codec, scale: str = "d_sc",
+         masked: tuple[tuple[int, int], ...] = (), **rule: object) -> _Spec:
+    """One row: the record keeps the struct's fields ``header`` whole and the ``masked``
+    ``(byte, bits)``; ``d`` and ``dmin`` are the struct's ggml_half fields of those names
+    unless ``rule`` says otherwise; ``rule``: the other :class:`_Spec` fields."""
+    fields: dict[str, object] = dict(d=_f16_or_none(struct, "d"), dmin=_f16_or_none(struct, "dmin"))
+    fields.update(rule)
+    return _Spec(type=ggml_type, struct=struct, header=struct.whole(*header) + masked, codec=codes, scale=scale,
+                 **fields)  # type: ignore[arg-type]
+
+
 @functools.cache
 def _specs() -> dict[str, _Spec]:
-    q45 = dict(d=_f16_at(0), dmin=_f16_at(2), sc=_bits(8, _q4k_sc), m=_bits(8, _q4k_m))
-    iq2 = dict(d=_f16_at(0), add=0.5, post=0.25)
-    iq1 = dict(mul=2.0, add=1.0, post=0.125)
+    """The rows: per type the ggml struct, the header fields kept raw in the record, the
+    codes (their fields and values), and the scale: ``d`` (the float16 super-block scale),
+    ``ue4m3`` or ``d_sc``: ``float32(d)·(sc·mul + add)·post`` of the sub-block scale
+    fields ``sc`` (int8 where ``sc_int8``), and for the overlay types the minimum ``m`` of
+    the correction ``−dmin·m``."""
+    iq2 = dict(add=0.5, post=0.25)  # d·(0.5 + s)·0.25 (dequantize_row_iq2_*)
+    iq1 = dict(mul=2.0, add=1.0, post=0.125)  # d·(2s + 1)/8 (dequantize_row_iq1_*; the delta is in the code)
+    q4k_qs = _Q4_K.at("qs")
     specs = (
-        _Spec("Q2_K", _hdr((0, 16), (80, 84)), _bit_lut(256, _q2k, _r(0, 4), _U8), "d_sc",
-              d=_f16_at(80), dmin=_f16_at(82), sc=_bits(16, _byte(0, 4)), m=_bits(16, lambda i: [(i, 4, 4, 0)])),
-        _Spec("Q3_K", _hdr((96, 110)), _bit_lut(256, _q3k, (-4, -3, -2, -1, 0, 1, 2, 3), _I8), "d_sc",
-              d=_f16_at(108), sc=_bits(16, _q3k_scale), add=-32.0, zero_code=-4),
-        _Spec("Q4_K", _hdr((0, 16)), _split_pairs_codec(256, 16, 4, 32), "d_sc", **q45,
-              direct=_split_pairs(16, 4, 32), undirect=_split_pairs_back(16, 4, 32)),
-        _Spec("Q5_K", _hdr((0, 16)), _bit_lut(256, _q5k, _r(0, 32), _U8), "d_sc", **q45),
-        _Spec("Q6_K", _hdr((192, 210)), _q6k_codec(), "d_sc",
-              d=_f16_at(208), sc=_bits(16, _byte(192)), sc_int8=True, zero_code=-32),
-        _Spec("IQ4_NL", _hdr((0, 2)), _bit_lut(32, _nibbles(2, 16), _IQ4NL_VALUES, _I8), "d", d=_f16_at(0),
-              zero_code=1),
-        _Spec("IQ4_XS", _hdr((0, 8)), _bit_lut(256, _nibbles(8, 16), _IQ4NL_VALUES, _I8), "d_sc",
-              d=_f16_at(0), sc=_bits(8, _iq4xs_scale), add=-32.0, zero_code=1),
-        _Spec("TQ1_0", _hdr((52, 54)), _lut_codec(_r(0, 3), _U8, 1, _tq1_unpack, _tq1_pack), "d", d=_f16_at(52)),
-        _Spec("TQ2_0", _hdr((64, 66)), _bit_lut(256, _tq2, _r(0, 4), _U8, 1), "d", d=_f16_at(64)),
-        _Spec("NVFP4", _hdr((0, 4)), _bit_lut(64, _nibbles(4, 8), _FP4X2_VALUES, _I8), "ue4m3"),
-        _Spec("IQ2_XXS", _hdr((0, 2), masked=tuple((9 + 8 * i, 0xF0) for i in range(8))),
-              _grid_type("IQ2_XXS", 8, lambda g: [(2 + 8 * (g // 4) + g % 4, 0, 8, 0)], "ksigns",
-                         (32, lambda h: _span(6 + 8 * (h // 4), 7 * (h % 4), 7))),
-              "d_sc", sc=_bits(8, lambda i: _span(6 + 8 * i, 28, 4)), **iq2),
-        _Spec("IQ2_XS", _hdr((0, 2), (66, 74)),
-              _grid_type("IQ2_XS", 8, lambda g: _span(2 + 2 * g, 0, 9), "ksigns", (32, lambda g: _span(2 + 2 * g, 9, 7))),
-              "d_sc", sc=_bits(16, lambda i: [(66 + i // 2, 4 * (i % 2), 4, 0)]), **iq2),
-        _Spec("IQ2_S", _hdr((0, 2), (74, 82)),
-              _grid_type("IQ2_S", 8, lambda g: [(2 + g, 0, 8, 0), (66 + g // 4, 2 * (g % 4), 2, 8)], "bits",
-                         (256, lambda e: [(34 + e // 8, e % 8, 1, 0)])),
-              "d_sc", sc=_bits(16, lambda i: [(74 + i // 2, 4 * (i % 2), 4, 0)]), **iq2),
-        _Spec("IQ3_XXS", _hdr((0, 2), masked=tuple((69 + 4 * i, 0xF0) for i in range(8))),
-              _grid_type("IQ3_XXS", 4, lambda g: [(2 + g, 0, 8, 0)], "ksigns",
-                         (32, lambda h: _span(66 + 4 * (h // 4), 7 * (h % 4), 7))),
-              "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: _span(66 + 4 * i, 28, 4)), add=0.5, post=0.5),
-        _Spec("IQ3_S", _hdr((0, 2), (106, 110)),
-              _grid_type("IQ3_S", 4, lambda g: [(2 + g, 0, 8, 0), (66 + g // 8, g % 8, 1, 8)], "bits",
-                         (256, lambda e: [(74 + e // 8, e % 8, 1, 0)])),
-              "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: [(106 + i // 2, 4 * (i % 2), 4, 0)]), mul=2.0, add=1.0),
-        _Spec("IQ1_S", _hdr((0, 2), masked=tuple((35 + 2 * i, 0x70) for i in range(8))),
-              _grid_type("IQ1_S", 8, lambda g: [(2 + g, 0, 8, 0)] + _span(34 + 2 * (g // 4), 3 * (g % 4), 3, 8),
-                         "delta", (8, lambda i: _span(34 + 2 * i, 15, 1)), delta=32),
-              "d_sc", d=_f16_at(0), sc=_bits(8, lambda i: _span(34 + 2 * i, 12, 3)), **iq1),
-        _Spec("IQ1_M", _hdr((48, 56)),
-              _grid_type("IQ1_M", 8, lambda g: [(g, 0, 8, 0), (32 + g // 2, 4 * (g % 2), 3, 8)],
-                         "delta", (32, lambda g: [(32 + g // 2, 4 * (g % 2) + 3, 1, 0)]), delta=8),
-              "d_sc", d=_bits(1, lambda i: [(49 + 2 * k, 4, 4, 4 * k) for k in range(4)]),
-              sc=_bits(16, lambda i: _span(48 + 2 * (i // 4), 3 * (i % 4), 3)), **iq1),
+        _row("Q2_K", _Q2_K, header=("scales", "d", "dmin"),
+             codes=_bit_lut(256, _crumbs(_Q2_K, "qs"), values=_r(0, 4), dtype=_U8),
+             sc=_bits(16, _q2k_sc), m=_bits(16, _q2k_m)),
+        _row("Q3_K", _Q3_K, header=("scales", "d"),
+             codes=_bit_lut(256, _q3k_code, values=_r(-4, 4), dtype=_I8),
+             sc=_bits(16, _q3k_sc), add=-32.0, zero_code=-4),
+        _row("Q4_K", _Q4_K, header=("d", "dmin", "scales"),
+             codes=_split_pairs_codec(256, q4k_qs, 4, 32),
+             sc=_bits(8, _k4_sc(_Q4_K)), m=_bits(8, _k4_m(_Q4_K)),
+             direct=_split_pairs(q4k_qs, 4, 32), undirect=_split_pairs_back(q4k_qs, 4, 32)),
+        _row("Q5_K", _Q5_K, header=("d", "dmin", "scales"),
+             codes=_bit_lut(256, _q5k_code, values=_r(0, 32), dtype=_U8),
+             sc=_bits(8, _k4_sc(_Q5_K)), m=_bits(8, _k4_m(_Q5_K))),
+        _row("Q6_K", _Q6_K, header=("scales", "d"),
+             codes=_q6k_codec(),
+             sc=_bits(16, _each_byte(_Q6_K, "scales")), sc_int8=True, zero_code=-32),
+        _row("IQ4_NL", _IQ4_NL, header=("d",), scale="d",
+             codes=_bit_lut(32, _nibbles(_IQ4_NL, "qs", 16), values=_IQ4NL_VALUES, dtype=_I8),
+             zero_code=1),
+        _row("IQ4_XS", _IQ4_XS, header=("d", "scales_h", "scales_l"),
+             codes=_bit_lut(256, _nibbles(_IQ4_XS, "qs", 16), values=_IQ4NL_VALUES, dtype=_I8),
+             sc=_bits(8, _iq4xs_sc), add=-32.0, zero_code=1),
+        _row("TQ1_0", _TQ1_0, header=("d",), scale="d",
+             codes=dataclasses.replace(_lut_codec(_r(0, 3), _U8, 1, _tq1_unpack, _tq1_pack), reference=_tq1_reference)),
+        _row("TQ2_0", _TQ2_0, header=("d",), scale="d",
+             codes=_bit_lut(256, _crumbs(_TQ2_0, "qs"), values=_r(0, 4), dtype=_U8, zp=1)),
+        _row("NVFP4", _NVFP4, header=("d",), scale="ue4m3", d=None,  # (d: four UE4M3 bytes, not a ggml_half)
+             codes=_bit_lut(64, _nibbles(_NVFP4, "qs", 8), values=_FP4X2_VALUES, dtype=_I8)),
+        _row("IQ2_XXS", _IQ2_XXS, header=("d",), masked=tuple((_IQ2_XXS.at("qs") + 8 * i + 7, 0xF0) for i in range(8)),
+             codes=_grid("IQ2_XXS", group=8, index=_iq2xxs_index, signs="ksigns", sign=_bits(32, _ksigns(_IQ2_XXS, 4, 8))),
+             sc=_bits(8, _aux32_scale(_IQ2_XXS, 4, 8)), **iq2),
+        _row("IQ2_XS", _IQ2_XS, header=("d", "scales"),
+             codes=_grid("IQ2_XS", group=8, index=_iq2xs_index, signs="ksigns", sign=_bits(32, _iq2xs_sign)),
+             sc=_bits(16, _each_nibble(_IQ2_XS, "scales")), **iq2),
+        _row("IQ2_S", _IQ2_S, header=("d", "scales"),
+             codes=_grid("IQ2_S", group=8, index=_iq2s_index, signs="bits", sign=_bits(256, _sign_bits(_IQ2_S, "qs", 32))),
+             sc=_bits(16, _each_nibble(_IQ2_S, "scales")), **iq2),
+        _row("IQ3_XXS", _IQ3_XXS, header=("d",), masked=tuple((_IQ3_XXS.at("qs") + 64 + 4 * i + 3, 0xF0) for i in range(8)),
+             codes=_grid("IQ3_XXS", group=4, index=_iq3xxs_index, signs="ksigns", sign=_bits(32, _ksigns(_IQ3_XXS, 64, 4))),
+             sc=_bits(8, _aux32_scale(_IQ3_XXS, 64, 4)), add=0.5, post=0.5),
+        _row("IQ3_S", _IQ3_S, header=("d", "scales"),
+             codes=_grid("IQ3_S", group=4, index=_iq3s_index, signs="bits", sign=_bits(256, _sign_bits(_IQ3_S, "signs"))),
+             sc=_bits(8, _each_nibble(_IQ3_S, "scales")), mul=2.0, add=1.0),
+        _row("IQ1_S", _IQ1_S, header=("d",), masked=tuple((_IQ1_S.at("qh") + 2 * i + 1, 0x70) for i in range(8)),
+             codes=_grid("IQ1_S", group=8, index=_iq1s_index, signs="delta", sign=_bits(8, _iq1s_delta), delta=32),
+             sc=_bits(8, _iq1s_sc), **iq1),
+        _row("IQ1_M", _IQ1_M, header=("scales",), d=_bits(1, _iq1m_d),
+             codes=_grid("IQ1_M", group=8, index=_iq1m_index, signs="delta", sign=_bits(32, _iq1m_delta), delta=8),
+             sc=_bits(16, _iq1m_sc), **iq1),
     )
     return {s.type: s for s in specs}
 
@@ -743,14 +1007,14 @@ def _f16_offset(b: _Bits | None) -> int | None:
 
 
 @functools.cache
-def _fused_args() -> dict[int, dict | None]:
-    return {id(spec): _fused_spec(spec) for spec in _specs().values()}
+def _fused_args(ggml_type: str) -> dict | None:
+    return _fused_spec(_specs()[ggml_type])
 
 
 def _fused(spec: _Spec) -> dict | None:
     """The arguments of :func:`~.gguf_kernels.dsc_scales` for a type whose scales it
     computes (``d·(sc + add)``, ``−dmin·m``: Q2_K..Q6_K, IQ4_XS), else None."""
-    return _fused_args().get(id(spec))
+    return _fused_args(spec.type)
 
 
 def _fused_spec(spec: _Spec) -> dict | None:
@@ -1040,36 +1304,46 @@ def expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0, codes: np.n
     return _expand(ggml_type, blocks, first_block, spec.codec.decode(blocks) if codes is None else codes)
 
 
-def _expand(ggml_type: str, blocks: np.ndarray, first_block: int, codes: np.ndarray, sp: _Pass | None = None,
-            rows: np.ndarray | None = None, record: bool = True) -> Expanded:
-    """:func:`expand` given the codes of every block, or with ``rows`` (ascending, every block
-    with a zero-scale sub-block among them) the codes of those blocks only -- then ``codes``
-    of the result are theirs, and the record is right only for a dense type (:func:`_dense`;
-    ``record=False``: an empty record).  ``sp``: the blocks' :func:`_scale_pass` when known."""
+def _expand(ggml_type: str, blocks: np.ndarray, first_block: int, codes: np.ndarray, sp: _Pass | None = None) -> Expanded:
+    """:func:`expand` given the codes of every block (the zero point substituted in place).
+    ``sp``: the blocks' :func:`_scale_pass` when known. For a dense type (:func:`_dense`)
+    only the blocks with a zero-scale sub-block are touched: the others can be neither
+    substituted nor exception blocks."""
+    spec = _specs()[ggml_type]
+    sp = _scale_pass(spec, blocks, first_block) if sp is None else sp
+    if not _dense(ggml_type):
+        return _assemble(ggml_type, blocks, first_block, sp, codes, None, True)
+    zb = np.flatnonzero(sp[2])
+    x = _assemble(ggml_type, blocks, first_block, sp, codes[zb], zb, True)
+    if zb.size:
+        codes[zb] = x.codes
+    return dataclasses.replace(x, codes=codes)
+
+
+def _assemble(ggml_type: str, blocks: np.ndarray, first_block: int, sp: _Pass, codes: np.ndarray,
+              rows: np.ndarray | None, record: bool) -> Expanded:
+    """The form of the blocks from their :func:`_scale_pass` ``sp`` and the codes of the
+    blocks ``rows`` (ascending, every block with a zero-scale sub-block among them; None:
+    every block). ``codes`` of the result are those rows'; with ``rows`` the record is right
+    only for a dense type (its exception blocks are among them); ``record=False``: empty."""
     spec, f = _specs()[ggml_type], form(ggml_type)
-    scales, corr0, zero = _scale_pass(spec, blocks, first_block) if sp is None else sp
+    scales, corr0, zero = sp
     scales = np.asarray(scales, dtype=f.scale_dtype)  # (a pass's own array: fixed in place)
-    zb = np.flatnonzero(zero)
-    dense = _dense(ggml_type)
-    r = zb if rows is None and dense else rows  # the rows whose codes are fixed (None: all)
-    sub_codes = codes[r] if rows is None and r is not None else codes
-    if r is None:
+    if rows is None:
         patch_index, patch = _fix_zeros(codes, scales, f.zero_point or 0, f.sub_block)
     else:
-        sub, subs = scales[r], scales.shape[1]
-        patch_index, patch = _fix_zeros(sub_codes, sub, f.zero_point or 0, f.sub_block)
-        patch_index = r[patch_index // subs] * subs + patch_index % subs
-        scales[r] = sub
-        if rows is None and zb.size:
-            codes[r] = sub_codes
+        sub, subs = scales[rows], scales.shape[1]
+        patch_index, patch = _fix_zeros(codes, sub, f.zero_point or 0, f.sub_block)
+        patch_index = rows[patch_index // subs] * subs + patch_index % subs
+        scales[rows] = sub
     correction, correction_codes = _correction(corr0)
     if not record:
         exc = np.zeros(0, dtype=np.int64)
-    elif dense:
-        zc = sub_codes if rows is None else sub_codes[np.searchsorted(rows, zb)]
-        exc = zb[_exceptions(spec, zc, blocks[zb])]
-    else:
+    elif rows is None:
         exc = _exceptions(spec, codes, blocks)
+    else:
+        zb = np.flatnonzero(zero)
+        exc = zb[_exceptions(spec, codes[np.searchsorted(rows, zb)], blocks[zb])]
     rec = Record(ggml_type, _header(spec, blocks) if record else np.zeros((0, f.record_bytes), np.uint8),
                  (exc + first_block).astype(np.uint32), np.ascontiguousarray(blocks[exc]))
     return Expanded(ggml_type, codes, scales, correction, correction_codes, patch_index, patch, rec)
@@ -1095,7 +1369,7 @@ def _zero_rows(ggml_type: str, blocks: np.ndarray, first_block: int, record: boo
     zb = np.flatnonzero(sp[2])
     f = form(ggml_type)
     codes = spec.codec.decode(blocks[zb]) if zb.size else np.zeros((0, spec.elements), dtype=f.code_dtype)
-    return _expand(ggml_type, blocks, first_block, codes, sp, zb, record), zb
+    return _assemble(ggml_type, blocks, first_block, sp, codes, zb, record), zb
 
 
 def expand_scales(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded:
@@ -1122,6 +1396,93 @@ def expand_packed(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> t
     if zb.size:
         packed[zb] = pack(x.codes, f.storage).reshape(zb.size, -1)
     return dataclasses.replace(x, codes=None), packed.reshape(-1)
+
+# ---------------------------------------------------------------------------------------
+# The reference path: block by block, field by field, every block decoded and checked; no
+# compiled kernel, no fused scale pass and no subset of rows in the decoding (packing back,
+# to find the exception blocks, is the one encoder's, as in rebuild). The fast paths above
+# must give its bytes (tests/test_gguf_expanded.py, every type, both kernel paths).
+
+
+def reference_expand(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> Expanded:
+    """:func:`expand` the plain way: each block's codes from the type's rows
+    (:attr:`_Codec.reference`), its scales by the scale rule in float32 scalars, its zero
+    sub-blocks substituted one by one; an exception block is one that packing its codes
+    with its header does not give back."""
+    spec, f = _specs()[ggml_type], form(ggml_type)
+    _check_blocks(spec, ggml_type, blocks)
+    assert spec.codec.reference is not None
+    n, subs, k = blocks.shape[0], spec.elements // f.sub_block, f.sub_block
+    codes = np.zeros((n, spec.elements), dtype=f.code_dtype)
+    scales = np.zeros((n, subs), dtype=f.scale_dtype)
+    corr = np.zeros((n, subs), dtype=np.float32) if f.overlay else None
+    patch_index: list[int] = []
+    patches: list[list[float]] = []
+    for b in range(n):
+        block = bytes(blocks[b])
+        row, sc, minimum = spec.codec.reference(block), *_reference_scales(spec, block, first_block + b)
+        for s in range(subs):
+            if sc[s] == 0:  # ggml's zeros: sign(scale) ⊕ (code < 0); the scale ±1, the codes the zero point
+                neg = [bool(np.signbit(sc[s])) != (c - (f.zero_point or 0) < 0) for c in row[s * k : (s + 1) * k]]
+                sc[s] = sc[s].dtype.type(-1 if any(neg) else 1)
+                row[s * k : (s + 1) * k] = [f.zero_point or 0] * k
+                if any(neg) and not all(neg):
+                    patch_index.append(b * subs + s)
+                    patches.append([-0.0 if x else 0.0 for x in neg])
+        codes[b], scales[b] = row, sc
+        if corr is not None:
+            corr[b] = minimum
+    correction = correction_codes = None
+    if corr is not None:
+        correction_codes = (corr != 0).astype(np.uint8)  # ±0: code 0, scale ±1 keeping the sign
+        correction = np.where(corr == 0, np.copysign(np.float32(1), corr), corr).astype(np.float32)
+    header = np.array([[block[b] & m for b, m in spec.header] for block in blocks.tolist()], dtype=np.uint8)
+    exc = _exceptions(spec, codes, blocks)
+    rec = Record(ggml_type, header.reshape(n, len(spec.header)), (exc + first_block).astype(np.uint32),
+                 np.ascontiguousarray(blocks[exc]))
+    return Expanded(ggml_type, codes, scales, correction, correction_codes, np.array(patch_index, dtype=np.int64),
+                    np.array(patches, dtype=np.float32).reshape(-1, k), rec)
+
+
+def _reference_scales(spec: _Spec, block: bytes, index: int) -> tuple[list, list | None]:
+    """One block's sub-block scales and (overlay types) ``−dmin·m``, as numpy scalars: the
+    UE4M3 bytes × ½ (NVFP4), ``d`` (single level), or ``float32(d)·(sc·mul + add)·post``."""
+    if spec.scale == "ue4m3":
+        return [np.float16(_ue4m3(byte) * 0.5) for byte in block[:4]], None
+    assert spec.d is not None
+    d = _reference_half(block, spec.d, "d", index)
+    if spec.scale == "d":
+        return [d], None
+    assert spec.sc is not None
+    scales = []
+    for sc in _items(block, spec.sc):
+        v = np.float32(sc - 256 if spec.sc_int8 and sc >= 128 else sc)
+        if spec.mul != 1.0:
+            v = v * np.float32(spec.mul)
+        if spec.add:
+            v = np.float32(spec.add) + v
+        v = np.float32(d) * v
+        scales.append(v * np.float32(spec.post) if spec.post != 1.0 else v)
+    if spec.dmin is None:
+        return scales, None
+    assert spec.m is not None
+    dmin = np.float32(_reference_half(block, spec.dmin, "dmin", index))
+    return scales, [-(dmin * np.float32(m)) for m in _items(block, spec.m)]
+
+
+def _reference_half(block: bytes, field: _Bits, name: str, index: int) -> np.float16:
+    """A float16 super-block scale; :class:`NonFiniteScale` if it is NaN or infinite."""
+    x = np.array([_items(block, field)[0]], dtype=np.uint16).view(np.float16)
+    _refuse_non_finite(x, name, index)
+    return x[0]
+
+
+def _ue4m3(byte: int) -> float:
+    """ggml_ue4m3_to_fp32: 4 exponent bits (bias 7), 3 mantissa bits; 0x00 and 0x7F are 0."""
+    e, m = (byte >> 3) & 15, byte & 7
+    if byte in (0x00, 0x7F):
+        return 0.0
+    return m * 2.0**-9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
 
 
 def _shape_checks(x: Expanded, spec: _Spec, f: Form, packed: np.ndarray | None = None) -> int:
@@ -1256,7 +1617,7 @@ def rebuild(x: Expanded, first_block: int = 0, packed: np.ndarray | None = None)
         if rows is None:
             y = _expand(x.type, blocks, first_block, spec.codec.decode(blocks), sp)
         else:
-            y = _expand(x.type, blocks, first_block, spec.codec.decode(blocks[rows]), sp, rows)
+            y = _assemble(x.type, blocks, first_block, sp, spec.codec.decode(blocks[rows]), rows, True)
     except NonFiniteScale as e:
         raise FormatError(e.message, field="record") from None
     x_codes = None

@@ -15,6 +15,7 @@ Unused trailing bits are zero.  Everything here is vectorised numpy.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
@@ -22,7 +23,6 @@ import numpy as np
 
 from ..errors import FormatError, UnsupportedError
 from ..tables import load_table
-from .dataclass import dataclass
 
 __all__ = [
     "ElementType",

@@ -19,19 +19,12 @@ Conventions:
 from __future__ import annotations
 
 import itertools
-from dataclasses import field
-from typing import TYPE_CHECKING, Any, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Sequence, Union
 
 import numpy as np
 
-from .dataclass import dataclass
 from .elements import ElementType, element_type
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .model_extra import (
-        NF4, BlockPaged, ColumnMajor, Coo, Csc, Csf, Csr, ExtensionType, Hilbert, Morton, PerTensorAffine,
-        PrivateLayout, Statistics, Strided, Tiled,
-    )
 
 __all__ = [
     "DYNAMIC",
@@ -135,11 +128,97 @@ class RowMajor:
 
 
 @dataclass(frozen=True)
+class ColumnMajor:
+    tag = 0x02
+
+
+@dataclass(frozen=True)
+class Strided:
+    """Strides in logical elements (may be negative or zero)."""
+
+    strides: tuple[int, ...]
+    tag = 0x03
+
+
+@dataclass(frozen=True)
+class Tiled:
+    tile_shape: tuple[int, ...]
+    outer_layout: int  # 1 row-major, 2 column-major, 3 strided
+    inner_layout: int  # 1 row-major, 2 column-major, 3 strided, 4 nested tiled
+    outer_strides: tuple[int, ...] | None = None
+    inner_strides: tuple[int, ...] | None = None
+    inner: "Tiled | None" = None
+    tag = 0x04
+
+
+@dataclass(frozen=True)
+class Morton:
+    bits: tuple[int, ...]
+    tag = 0x05
+
+
+@dataclass(frozen=True)
+class Coo:
+    nnz: int
+    is_sorted: bool = False
+    tag = 0x06
+
+
+@dataclass(frozen=True)
+class Csr:
+    nnz: int
+    tag = 0x07
+
+
+@dataclass(frozen=True)
+class Csc:
+    nnz: int
+    tag = 0x08
+
+
+@dataclass(frozen=True)
+class Csf:
+    nnz: int
+    mode_order: tuple[int, ...]
+    tag = 0x09
+
+
+@dataclass(frozen=True)
+class BlockPaged:
+    page_size: int
+    num_pages: int
+    paged_axis: int
+    num_seqs: int
+    kv_role: int
+    layer_index: int
+    block_table_index_type: int
+    tag = 0x0A
+
+
+@dataclass(frozen=True)
 class CompositeHead:
     composition_rule: int  # RULE_PARTITION / RULE_OVERLAY / RULE_GROUP
     combine_op: int  # OP_NONE, or for overlay OP_REPLACE / OP_ADD
     member_count: int
     tag = 0x0B
+
+
+@dataclass(frozen=True)
+class Hilbert:
+    order: int
+    rank: int
+    tag = 0x40
+
+
+@dataclass(frozen=True)
+class PrivateLayout:
+    layout_tag: int  # 0xF0..0xFE
+    extension_layout_id: int
+    data: bytes = b""
+
+    @property
+    def tag(self) -> int:  # type: ignore[override]
+        return self.layout_tag
 
 
 # ---------------------------------------------------------------------------
@@ -154,6 +233,13 @@ class _ZeroPoints:
     @property
     def symmetric(self) -> bool:
         return self.zero_point_buffer_index is None
+
+
+@dataclass(frozen=True)
+class PerTensorAffine:
+    scale: float  # a float32 value
+    zero_point: int = 0
+    scheme_tag = 0x01
 
 
 @dataclass(frozen=True)
@@ -176,6 +262,14 @@ class PerBlockAffine(_ZeroPoints):
 
 
 @dataclass(frozen=True)
+class NF4:
+    axis: int
+    block_size: int
+    scale_buffer_index: int
+    scheme_tag = 0x04
+
+
+@dataclass(frozen=True)
 class MXFP:
     axis: int
     block_size: int
@@ -194,8 +288,47 @@ class Shard:
 
 
 @dataclass(frozen=True)
+class Statistics:
+    """The 72-byte advisory statistics section; fields whose mask bit is clear are 0."""
+
+    computed_mask: int = 0
+    nnz: int = 0
+    sparsity_ratio: float = 0.0
+    value_min: float = 0.0
+    value_max: float = 0.0
+    value_abs_max: float = 0.0
+    value_mean: float = 0.0
+    value_stddev: float = 0.0
+    nm_n: int = 0
+    nm_m: int = 0
+    has_nan: int = 0
+    has_inf: int = 0
+
+
+@dataclass(frozen=True)
+class ExtensionType:
+    bit_width: int
+    packing_factor: int
+    is_float: int
+    is_signed: int
+    sign_bits: int
+    exponent_bits: int
+    mantissa_bits: int
+    exponent_bias: int
+    has_nan: int
+    has_inf: int
+
+
+@dataclass(frozen=True)
 class CompositeMember:
     role: int  # ROLE_CORRECTION or ROLE_BASE
+
+
+#: every layout and every quantization scheme
+Layout = Union[
+    RowMajor, ColumnMajor, Strided, Tiled, Morton, Coo, Csr, Csc, Csf, BlockPaged, CompositeHead, Hilbert, PrivateLayout
+]
+Quantization = Union[PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP]
 
 
 # ---------------------------------------------------------------------------
@@ -298,29 +431,3 @@ def as_u8(buf: "bytes | bytearray | memoryview | np.ndarray | Sequence[int]") ->
     if isinstance(buf, np.ndarray):
         return buf.reshape(-1).view(np.uint8)
     return np.frombuffer(buf, dtype=np.uint8)
-
-
-# ---------------------------------------------------------------------------
-# the rest of the model, created on first use (core/model_extra.py)
-
-_EXTRA = frozenset(
-    ("ColumnMajor", "Strided", "Tiled", "Morton", "Coo", "Csr", "Csc", "Csf", "BlockPaged", "Hilbert",
-     "PrivateLayout", "PerTensorAffine", "NF4", "Statistics", "ExtensionType")
-)
-
-
-def __getattr__(name: str) -> Any:
-    """``Coo``, ``NF4``, ``Statistics``... from :mod:`.model_extra`, and the unions
-    ``Layout`` and ``Quantization`` of every layout and scheme class."""
-    if name not in _EXTRA and name not in ("Layout", "Quantization"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import model_extra as X
-
-    g = globals()
-    g.update((n, getattr(X, n)) for n in _EXTRA)
-    g["Layout"] = Union[
-        RowMajor, X.ColumnMajor, X.Strided, X.Tiled, X.Morton, X.Coo, X.Csr, X.Csc, X.Csf, X.BlockPaged, CompositeHead,
-        X.Hilbert, X.PrivateLayout,
-    ]
-    g["Quantization"] = Union[X.PerTensorAffine, PerChannelAffine, PerBlockAffine, X.NF4, MXFP]
-    return g[name]

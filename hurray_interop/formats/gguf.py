@@ -56,11 +56,11 @@ import math
 import mmap
 import os
 import struct
+from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..core.dataclass import dataclass
 from ..errors import (
     BadMagicError,
     FormatError,
