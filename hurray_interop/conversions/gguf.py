@@ -331,6 +331,8 @@ def _gguf_value_from_plain(value: KVValue) -> "G.GGUFValue":
 #: blocks per parallel work item (small enough that a tensor of 2^19 blocks is split
 #: among the threads; the chunk boundaries do not show in the output)
 PAR_BLOCKS = 1 << 16
+#: values per parallel work item of a fallback (whole rows; at least one row)
+FALLBACK_VALUES = 1 << 22
 #: the storage of the minimum overlay's correction member (docs/conversion-rules.md § 3a):
 #: every code 1 (one bit pattern per byte below), scaled by the block's minimum m
 CORRECTION_STORAGE = "uint2"
@@ -782,7 +784,7 @@ def _plan_fallback(info: "G.GGUFTensorInfo", fallback: str, reason: str,
     row_bytes = info.ne[0] // t.block_elements * t.block_bytes if info.ne else info.nbytes
     nrows = info.nbytes // row_bytes if row_bytes else 0
     out_dt = fallbacks.dtype(fallback)
-    rows_per = max(1, (1 << 22) // max(info.ne[0], 1))
+    rows_per = max(1, FALLBACK_VALUES // max(info.ne[0], 1))
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
     desc = Descriptor(element_type=element_type(fallback), shape=shape, buffers=(BufferHandle.cpu(n * out_dt.itemsize),))
     raw = info.data.reshape(nrows, row_bytes) if nrows else info.data.reshape(0, max(row_bytes, 1))
