@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
@@ -270,6 +269,8 @@ class _Spool:
                 f.write(p)
 
     def records(self) -> Records:
+        import shutil  # only when writing: inspect and --dry-run start without it
+
         from ..core.kv import StreamedBytes
 
         head = self.files[0]
