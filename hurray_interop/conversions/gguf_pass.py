@@ -199,6 +199,8 @@ class Output:
                 done = self._write(again, spool)
         except Refuse:
             self.w.rewind(mark)
+            if spool is not None:
+                spool.reset()
             raise
         return done
 
