@@ -37,7 +37,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 

@@ -100,12 +100,13 @@ def test_inspect_plan_suggests_fallback_exact(files):
 
 
 def test_a_type_without_an_exact_form_is_not_told_to_use_fallback_exact():
-    from hurray_interop.conversions.gguf import _plan  # the planner of every import row
+    from hurray_interop.conversions import gguf_pass as P
+    from hurray_interop.conversions.gguf import _import_tensor  # what carries out every import row
     from hurray_interop.formats import gguf as G
 
     q8k = G.ggml_type("Q8_K")  # refused, with no expanded form
     info = G.GGUFTensorInfo("t", q8k.id, (256,), 0, 0, q8k.block_bytes, 0, np.zeros(q8k.block_bytes, np.uint8))
-    job = _plan(info, fallback=None, q4_1="overlay")
+    job = _import_tensor(info, P.DryRun(), fallback=None, q4_1="overlay")
     assert job.plan.status == "refused" and "--fallback exact stores it" not in job.plan.reason
 
 

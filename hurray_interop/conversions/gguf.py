@@ -84,18 +84,17 @@ from ..core.model import (
 from ..core.records import decode_byte_runs, encode_byte_runs, encode_scale_record, restore_scales, scale_record_key
 from ..errors import ConversionRefused, FormatError, UnsupportedError, UsageError, errors_name_source
 from ..formats import gguf as G
-from ..parallel import pmap, use_jobs
+from ..parallel import use_jobs
 from ..report import EXACT, EXACT_FORM_HINT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan, fallback_hint
 from ..tables import load_table
 from . import fallback as fallbacks
 from . import gguf_metadata
 from . import gguf_pass as P
-from .gguf_codec import BlockCodec, Parts, codec, codecs
+from .gguf_codec import BlockCodec, Parts, codec, codecs, minimum_of, zero_point_misses
 from .gguf_sources import BlockSource, ChunkedBlocks, PlainBytes, StreamedBytes, Target
 
 if TYPE_CHECKING:  # the .hrry container, the split sets and --fallback exact are imported
-    from ..core.hrry import HrryWriter  # when used, so that planning (inspect, --dry-run) starts fast
-    from ..files.positional import PositionalWriter
+    from ..files.positional import PositionalWriter  # when used, so that planning (inspect, --dry-run) starts fast
     from ..formats import gguf_split as S
 
 __all__ = ["gguf_to_hurray", "hurray_to_gguf", "plan_gguf", "dequantize_gguf", "KEY_PREFIX"]
@@ -332,6 +331,8 @@ def _gguf_value_from_plain(value: KVValue) -> "G.GGUFValue":
 #: blocks per parallel work item (small enough that a tensor of 2^19 blocks is split
 #: among the threads; the chunk boundaries do not show in the output)
 PAR_BLOCKS = 1 << 16
+#: values per parallel work item of a fallback (whole rows; at least one row)
+FALLBACK_VALUES = 1 << 22
 #: the storage of the minimum overlay's correction member (docs/conversion-rules.md § 3a):
 #: every code 1 (one bit pattern per byte below), scaled by the block's minimum m
 CORRECTION_STORAGE = "uint2"
@@ -341,8 +342,9 @@ _ZP = np.dtype("<i4")
 
 
 @dataclass
+@dataclass
 class _Job:
-    """One GGUF tensor on its way into Hurray."""
+    """One GGUF tensor on its way into Hurray: its report row, records and Hurray names."""
 
     info: "G.GGUFTensorInfo"
     plan: TensorPlan
@@ -412,9 +414,18 @@ def _mapping_text(c: BlockCodec, kind: str) -> str:
 
 _Refuse = P.Refuse
 _NO_BLOCKS = np.zeros(0, dtype=np.int64)
+_Substituted = tuple[np.ndarray, np.ndarray | None]  # a chunk's substituted blocks: indices, original scales
 
 
-def _records_of(parts: Sequence[tuple[np.ndarray, np.ndarray | None]], c: BlockCodec) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class _Planned:
+    """A tensor's plan and its report's mapping text."""
+
+    plan: P.Plan
+    mapping: str
+
+
+def _records_of(parts: Sequence[_Substituted], c: BlockCodec) -> tuple[np.ndarray, np.ndarray]:
     """The substituted blocks of a pass (per chunk: block indices, original scales), joined."""
     assert c.scale is not None
     idx = [i for i, _ in parts if i.size]
@@ -423,61 +434,73 @@ def _records_of(parts: Sequence[tuple[np.ndarray, np.ndarray | None]], c: BlockC
     return np.concatenate(idx), np.concatenate([o for i, o in parts if i.size])  # type: ignore[misc]
 
 
-def _substitute(s: np.ndarray, zero: np.ndarray | None, chunk: np.ndarray, start: int,
-                c: BlockCodec) -> tuple[np.ndarray, np.ndarray | None]:
+def _substitute(s: np.ndarray | None, zero: np.ndarray | None, chunk: np.ndarray, start: int,
+                c: BlockCodec) -> _Substituted:
     """Blocks with a zero-like scale in ``s`` (refused unless their codes are zero) get the
     legal stand-in, in place; returns (their block indices, original scales)."""
     assert c.scale is not None
     if zero is None:
         return _NO_BLOCKS, None
+    assert s is not None  # P.checked gives the values where some are zero-like
     where = P.zero_blocks(chunk, start, zero, c)
     orig = s[where].copy()
     s[where] = c.scale.one(orig)
     return where + start, orig
 
 
-def _put(out: P.Output, data: np.ndarray, offset: int, start: int) -> None:
-    """Rows ``start``… of a buffer at file offset ``offset``: this chunk's part at its place."""
-    row = data.nbytes // max(data.shape[0], 1)
-    out.pw.pwrite(data, offset + start * row)
+def _substitution_records(name: str, c: BlockCodec, keeps: Sequence[_Substituted],
+                          report: TensorPlan) -> list[tuple[str, KVValue]]:
+    """The record collector of the tensors whose zero-like scales are substituted: the
+    substitution record of ``name`` (none when no block was), the count in the report."""
+    idx, orig = _records_of(keeps, c)
+    report.substituted_blocks = int(idx.size)
+    return [(scale_record_key(name), KVValue("bytes", encode_scale_record(idx, orig)))] if idx.size else []
 
 
-def _plan_block(job: _Job, c: BlockCodec, q4_1: str, out: P.Output | None) -> None:
-    """One scale per block (mappings ``block`` and ``mxfp``): codes and scales move."""
+def _block_checks(rows: np.ndarray, start: int, c: BlockCodec, values: bool) -> tuple[np.ndarray | None, _Substituted]:
+    """A chunk of one-scale blocks checked: its scales (when ``values``, or when some are
+    zero-like), substituted; and the substitutions."""
     assert c.scale is not None
-    name = job.info.name
-    blocks = _blocks(job.info)
-    desc = _block_desc(_shape(job.info), c, blocks.shape[0])
-    job.plan.mapping = _mapping_text(c, c.mapping)
-    job.plan.bytes_out = sum(h.byte_size for h in desc.buffers)
-    job.names = (name,)
-    offs = out.w.reserve(name, desc) if out else []
-
-    def work(sl: slice) -> tuple[np.ndarray, np.ndarray | None]:
-        chunk = blocks[sl]
-        s, zero = P.checked(chunk, sl.start, c, c.scale.field, f"scale {c.scale.field}", out is not None)
-        if out is None:
-            return (_NO_BLOCKS, None) if zero is None else (P.zero_blocks(chunk, sl.start, zero, c), None)
-        assert s is not None
-        rec = _substitute(s, zero, chunk, sl.start, c)
-        _put(out, c.codes_into(chunk, P.buffer("codes", (chunk.shape[0], c.code_bytes), np.uint8)), offs[0], sl.start)
-        _put(out, s, offs[1], sl.start)
-        return rec
-
-    parts = P.run(work, blocks.shape[0], PAR_BLOCKS)
-    job.plan.substituted_blocks = sum(int(i.size) for i, _ in parts)
-    if out is not None and job.plan.substituted_blocks:
-        job.records.append((scale_record_key(name), KVValue("bytes", encode_scale_record(*_records_of(parts, c)))))
+    s, zero = P.checked(rows, start, c, c.scale.field, f"scale {c.scale.field}", values)
+    return s, _substitute(s, zero, rows, start, c)
 
 
-def _minimum_of(z: np.ndarray, d32: np.ndarray) -> np.ndarray:
-    """The float16 minimum ``m = −z·d`` a zero point stands for (``0 − z·d``, so z = 0 gives +0)."""
-    return (np.float32(0) - z.astype(np.float32) * d32).astype(np.float16)
+def _block_scan(c: BlockCodec, rows: np.ndarray, start: int) -> P.Piece:
+    return P.Piece(_block_checks(rows, start, c, False)[1])
+
+
+def _block_chunk(c: BlockCodec, rows: np.ndarray, start: int) -> P.Piece:
+    """One chunk of one-scale blocks: the codes and the (substituted) scales."""
+    s, rec = _block_checks(rows, start, c, True)
+    codes = c.codes_into(rows, P.buffer("codes", (rows.shape[0], c.code_bytes), np.uint8))
+    return P.Piece(rec, {"codes": codes, "scales": s})  # type: ignore[dict-item]
+
+
+def _scale_slots(c: BlockCodec, entry: int, zero_points: bool = False) -> dict[str, P.Slot]:
+    """The named buffers of a tensor (entry ``entry`` of its plan) in ``c``'s blocks."""
+    assert c.scale is not None
+    slots = {"codes": P.Slot(entry, 0, c.code_bytes), "scales": P.Slot(entry, 1, np.dtype(c.scale.view).itemsize)}
+    if zero_points:
+        slots["zero_points"] = P.Slot(entry, 2, _ZP.itemsize)
+    return slots
+
+
+def _plan_block(info: "G.GGUFTensorInfo", c: BlockCodec, q4_1: str) -> _Planned:
+    """One scale per block (mappings ``block`` and ``mxfp``): codes and scales move."""
+    blocks = _blocks(info)
+    desc = _block_desc(_shape(info), c, blocks.shape[0])
+    plan = P.Plan((P.Entry(info.name, desc),), blocks, PAR_BLOCKS, _scale_slots(c, 0),
+                  functools.partial(_block_chunk, c), functools.partial(_block_scan, c),
+                  functools.partial(_substitution_records, info.name, c))
+    return _Planned(plan, _mapping_text(c, c.mapping))
+
+
 
 
 def _minimum_check(d: np.ndarray, m: np.ndarray, qmax: int) -> np.ndarray | None:
     """docs/conversion-rules.md § 2 (a): integer zero points z = −m/d reproducing d·q + m exactly for
-    every code, with m recoverable as f16(−z·d).  Returns z (int32) or None."""
+    every code (:func:`~.gguf_codec.zero_point_misses`), with m recoverable as f16(−z·d)
+    (:func:`~.gguf_codec.minimum_of`).  Returns z (int32) or None."""
     d32 = d.astype(np.float32)
     m32 = m.astype(np.float32)
     if not (np.isfinite(d32).all() and np.isfinite(m32).all()) or np.any(d32 == 0):
@@ -487,13 +510,9 @@ def _minimum_check(d: np.ndarray, m: np.ndarray, qmax: int) -> np.ndarray | None
     if np.any(z != zf) or np.any(np.abs(z) > 2**31 - 1):
         return None
     z32 = z.astype(np.int32)
-    q = np.arange(qmax + 1, dtype=np.float32)
-    lhs = d32[:, None] * (q[None, :] - z32[:, None].astype(np.float32))
-    rhs = d32[:, None] * q[None, :] + m32[:, None]
-    if not np.array_equal(lhs.view(np.uint32), rhs.view(np.uint32)):
+    if zero_point_misses(d32, z32, m32, qmax).any():
         return None
-    back = _minimum_of(z32, d32)
-    if not np.array_equal(back.view(np.uint16), m.view(np.uint16)):
+    if not np.array_equal(minimum_of(z32, d32).view(np.uint16), m.view(np.uint16)):
         return None
     return z32
 
@@ -528,80 +547,101 @@ def _requantized(chunk: np.ndarray, c: BlockCodec, d16: np.ndarray, zero: np.nda
     return d16, z, err
 
 
-def _block_min_chunk(chunk: np.ndarray, start: int, c: BlockCodec, mode: str, out: P.Output | None,
-                     offs: list[int]) -> tuple[np.ndarray, np.ndarray | None, float]:
-    """One chunk of ``d·q + m`` blocks in ``mode`` (overlay, asym, requant): checked, and
-    written when there is an output.  Returns the substitution records and the error."""
+@dataclass
+class _MinChunk:
+    """A chunk of ``d·q + m`` blocks checked: scales ``d`` (substituted or requantized),
+    minimums ``m`` and their zero-like mask, requantized zero points, what the collector keeps."""
+
+    d: np.ndarray
+    m: np.ndarray
+    mzero: np.ndarray | None
+    z: np.ndarray | None
+    keep: tuple[np.ndarray, np.ndarray | None, float]
+
+
+def _block_min_checks(rows: np.ndarray, start: int, c: BlockCodec, mode: str) -> _MinChunk:
+    """One chunk of ``d·q + m`` blocks in ``mode`` (overlay, asym, requant), checked:
+    refusals raised, zero-like scales substituted (requant: the nearest zero points)."""
     assert c.scale is not None
-    n = chunk.shape[0]
-    d, dzero = P.checked(chunk, start, c, c.scale.field, f"scale {c.scale.field}", True)
-    m, mzero = P.checked(chunk, start, c, "m", "minimum m", True)
+    d, dzero = P.checked(rows, start, c, c.scale.field, f"scale {c.scale.field}", True)
+    m, mzero = P.checked(rows, start, c, "m", "minimum m", True)
     assert d is not None and m is not None
-    err = 0.0
-    if mode == "requant":
-        if dzero is not None:
-            P.zero_blocks(chunk, start, dzero, c)
-        d, z, err = _requantized(chunk, c, d, dzero, m)
-        rec: tuple[np.ndarray, np.ndarray | None] = (_NO_BLOCKS, None)
-    else:
-        rec = _substitute(d, dzero, chunk, start, c)
-    if out is None:
-        return rec[0], rec[1], err
-    _put(out, c.codes_into(chunk, P.buffer("codes", (n, c.code_bytes), np.uint8)), offs[0], start)
-    _put(out, d, offs[1], start)
+    if mode != "requant":
+        i, o = _substitute(d, dzero, rows, start, c)
+        return _MinChunk(d, m, mzero, None, (i, o, 0.0))
+    if dzero is not None:
+        P.zero_blocks(rows, start, dzero, c)
+    d, z, err = _requantized(rows, c, d, dzero, m)
+    return _MinChunk(d, m, mzero, z, (_NO_BLOCKS, None, err))
+
+
+def _block_min_scan(c: BlockCodec, mode: str, rows: np.ndarray, start: int) -> P.Piece:
+    return P.Piece(_block_min_checks(rows, start, c, mode).keep)
+
+
+def _block_min_chunk(c: BlockCodec, mode: str, rows: np.ndarray, start: int) -> P.Piece:
+    """One chunk of ``d·q + m`` blocks in ``mode``: codes, scales, and the zero points
+    (asym, requant) or the correction's codes and scales (overlay: codes 1, scale m)."""
+    x = _block_min_checks(rows, start, c, mode)
+    n = rows.shape[0]
+    bufs = {"codes": c.codes_into(rows, P.buffer("codes", (n, c.code_bytes), np.uint8)), "scales": x.d}
     if mode == "overlay":
+        assert c.scale is not None
         corr = P.buffer("corr", (n, buffer_size(CORRECTION_STORAGE, c.block_size)), np.uint8)
         corr[...] = _CORRECTION_ONES
-        if mzero is not None:
-            corr[mzero] = 0
-            m[mzero] = c.scale.one(m[mzero])
-        _put(out, corr, offs[2], start)
-        _put(out, m, offs[3], start)
-    else:
-        if mode == "asym":
-            z = _minimum_check(d, m, c.code_range()[1])  # exact: _asym_exact said so
-            assert z is not None
-        _put(out, z.astype(_ZP), offs[2], start)
-    return rec[0], rec[1], err
+        if x.mzero is not None:
+            corr[x.mzero] = 0
+            x.m[x.mzero] = c.scale.one(x.m[x.mzero])
+        bufs.update(corr_codes=corr, corr_scales=x.m)
+        return P.Piece(x.keep, bufs)
+    z = _minimum_check(x.d, x.m, c.code_range()[1]) if mode == "asym" else x.z  # asym: _asym_exact said so
+    assert z is not None
+    bufs["zero_points"] = z.astype(_ZP)
+    return P.Piece(x.keep, bufs)
 
 
-def _plan_block_min(job: _Job, c: BlockCodec, q4_1: str, out: P.Output | None) -> None:
+def _requant_finish(keeps: Sequence[tuple[np.ndarray, np.ndarray | None, float]], report: TensorPlan) -> list[Any]:
+    """The collector of ``--q4-1 requantize``: no record, the error in the report."""
+    err = max((e for _, _, e in keeps), default=0.0)
+    report.status = VALUE_EXACT if err == 0 else LOSSY
+    report.max_abs_error = err
+    report.reason = "--q4-1 requantize: nearest integer zero points"
+    return []
+
+
+def _block_min_finish(name: str, c: BlockCodec, keeps: Sequence[tuple[np.ndarray, np.ndarray | None, float]],
+                      report: TensorPlan) -> list[tuple[str, KVValue]]:
+    return _substitution_records(name, c, [(i, o) for i, o, _ in keeps], report)
+
+
+def _plan_block_min(info: "G.GGUFTensorInfo", c: BlockCodec, q4_1: str) -> _Planned:
     """``d·q + m`` blocks: plain asymmetric per-block affine when exact, else the exact
     minimum overlay; ``--q4-1 requantize``: nearest zero points (lossy)."""
-    name = job.info.name
-    blocks = _blocks(job.info)
+    blocks = _blocks(info)
     mode = "requant" if q4_1 == "requantize" else "asym" if _asym_exact(blocks, c) else "overlay"
-    if mode == "overlay":
-        offs = _overlay_layout(job, c, blocks.shape[0], out)
+    if mode == "overlay":  # head, base (the scales d: substituted), correction
+        entries = _overlay_layout(info, c, blocks.shape[0])
+        slots = _scale_slots(c, 1)
+        slots.update(corr_codes=P.Slot(2, 0, buffer_size(CORRECTION_STORAGE, c.block_size)),
+                     corr_scales=P.Slot(2, 1, slots["scales"].row_bytes))
+        scaled = entries[1].name
     else:
-        desc = _block_desc(_shape(job.info), c, blocks.shape[0], zero_points=True)
-        job.plan.mapping = _mapping_text(c, mode)
-        job.plan.bytes_out = sum(h.byte_size for h in desc.buffers)
-        job.names = (name,)
-        offs = out.w.reserve(name, desc) if out else []
-    parts = P.run(lambda sl: _block_min_chunk(blocks[sl], sl.start, c, mode, out, offs), blocks.shape[0], PAR_BLOCKS)
-    if mode == "requant":
-        err = max((e for _, _, e in parts), default=0.0)
-        job.plan.status = VALUE_EXACT if err == 0 else LOSSY
-        job.plan.max_abs_error = err
-        job.plan.reason = "--q4-1 requantize: nearest integer zero points"
-        return
-    idx, orig = _records_of([(i, o) for i, o, _ in parts], c)
-    job.plan.substituted_blocks = int(idx.size)
-    if idx.size and out is not None:
-        job.records.append((scale_record_key(job.names[1]), KVValue("bytes", encode_scale_record(idx, orig))))
+        entries = (P.Entry(info.name, _block_desc(_shape(info), c, blocks.shape[0], zero_points=True)),)
+        slots = _scale_slots(c, 0, zero_points=True)
+        scaled = info.name
+    finish = _requant_finish if mode == "requant" else functools.partial(_block_min_finish, scaled, c)
+    plan = P.Plan(entries, blocks, PAR_BLOCKS, slots, functools.partial(_block_min_chunk, c, mode),
+                  functools.partial(_block_min_scan, c, mode), finish)
+    return _Planned(plan, _mapping_text(c, mode))
 
 
-def _overlay_layout(job: _Job, c: BlockCodec, nb: int, out: P.Output | None) -> list[int]:
+def _overlay_layout(info: "G.GGUFTensorInfo", c: BlockCodec, nb: int) -> tuple[P.Entry, ...]:
     """The exact minimum overlay (docs/conversion-rules.md § 3a): head ``name`` (float32,
     overlay, add), members ``name.base`` (the codes, scale d) and ``name.min`` (codes 1,
-    scale m).  Reserves its place in ``out``: the offsets of base codes, base scales,
-    correction codes and correction scales."""
-    name = job.info.name
-    shape = _shape(job.info)
+    scale m), in file order."""
+    name = info.name
+    shape = _shape(info)
     table = _table()["overlay"]
-    base_name = name + table["base_suffix"]
-    min_name = name + table["correction_suffix"]
     head = Descriptor(
         element_type=element_type("float32"),
         shape=shape,
@@ -610,13 +650,8 @@ def _overlay_layout(job: _Job, c: BlockCodec, nb: int, out: P.Output | None) -> 
     )
     base = _block_desc(shape, c, nb, shard=True, role=ROLE_BASE)
     corr = _block_desc(shape, c, nb, storage=CORRECTION_STORAGE, shard=True, role=ROLE_CORRECTION)
-    job.plan.mapping = _mapping_text(c, "overlay")
-    job.plan.bytes_out = sum(h.byte_size for h in base.buffers) + sum(h.byte_size for h in corr.buffers)
-    job.names = (name, base_name, min_name)
-    if out is None:
-        return []
-    out.w.write(name, head, ())
-    return out.w.reserve(base_name, base) + out.w.reserve(min_name, corr)
+    return (P.Entry(name, head, ()), P.Entry(name + table["base_suffix"], base),
+            P.Entry(name + table["correction_suffix"], corr))
 
 
 def _overlay_note() -> str:
@@ -634,23 +669,20 @@ def _overlay_note() -> str:
             + "".join(f" ({t})" for _, _, t in rest))
 
 
-def _plan_plain(job: _Job, c: BlockCodec, q4_1: str, out: P.Output | None) -> None:
-    info = job.info
+def _plan_plain(info: "G.GGUFTensorInfo", c: BlockCodec, q4_1: str) -> _Planned:
+    """A plain type: the bytes copied as they are (by the kernel where it can)."""
     desc = Descriptor(element_type=c.storage, shape=_shape(info), buffers=(BufferHandle.cpu(info.nbytes),))
-    job.plan.mapping = c.storage.name
-    job.plan.bytes_out = info.nbytes
-    job.names = (info.name,)
-    if out is not None:
-        P.copy_bytes(out, info.data, out.w.reserve(info.name, desc)[0], info.data_offset)
+    return _Planned(P.Plan((P.Entry(info.name, desc),), copy=(info.data, info.data_offset)), c.storage.name)
 
 
-#: how each mapping kind of the table is planned (and, given an output, written)
-_PLANNERS: dict[str, Callable[[_Job, BlockCodec, str, P.Output | None], None]] = {
+#: how each mapping kind of the table is planned
+_PLANNERS: dict[str, Callable[["G.GGUFTensorInfo", BlockCodec, str], _Planned]] = {
     "plain": _plan_plain,
     "block": _plan_block,
     "mxfp": _plan_block,
     "block_min": _plan_block_min,
 }
+
 
 
 def _check_options(fallback: str | None, q4_1: str = "overlay") -> None:
@@ -709,71 +741,59 @@ def dequantize_gguf(info: "G.GGUFTensorInfo", *, out: np.ndarray | None = None, 
     return out
 
 
-def _plan_fallback(job: _Job, fallback: str, reason: str, out: P.Output | None) -> None:
-    info = job.info
-    deq = reference_dequantizer(info.ggml_type)
-    if deq is None:
-        job.plan.status = REFUSED
-        job.plan.reason = reason + "; no reference dequantizer for a fallback"
-        return
+def _fallback_values(deq: Callable[[np.ndarray], np.ndarray], fallback: str, lossless: bool,
+                     rows: np.ndarray) -> tuple[np.ndarray, float]:
+    """A chunk of rows decoded by gguf-py and cast to ``fallback``; the error measured
+    (not when ``lossless``)."""
+    vals = np.asarray(deq(rows), dtype=np.float32)
+    stored = fallbacks.cast(vals, fallback)
+    meter = fallbacks.ErrorMeter()
+    if not lossless:
+        meter.add(vals, stored)
+    return stored, meter.error
+
+
+def _fallback_chunk(deq: Callable[[np.ndarray], np.ndarray], fallback: str, lossless: bool,
+                    rows: np.ndarray, start: int) -> P.Piece:
+    stored, err = _fallback_values(deq, fallback, lossless, rows)
+    return P.Piece(err, {"values": stored.reshape(-1).view(np.uint8)})
+
+
+def _fallback_scan(deq: Callable[[np.ndarray], np.ndarray], fallback: str, rows: np.ndarray, start: int) -> P.Piece:
+    return P.Piece(_fallback_values(deq, fallback, False, rows)[1])
+
+
+def _fallback_finish(fallback: str, reason: str, keeps: Sequence[float], report: TensorPlan) -> list[Any]:
+    """The collector of a fallback: no record; the error (the max of the chunks' maxima)
+    and the reason in the report."""
+    err = max(keeps, default=0.0)
+    report.status = fallbacks.status(err)
+    report.max_abs_error = err
+    report.reason = f"{reason}; stored dequantized by gguf-py's reference dequantizer"
+    return []
+
+
+def _plan_fallback(info: "G.GGUFTensorInfo", fallback: str, reason: str,
+                   deq: Callable[[np.ndarray], np.ndarray]) -> _Planned:
+    """``--fallback DTYPE``: the values gguf-py decodes, rows at a time, cast to DTYPE
+    (the error measured as they are written; a dry run only measures, and not at all
+    when the cast is lossless)."""
     t = info.ggml_type
     shape = _shape(info)
     row_bytes = info.ne[0] // t.block_elements * t.block_bytes if info.ne else info.nbytes
     nrows = info.nbytes // row_bytes if row_bytes else 0
     out_dt = fallbacks.dtype(fallback)
-    rows_per = max(1, (1 << 22) // max(info.ne[0], 1))
+    rows_per = max(1, FALLBACK_VALUES // max(info.ne[0], 1))
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
     desc = Descriptor(element_type=element_type(fallback), shape=shape, buffers=(BufferHandle.cpu(n * out_dt.itemsize),))
     raw = info.data.reshape(nrows, row_bytes) if nrows else info.data.reshape(0, max(row_bytes, 1))
-    meter = fallbacks.ErrorMeter()
-
-    def chunks() -> Iterator[np.ndarray]:
-        for r in range(0, nrows, rows_per):
-            vals = np.asarray(deq(raw[r : r + rows_per]), dtype=np.float32)
-            stored = fallbacks.cast(vals, fallback)
-            if not lossless:
-                meter.add(vals, stored)
-            yield stored.reshape(-1)
-
-    # the error is measured as the values are written (a dry run only measures)
     lossless = fallbacks.lossless(np.float32, fallback)  # gguf-py decodes to float32
-    if out is not None:
-        out.w.write(info.name, desc, [chunks()])
-    elif not lossless:
-        for _ in chunks():
-            pass
-    job.plan.status = fallbacks.status(meter.error)
-    job.plan.max_abs_error = meter.error
-    job.plan.mapping = f"{fallback} (fallback)"
-    job.plan.reason = f"{reason}; stored dequantized by gguf-py's reference dequantizer"
-    job.plan.bytes_out = desc.buffers[0].byte_size
-    job.names = (info.name,)
-
-
-def _plan_exact(job: _Job, reason: str, out: P.Output | None) -> None:
-    """``--fallback exact``: the tensor's exact expanded form (docs/conversion-rules.md § 9), or
-    refused when its type has none or a super-block scale is not finite."""
-    from . import gguf_exact
-    from .gguf_expanded import NonFiniteScale
-
-    info, plan = job.info, job.plan
-    t = info.ggml_type
-    try:
-        if not gguf_exact.has_form(t.name):
-            raise _Refuse(reason + "; no exact expanded form (--fallback exact)")
-        to = None if out is None else (out.w, job.records)  # written in the same pass
-        p = gguf_exact.plan(info.name, t.name, _shape(info), _blocks(info), to)
-    except (_Refuse, NonFiniteScale) as r:
-        plan.status, plan.mapping = REFUSED, "-"
-        plan.reason = r.reason if isinstance(r, _Refuse) else f"{r.message} (tensor {info.name!r})"
-        return
-    n = max(int(np.prod(_shape(info), dtype=np.int64)), 1)
-    plan.mapping = p.describe()
-    plan.bytes_out = p.bytes_out + p.record_bytes
-    plan.reason = (f"--fallback exact: {8 * plan.bytes_in / n:.4g} → {8 * plan.bytes_out / n:.4g} bits per weight "
-                   f"(record {8 * p.record_bytes / n:.2g}); no native mapping: {reason}")
-    job.names = p.names
-    job.expanded = True
+    per_row = (n // nrows if nrows else 0) * out_dt.itemsize
+    plan = P.Plan((P.Entry(info.name, desc),), raw, rows_per, {"values": P.Slot(0, 0, per_row)},
+                  functools.partial(_fallback_chunk, deq, fallback, lossless),
+                  None if lossless else functools.partial(_fallback_scan, deq, fallback),
+                  functools.partial(_fallback_finish, fallback, reason))
+    return _Planned(plan, f"{fallback} (fallback)")
 
 
 def _exact_note(jobs: Sequence[_Job]) -> str:
@@ -807,36 +827,73 @@ def _plan_only(report: ConversionReport, src: str, refusal: str, dst: Any, dry_r
     return dry_run or dst is None
 
 
-def _plan(info: "G.GGUFTensorInfo", *, fallback: str | None, q4_1: str, out: P.Output | None = None) -> _Job:
-    """Plan one tensor and, given ``out``, write it there in the same pass.  A refusal
-    found on the way takes back what was written of the tensor (the fallback, if any,
-    then writes its own form in its place)."""
+_Executor = P.Output | P.DryRun
+
+
+def _fresh(info: "G.GGUFTensorInfo") -> _Job:
     t = info.ggml_type
+    return _Job(info, TensorPlan(name=info.name, source_type=t.name, mapping="", status=EXACT, bytes_in=info.nbytes))
 
-    def fresh() -> _Job:
-        return _Job(info, TensorPlan(name=info.name, source_type=t.name, mapping="", status=EXACT, bytes_in=info.nbytes))
 
-    job = fresh()
-    c = codec(t.name)
-    mark = out.w.mark() if out is not None else None
+def _carry_out(job: _Job, planned: _Planned, out: _Executor) -> None:
+    """``planned`` written to (or, on a dry run, scanned for) ``out``; the report row, the
+    Hurray names and the records from the plan that stands and its collector."""
+    job.plan.mapping = planned.mapping
+    done = out.execute(planned.plan)
+    job.names = done.plan.names
+    job.plan.bytes_out = done.plan.bytes_out
+    job.records = [*done.plan.finish(done.keeps, job.plan), *done.streamed]
+
+
+def _refused(job: _Job, reason: str, mapping: str, hint: str = "") -> None:
+    job.plan.status, job.plan.reason, job.plan.mapping, job.plan.hint = REFUSED, reason, mapping, hint
+
+
+def _import_tensor(info: "G.GGUFTensorInfo", out: _Executor, *, fallback: str | None, q4_1: str) -> _Job:
+    """One tensor planned and carried out on ``out``.  A refusal found on the way (the
+    executor takes back what was written of the tensor) hands it to the fallback, if
+    any, which writes its own form in its place."""
+    t = info.ggml_type
+    job = _fresh(info)
     try:
+        c = codec(t.name)
         if c is None:
             raise _Refuse(_refusal_reason(t.name, t.family))
-        _PLANNERS[c.mapping](job, c, q4_1, out)
+        _carry_out(job, _PLANNERS[c.mapping](info, c, q4_1), out)
+        return job
     except _Refuse as r:
-        if out is not None:
-            out.w.rewind(mark)  # type: ignore[arg-type]
-        job = fresh()
-        if fallback == fallbacks.EXACT:
-            _plan_exact(job, r.reason, out)
-        elif fallback:
-            _plan_fallback(job, fallback, r.reason, out)
+        reason = r.reason
+    job = _fresh(info)
+    if fallback == fallbacks.EXACT:
+        _import_exact(job, reason, out)
+    elif fallback:
+        deq = reference_dequantizer(t)
+        if deq is None:
+            _refused(job, reason + "; no reference dequantizer for a fallback", "")
         else:
-            from . import gguf_exact
+            _carry_out(job, _plan_fallback(info, fallback, reason, deq), out)
+    else:
+        from . import gguf_exact
 
-            job.plan.status, job.plan.reason, job.plan.mapping = REFUSED, r.reason, "-"
-            job.plan.hint = EXACT_FORM_HINT if gguf_exact.has_form(t.name) else ""
+        _refused(job, reason, "-", EXACT_FORM_HINT if gguf_exact.has_form(t.name) else "")
     return job
+
+
+def _import_exact(job: _Job, reason: str, out: _Executor) -> None:
+    """``--fallback exact``: the tensor's exact expanded form (docs/conversion-rules.md § 9), or
+    refused when its type has none or a super-block scale is not finite."""
+    from . import gguf_exact
+
+    info = job.info
+    try:
+        if not gguf_exact.has_form(info.ggml_type.name):
+            raise _Refuse(reason + "; no exact expanded form (--fallback exact)")
+        plan = gguf_exact.plan(info.name, info.ggml_type.name, _shape(info), _blocks(info), reason)
+        _carry_out(job, _Planned(plan, ""), out)
+    except _Refuse as r:
+        _refused(job, r.reason, "-")
+        return
+    job.expanded = True
 
 
 # ===========================================================================
@@ -893,24 +950,24 @@ def gguf_to_hurray(
                                     progress=progress)
 
 
-def _import_pass(gf: Any, out: P.Output | None, *, fallback: str | None, q4_1: str, progress: Progress) -> list[_Job]:
-    """Every tensor planned, and written to ``out`` in the same pass.  The first refusal
-    (or overlay name collision) deletes the temporary output; the remaining tensors are
-    then only checked, so the report names every refused tensor."""
+def _import_pass(gf: Any, out: _Executor, *, fallback: str | None, q4_1: str, progress: Progress) -> list[_Job]:
+    """Every tensor planned and carried out on ``out`` (written in the same pass, or on a
+    dry run only scanned).  The first refusal (or overlay name collision) deletes the
+    temporary output; the remaining tensors are then only scanned, so the report names
+    every refused tensor."""
     sources = {info.name for info in gf.tensors}
     seen: set[str] = set()
     total, done = _progress_total(gf.tensors), 0
     planned: list[_Job] = []
     for info in gf.tensors:
-        job = _plan(info, fallback=fallback, q4_1=q4_1, out=out)
+        job = _import_tensor(info, out, fallback=fallback, q4_1=q4_1)
         planned.append(job)
         gf.release_pages()  # bounded resident memory: see GGUFFile.release_pages
         clash = any(n in seen or (n != info.name and n in sources) for n in job.names)
         seen.update(job.names)
-        if out is not None and (clash or job.plan.status == REFUSED):
-            out.w.abort()
-            out = None
-        if out is not None and progress:
+        if clash or job.plan.status == REFUSED:
+            out, progress = out.dropped(), None
+        if progress:
             done += info.nbytes
             progress(done, total)
     return planned
@@ -1002,7 +1059,7 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
     )
     _check_reserved_keys(gf)  # the metadata itself is converted only when writing (vocabularies are big)
     if dry_run or dst is None:
-        planned = _import_pass(gf, None, fallback=fallback, q4_1=q4_1, progress=None)
+        planned = _import_pass(gf, P.DryRun(), fallback=fallback, q4_1=q4_1, progress=None)
         _import_report(report, gf, planned, src, dst, dry_run)
         try:
             _padding_note(report, _padding_runs(gf) if gf.nonzero_padding else [])
@@ -1230,22 +1287,17 @@ def _asym_match(t: Tensor, kv: dict[str, KVValue], c: BlockCodec, codes: np.ndar
     bad = _first_inexact_minimum(scales, zp, nb, c.code_range()[1])
     if bad is not None:
         raise P.Refuse(f"block {bad}: zero point × scale is not an f16-exact minimum")
-    return _Match(c.name, _Blocks(c, codes, lambda: scales, nb, lambda sl: _minimum_of(zp[sl], scales[sl].astype(np.float32))))
+    return _Match(c.name, _Blocks(c, codes, lambda: scales, nb, lambda sl: minimum_of(zp[sl], scales[sl].astype(np.float32))))
 
 
 def _first_inexact_minimum(scales: np.ndarray, zp: np.ndarray, nb: int, qmax: int) -> int | None:
-    """The proof that a zero point is a minimum: d·(q−z) ≡ d·q + m with m = f16(−z·d), bit for
-    bit in float32 for every code q ≤ ``qmax`` of each of the ``nb`` blocks.  Returns the
-    first block where it fails, or None."""
-    q = np.arange(qmax + 1, dtype=np.float32)
+    """The first of the ``nb`` blocks whose zero point is not a minimum m = f16(−z·d) in the
+    sense of :func:`~.gguf_codec.zero_point_misses` (the one statement of the proof), or None."""
     for sl in _chunks(nb):
         d32 = scales[sl].astype(np.float32)
-        m = _minimum_of(zp[sl], d32)
-        lhs = d32[:, None] * (q[None, :] - zp[sl].astype(np.float32)[:, None])
-        rhs = d32[:, None] * q[None, :] + m.astype(np.float32)[:, None]
-        differs = lhs.view(np.uint32) != rhs.view(np.uint32)
+        differs = zero_point_misses(d32, zp[sl], minimum_of(zp[sl], d32).astype(np.float32), qmax)
         if differs.any():
-            return sl.start + int(np.argmax(np.any(differs, axis=1)))
+            return sl.start + int(np.argmax(differs))
     return None
 
 

@@ -69,7 +69,9 @@ __all__ = [
     "SCALE_TYPES",
     "codec",
     "codecs",
+    "minimum_of",
     "register_code_kind",
+    "zero_point_misses",
 ]
 
 
@@ -321,6 +323,26 @@ class BlockCodec:
             K.scatter_field(out, self.fields["m"], parts.minimum)
         self.kind.pack(self, parts.codes, out)
         return out
+
+
+# ===========================================================================
+# the minimum as a zero point (docs/conversion-rules.md § 2 (a)), both directions
+
+
+def minimum_of(z: np.ndarray, d32: np.ndarray) -> np.ndarray:
+    """The float16 minimum ``m = −z·d`` a zero point stands for (``0 − z·d``, so z = 0 gives +0)."""
+    return (np.float32(0) - z.astype(np.float32) * d32).astype(np.float16)
+
+
+def zero_point_misses(d32: np.ndarray, z: np.ndarray, m32: np.ndarray, qmax: int) -> np.ndarray:
+    """The one statement of the proof that a block ``d·q + m`` is the affine block
+    ``d·(q − z)``: per block, True where ``d·(q − z) ≡ d·q + m`` fails, bit for bit in
+    float32, for some code q in 0…``qmax`` (``d32``, ``m32``: float32 scales and minimums;
+    ``z``: integer zero points)."""
+    q = np.arange(qmax + 1, dtype=np.float32)
+    lhs = d32[:, None] * (q[None, :] - z.astype(np.float32)[:, None])
+    rhs = d32[:, None] * q[None, :] + m32[:, None]
+    return np.any(lhs.view(np.uint32) != rhs.view(np.uint32), axis=1)
 
 
 def _build(name: str, row: Mapping[str, Any]) -> BlockCodec:

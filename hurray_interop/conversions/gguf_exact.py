@@ -17,17 +17,19 @@ records, for the generic converter :mod:`.gguf` (which calls :func:`plan` on imp
 * The restore record, KV ``hurray_interop.gguf.expanded.<name>`` (bytes): the
   :class:`~.gguf_expanded.Record` of the whole tensor -- every block's header bytes, then the
   exception blocks with their absolute block indices (``Record.to_bytes``). The records
-  take ~10 % of a K-quant model, so they are never held whole: the import spools them,
+  take ~10 % of a K-quant model, so they are never held whole: the import's executor spools them,
   chunk by chunk, to a scratch file of the writer and streams them into the KV section
   (:class:`~hurray_interop.core.kv.StreamedBytes`); the export reads them from the mapped
   file in windows (:meth:`~hurray_interop.core.kv.KVValue.view`).
 
-Both directions run on the one pass of :mod:`.gguf_pass`: the import expands each chunk of
-blocks once on the worker threads, which ``pwrite`` its codes, scales (zero points) and
-correction at their final offsets in the ranges :meth:`HrryWriter.reserve` left; the main
-thread spools the chunks' records in block order and collects the zero patches.  The zero
-patches (rare) change the layout, so a tensor found to have some is taken back
-(:meth:`HrryWriter.rewind`) and written again with them; a dry run only scans.
+Both directions run on the one pass of :mod:`.gguf_pass`: the import's :func:`plan` (which
+writes nothing) gives the executor a chunk function that expands each chunk of blocks once
+on the worker threads -- its codes, scales (zero points) and correction as named buffers,
+which the executor writes (``pwrite``) at their final offsets in the ranges
+:meth:`HrryWriter.reserve` left, and the record's parts, which it spools in block order --
+and a record collector.  The zero patches (rare) change the layout, so a tensor found to
+have some is taken back (:meth:`HrryWriter.rewind`, the plan's ``relayout``) and written
+again with them; a dry run only scans (:func:`~.gguf_expanded.expand_scales`).
 
 The export rebuilds the GGML blocks chunk by chunk with :func:`~.gguf_expanded.rebuild` (a
 :class:`~.gguf_sources.ChunkedBlocks`: the workers ``pwrite`` them where
@@ -41,27 +43,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import shutil
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from ..core.elements import buffer_size, element_type, sign_extend, unpack
-from ..core.kv import KVValue, StreamedBytes
 from ..core import model as M
 from ..core.model import Descriptor, Tensor
 from ..errors import FormatError
-from ..parallel import pmap
 from ..tables import load_table
 from . import gguf_expanded as X
+from .gguf_pass import Entry, Piece, Plan, Refuse, Slot
 from .gguf_sources import ChunkedBlocks
 
-if TYPE_CHECKING:
-    from ..core.hrry import HrryWriter
-    from ..files.positional import PositionalWriter
-
-__all__ = ["RECORD_PREFIX", "record_key", "record_bytes", "has_form", "ExactPlan", "plan", "export"]
+__all__ = ["RECORD_PREFIX", "record_key", "record_bytes", "has_form", "plan", "export"]
 
 RECORD_PREFIX = "hurray_interop.gguf.expanded."
 #: GGML blocks per chunk (2 Mi elements of 256-element blocks: bounded temporaries)
@@ -132,60 +128,111 @@ def _patch_desc(shape: tuple[int, ...], sub: int, k: int) -> Descriptor:
 # import
 
 
-@dataclass
-class ExactPlan:
-    """One tensor's expanded form: what the report says and how it is written."""
-
-    type: str
-    form: X.Form
-    names: tuple[str, ...]
-    bytes_out: int
-    record_bytes: int  # the record's header part (exception blocks come on top)
-    zero_patches: int
-
-    def describe(self) -> str:
-        n = self.zero_patches
-        return self.form.describe() + (f", {n} zero patch{'es' if n > 1 else ''}" if n else "")
-
-
 _Patches = tuple[np.ndarray, np.ndarray]  # zero patches: absolute sub-block indices, patterns
-_Writer = tuple["HrryWriter", list[tuple[str, "KVValue | StreamedBytes"]]]
 
 
-def _collect(ggml_type: str, chunks: Iterable[tuple[int, X.Expanded]],
-             each: Callable[[X.Expanded], None] = lambda x: None) -> _Patches:
-    """The zero patches of the ``(first block, expansion)`` chunks, in order (``each`` sees
-    every chunk as it comes)."""
+def _no_patches(ggml_type: str) -> _Patches:
+    return np.zeros(0, np.int64), np.zeros((0, X.form(ggml_type).sub_block), np.float32)
+
+
+def _gather(ggml_type: str, keeps: Iterable[_Patches]) -> _Patches:
+    """The zero patches of the chunks (each already absolute), in order."""
+    idx = [i for i, _ in keeps if i.size]
+    if not idx:
+        return _no_patches(ggml_type)
+    return np.concatenate(idx), np.concatenate([p for i, p in keeps if i.size])
+
+
+def _patches_of(ggml_type: str, x: X.Expanded, start: int) -> _Patches:
+    """A chunk's zero patches (block ``start`` first), their sub-block indices absolute."""
+    per = X._specs()[ggml_type].elements // X.form(ggml_type).sub_block
+    return x.zero_patch_index + start * per, x.zero_patch
+
+
+def _expanded(name: str, expand: Callable[..., Any], ggml_type: str, rows: np.ndarray, start: int) -> Any:
+    """``expand(ggml_type, rows, start)``; a non-finite super-block scale is a refusal."""
+    try:
+        return expand(ggml_type, rows, start)
+    except X.NonFiniteScale as e:
+        raise Refuse(f"{e.message} (tensor {name!r})") from None
+
+
+def _scan_chunk(name: str, ggml_type: str, rows: np.ndarray, start: int) -> Piece:
+    """A dry run's chunk: only the zero patches (:func:`~.gguf_expanded.expand_scales`)."""
+    return Piece(_patches_of(ggml_type, _expanded(name, X.expand_scales, ggml_type, rows, start), start))
+
+
+def _chunk(name: str, ggml_type: str, rows: np.ndarray, start: int) -> Piece:
+    """Expand the blocks once: their codes, scales (zero points) and correction as named
+    buffers, the record's parts (headers, exception blocks) and the zero patches."""
+    f = X.form(ggml_type)
+    x, packed = _expanded(name, X.expand_packed, ggml_type, rows, start)
+    scales = np.ascontiguousarray(x.scales).reshape(-1)
+    bufs = {"codes": packed, "scales": scales}
+    if f.zero_point is not None:
+        bufs["zero_points"] = np.full(scales.size, f.zero_point, dtype=_ZP)
+    if f.overlay:
+        assert x.correction_codes is not None and x.correction is not None
+        bufs["corr_codes"] = _correction_bytes(x.correction_codes.reshape(-1), buffer_size(_CORRECTION, f.sub_block))
+        bufs["corr_scales"] = np.ascontiguousarray(x.correction, dtype="<f4").reshape(-1)
+    r = x.record
+    assert r is not None
+    exceptions = dataclasses.replace(r, header=r.header[:0]).to_bytes() if r.exception_index.size else b""
+    return Piece(_patches_of(ggml_type, x, start), bufs, (np.ascontiguousarray(r.header).data, exceptions))
+
+
+def _slots(ggml_type: str, base: int) -> dict[str, Slot]:
+    """The named buffers of :func:`_chunk`: the base member (entry ``base``), then the correction."""
     f = X.form(ggml_type)
     per = X._specs()[ggml_type].elements // f.sub_block
-    idx, pat = [], []
-    for start, x in chunks:
-        each(x)
-        if x.zero_patch_index.size:
-            idx.append(x.zero_patch_index + start * per)
-            pat.append(x.zero_patch)
-    if not idx:
-        return np.zeros(0, np.int64), np.zeros((0, f.sub_block), np.float32)
-    return np.concatenate(idx), np.concatenate(pat)
+    slots = {"codes": Slot(base, 0, buffer_size(f.storage, X._specs()[ggml_type].elements)),
+             "scales": Slot(base, 1, per * element_type(f.scale).bits // 8)}
+    if f.zero_point is not None:
+        slots["zero_points"] = Slot(base, 2, per * _ZP.itemsize)
+    if f.overlay:
+        slots["corr_codes"] = Slot(base + 1, 0, per * buffer_size(_CORRECTION, f.sub_block))
+        slots["corr_scales"] = Slot(base + 1, 1, per * 4)
+    return slots
 
 
-def _scan(ggml_type: str, blocks: np.ndarray) -> _Patches:
-    """The tensor's zero patches; raises :class:`~.gguf_expanded.NonFiniteScale` for a
-    non-finite ``d``/``dmin``."""
-    work = lambda sl: (sl.start, X.expand_scales(ggml_type, blocks[sl], sl.start))  # noqa: E731
-    return _collect(ggml_type, pmap(work, blocks.shape[0], CHUNK_BLOCKS))
+def _finish(ggml_type: str, why: str, nbytes: int, elements: int, keeps: list[_Patches], report: Any) -> list[Any]:
+    """The collector of an expanded tensor: the report's form, size (the record's header
+    part on top) and reason; the record itself is spooled by the executor."""
+    n_patches = int(_gather(ggml_type, keeps)[0].size)
+    rec = record_bytes(ggml_type, nbytes)
+    report.mapping = X.form(ggml_type).describe() + (
+        f", {n_patches} zero patch{'es' if n_patches > 1 else ''}" if n_patches else "")
+    report.bytes_out += rec
+    n = max(elements, 1)
+    report.reason = (f"--fallback exact: {8 * report.bytes_in / n:.4g} → {8 * report.bytes_out / n:.4g} bits per "
+                     f"weight (record {8 * rec / n:.2g}); no native mapping: {why}")
+    return []
 
 
-def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray,
-         out: _Writer | None = None) -> ExactPlan:
-    """Plan ``name`` (``blocks``: its ``(n, block_bytes)`` GGML blocks) in its expanded form;
-    given ``out`` (the writer, the list its record goes to), write it in the same pass."""
+def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray, why: str,
+         patches: _Patches | None = None) -> Plan:
+    """The plan of ``name`` (``blocks``: its ``(n, block_bytes)`` GGML blocks) in its expanded
+    form, laid out for ``patches`` (default: none).  Written, each chunk is expanded once on
+    the workers; a tensor found to have zero patches is laid out again with them
+    (:attr:`~.gguf_pass.Plan.relayout`).  ``why``: why it has no native mapping."""
     f = X.form(ggml_type)
-    patch_index, _ = _scan(ggml_type, blocks) if out is None else _write(name, ggml_type, shape, blocks, *out)
-    composite, _, members = _layout(name, ggml_type, shape, patch_index)
-    size = sum(h.byte_size for _, d in members for h in d.buffers)
-    names = ((name,) if composite else ()) + tuple(mn for mn, _ in members)
-    return ExactPlan(ggml_type, f, names, size, record_bytes(ggml_type, blocks.size), int(patch_index.size))
+    found = _no_patches(ggml_type) if patches is None else patches
+    composite, head, members = _layout(name, ggml_type, shape, found[0])
+    reserved = 1 + f.overlay
+    entries = [Entry(name, head, ())] if composite else []
+    entries += [Entry(mn, md) for mn, md in members[:reserved]]
+    entries += [Entry(mn, md, [[p.astype("<f4").reshape(-1)]]) for (mn, md), p in zip(members[reserved:], found[1])]
+    again = None if patches is not None else functools.partial(_relayout, name, ggml_type, shape, blocks, why)
+    return Plan(tuple(entries), blocks, CHUNK_BLOCKS, _slots(ggml_type, int(composite)),
+                functools.partial(_chunk, name, ggml_type), functools.partial(_scan_chunk, name, ggml_type),
+                functools.partial(_finish, ggml_type, why, blocks.size, int(np.prod(shape, dtype=np.int64))), spool=(record_key(name), 2), relayout=again)
+
+
+def _relayout(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray, why: str,
+              keeps: list[_Patches]) -> Plan | None:
+    """The plan laid out with the zero patches the blocks have (None: they have none)."""
+    found = _gather(ggml_type, keeps)
+    return plan(name, ggml_type, shape, blocks, why, found) if found[0].size else None
 
 
 def _layout(name: str, ggml_type: str, shape: tuple[int, ...],
@@ -203,95 +250,6 @@ def _layout(name: str, ggml_type: str, shape: tuple[int, ...],
     head = Descriptor(element_type=element_type("float32"), shape=shape, buffers=(),
                       layout=M.CompositeHead(composition_rule=M.RULE_OVERLAY, combine_op=M.OP_ADD, member_count=len(members)))
     return composite, head, members
-
-
-def _write(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray, w: "HrryWriter",
-           records: list[tuple[str, KVValue | StreamedBytes]]) -> _Patches:
-    """Write the tensor in one pass, laid out as if it had no zero patches; the rare tensor
-    that has some is taken back and written again with them.  Returns its zero patches."""
-    rec = _RecordSink(ggml_type, w.scratch(RECORD_PREFIX + "records"), w.scratch(RECORD_PREFIX + "exceptions"))
-    mark = w.mark()
-    found = _write_pass(name, ggml_type, shape, blocks, w, rec, _collect(ggml_type, ()))
-    if found[0].size:
-        w.rewind(mark)
-        rec.reset()
-        _write_pass(name, ggml_type, shape, blocks, w, rec, found)
-    records.append((record_key(name), rec.value()))
-    return found
-
-
-def _write_pass(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray, w: "HrryWriter",
-                rec: "_RecordSink", patches: _Patches) -> _Patches:
-    """One pass: the layout for ``patches`` (holes for the base and correction, which the
-    workers fill chunk by chunk at their final offsets; the patches written), the record
-    spooled in block order.  Returns the zero patches the blocks have."""
-    composite, head, members = _layout(name, ggml_type, shape, patches[0])
-    f = X.form(ggml_type)
-    if composite:
-        w.write(name, head, ())
-    offs = [w.reserve(mn, md) for mn, md in members[: 1 + f.overlay]]
-    for (mn, md), p in zip(members[1 + f.overlay :], patches[1]):
-        w.write(mn, md, [[p.astype("<f4").reshape(-1)]])
-    pw = w.positional()
-
-    def spool(x: X.Expanded) -> None:
-        assert x.record is not None
-        rec.add(x.record)  # in block order, while the workers go on
-
-    work = lambda sl: (sl.start, _put_chunk(ggml_type, blocks, sl, offs, pw))  # noqa: E731
-    return _collect(ggml_type, pmap(work, blocks.shape[0], CHUNK_BLOCKS), spool)
-
-
-class _RecordSink:
-    """The tensor's record (``Record.to_bytes``), spooled chunk by chunk while its codes are
-    written: the headers to the end of ``spool``, the exception entries to ``exceptions``
-    (emptied first), copied after the headers by :meth:`value`."""
-
-    def __init__(self, ggml_type: str, spool: BinaryIO, exceptions: BinaryIO) -> None:
-        self.type, self.spool, self.exceptions = ggml_type, spool, exceptions
-        self.start = spool.seek(0, 2)
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget what was spooled (the tensor is written again)."""
-        self.spool.seek(self.start)
-        self.spool.truncate()
-        self.exceptions.seek(0)
-        self.exceptions.truncate()
-
-    def add(self, r: X.Record) -> None:
-        self.spool.write(np.ascontiguousarray(r.header).data)
-        if r.exception_index.size:
-            self.exceptions.write(dataclasses.replace(r, header=r.header[:0]).to_bytes())
-
-    def value(self) -> StreamedBytes:
-        """The whole record, streamed from the spool when the KV section is written."""
-        self.exceptions.seek(0)
-        self.spool.seek(0, 2)
-        shutil.copyfileobj(self.exceptions, self.spool, 1 << 20)
-        return StreamedBytes(self.spool, self.start, self.spool.tell() - self.start)
-
-
-def _put_chunk(ggml_type: str, blocks: np.ndarray, sl: slice, offs: list[list[int]],
-               pw: "PositionalWriter") -> X.Expanded:
-    """Expand the blocks ``sl`` once and write their codes, scales (zero points) and
-    correction at their final offsets (``offs``: the reserved buffers of base and
-    correction); returns the chunk's expansion (record, zero patches)."""
-    f = X.form(ggml_type)
-    elements = X._specs()[ggml_type].elements
-    s0 = sl.start * (elements // f.sub_block)
-    x, packed = X.expand_packed(ggml_type, blocks[sl], sl.start)
-    scales = np.ascontiguousarray(x.scales).reshape(-1)
-    pw.pwrite(packed, offs[0][0] + buffer_size(f.storage, sl.start * elements))
-    pw.pwrite(scales, offs[0][1] + s0 * scales.itemsize)
-    if f.zero_point is not None:
-        pw.pwrite(np.full(scales.size, f.zero_point, dtype=_ZP), offs[0][2] + s0 * _ZP.itemsize)
-    if f.overlay:
-        assert x.correction_codes is not None and x.correction is not None
-        width = buffer_size(_CORRECTION, f.sub_block)
-        pw.pwrite(_correction_bytes(x.correction_codes.reshape(-1), width), offs[1][0] + s0 * width)
-        pw.pwrite(np.ascontiguousarray(x.correction, dtype="<f4").reshape(-1), offs[1][1] + s0 * 4)
-    return x
 
 
 def _correction_bytes(codes: np.ndarray, width: int) -> np.ndarray:
