@@ -599,13 +599,15 @@ class _Work:
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def buffer(self, owner: object, n: int) -> np.ndarray:
+    def buffer(self, owner: "_Dense | _Composite", n: int) -> np.ndarray:
+        """The calling thread's buffer of ``owner`` (a decoder: the pool holds the decoder
+        itself, compared by identity, so a key can never name a decoder that is gone)."""
         pool = getattr(self._local, "pool", None)
         if pool is None:
             pool = self._local.pool = {}
-        buf = pool.get(id(owner))
+        buf = pool.get(owner)
         if buf is None or buf.size < n:
-            buf = pool[id(owner)] = np.empty(max(n, _PIECE + 8), dtype=np.float32)
+            buf = pool[owner] = np.empty(max(n, _PIECE + 8), dtype=np.float32)
         return buf
 
 
@@ -704,7 +706,7 @@ class _Composite:
                 if self.round is not None:
                     self.round(flat)
                 continue
-            tmp = work.buffer(m, count)[:count]
+            tmp = work.buffer(self, count)[:count]  # one member at a time
             m.decoder.fill(d, mprefix, a2 - off[d], b2 - off[d], tmp, work)
             if self.round is not None:
                 self.round(tmp)

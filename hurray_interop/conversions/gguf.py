@@ -495,8 +495,6 @@ def _plan_block(info: "G.GGUFTensorInfo", c: BlockCodec, q4_1: str) -> _Planned:
     return _Planned(plan, _mapping_text(c, c.mapping))
 
 
-
-
 def _minimum_check(d: np.ndarray, m: np.ndarray, qmax: int) -> np.ndarray | None:
     """docs/conversion-rules.md § 2 (a): integer zero points z = −m/d reproducing d·q + m exactly for
     every code (:func:`~.gguf_codec.zero_point_misses`), with m recoverable as f16(−z·d)
