@@ -47,7 +47,10 @@ def layout_rule(tag: int) -> "LayoutRule | None":
 
 def rule_of(layout: object) -> "LayoutRule | None":
     """The rule of an in-memory layout object (None: not a layout)."""
-    for cls in type(layout).__mro__:
+    rule = _BY_MODEL.get(type(layout))
+    if rule is not None:
+        return rule
+    for cls in type(layout).__mro__[1:]:  # a subclass of a model class
         rule = _BY_MODEL.get(cls)
         if rule is not None:
             return rule

@@ -52,7 +52,10 @@ def scheme_rule(tag: int) -> "SchemeRule | None":
 
 def rule_of(q: object) -> "SchemeRule | None":
     """The rule of an in-memory scheme object (None: not a scheme)."""
-    for cls in type(q).__mro__:
+    rule = _BY_MODEL.get(type(q))
+    if rule is not None:
+        return rule
+    for cls in type(q).__mro__[1:]:  # a subclass of a model class
         rule = _BY_MODEL.get(cls)
         if rule is not None:
             return rule
