@@ -93,14 +93,12 @@ from .core.model import (
     OP_ADD,
     RULE_GROUP,
     RULE_OVERLAY,
-    ColumnMajor,
     CompositeHead,
     Descriptor,
-    RowMajor,
-    Strided,
     Tensor,
     as_u8,
 )
+from .core.layouts import c_strides as _c_strides, rule_of as layout_of
 from .core.schemes import code_books, rule_of as scheme_of
 from .errors import FormatError, UnsupportedError, UsageError
 
@@ -332,15 +330,7 @@ class _Dense:
         if padded is not None and self.bufs[0].size - self.byte_offset >= padded:
             ss = tuple(-(-n // self.block) * self.block if k == self.axis else n for k, n in enumerate(shape))
         self.storage_shape = ss
-        if isinstance(layout, RowMajor):
-            self.row_major = True
-            strides = _c_strides(ss)
-        elif isinstance(layout, ColumnMajor):
-            self.row_major = len(shape) == 1 or _prod(shape) <= 1
-            strides = _f_strides(ss)
-        else:  # Strided (every addressed byte checked by validate_addressed_range)
-            strides = tuple(int(s) for s in layout.strides) or (1,)
-            self.row_major = strides == _c_strides(shape)
+        strides, self.row_major = layout_of(layout).element_strides(layout, shape, ss)
         self.strides = strides
         if self.size == 0:
             return
@@ -571,24 +561,6 @@ def _to_f32(raw: np.ndarray) -> np.ndarray:
     return raw.astype(np.float32, copy=False)
 
 
-def _c_strides(shape) -> tuple[int, ...]:
-    st = []
-    acc = 1
-    for n in reversed(shape):
-        st.append(acc)
-        acc *= int(n)
-    return tuple(reversed(st))
-
-
-def _f_strides(shape) -> tuple[int, ...]:
-    st = []
-    acc = 1
-    for n in shape:
-        st.append(acc)
-        acc *= int(n)
-    return tuple(st)
-
-
 class _Work:
     """Reusable float32 work buffers for one dequantization call, private to each thread
     and decoder (fresh 1 MiB allocations would page-fault on every piece).  Dropped with
@@ -741,7 +713,8 @@ def _validate(t: Tensor, strict: bool) -> None:
         et = desc.element_type
         if et.kind in ("complex", "private") or (not et.numpy and not et.packed):
             raise UnsupportedError(f"element type {et.name} has no float32 value", tensor=t.name, field="type_tag")
-        if not isinstance(layout, (RowMajor, ColumnMajor, Strided)):
+        rule = layout_of(layout)
+        if rule is None or not rule.evaluable:
             raise UnsupportedError(f"layout {type(layout).__name__} (tag {layout.tag:#04x}) cannot be dequantized; "
                                    "only row-major, column-major and strided layouts are supported",
                                    tensor=t.name, field="layout_tag")

@@ -23,7 +23,7 @@ from hurray_interop.core.model import (
     LAYOUT_NAMES, NF4, SCHEME_NAMES, BufferHandle, Descriptor, PerChannelAffine, RowMajor, Tensor,
 )
 from hurray_interop.dequant import NF4_LUT, dequantize
-from hurray_interop.errors import FormatError, InconsistentError
+from hurray_interop.errors import FormatError, InconsistentError, UnsupportedError
 from hurray_interop.inspection import describe_quantization
 
 
@@ -200,3 +200,33 @@ def test_unregistered_tags_are_still_rejected() -> None:
     raw[15] = 0x0C
     with pytest.raises(FormatError, match="unknown or reserved layout_tag 0x0c"):
         decode_descriptor(bytes(raw))
+
+
+@dataclasses.dataclass(frozen=True)
+class Transposed:
+    """A matrix stored as its transpose (column-major by another name)."""
+
+    tag = 0x0D
+
+
+def test_the_dequantizer_asks_the_layout_class(fresh_registries: None) -> None:
+    """A new dense layout whose class gives its element strides is evaluated through them;
+    one whose class does not is refused by name."""
+
+    class _Transposed(LR.LayoutRule):
+        tag, model = 0x0D, Transposed
+        name = "transposed (test)"
+        contiguous = evaluable = True
+
+        def element_strides(self, layout, shape, storage):  # type: ignore[no-untyped-def]
+            return LR.f_strides(storage), False
+
+    _define_diagonal()
+    f32 = element_type("float32")
+    stored = np.arange(6, dtype="<f4")
+    t = Tensor("m", Descriptor(f32, (2, 3), (BufferHandle(24),), layout=Transposed()), (stored.view(np.uint8),))
+    assert decode_descriptor(encode_descriptor(t.descriptor)) == t.descriptor
+    np.testing.assert_array_equal(dequantize(t), stored.reshape(3, 2).T)
+    d = Tensor("d", Descriptor(f32, (3, 3), (BufferHandle(12),), layout=Diagonal(0)), (np.zeros(12, np.uint8),))
+    with pytest.raises(UnsupportedError, match="layout Diagonal [(]tag 0x0c[)] cannot be dequantized"):
+        dequantize(d)

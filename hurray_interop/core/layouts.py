@@ -97,6 +97,8 @@ class LayoutRule:
     paged: ClassVar[bool] = False
     #: the names of the layout's own buffers (sparse layouts)
     roles: ClassVar[tuple[str, ...]] = ()
+    #: the dequantizer evaluates it (an element-strided dense layout: :meth:`element_strides`)
+    evaluable: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -143,21 +145,61 @@ class LayoutRule:
         """Sizes of the buffers named by :attr:`roles` (sparse layouts; None otherwise)."""
         return None
 
+    def element_strides(self, layout: Any, shape: tuple[int, ...], storage: tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
+        """An evaluable layout's strides in elements over the ``storage`` shape (``shape``
+        with padded partial blocks), and whether its elements lie in row-major order."""
+        raise NotImplementedError(f"{self.name} has no element strides")
+
+
+def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major element strides of ``shape``."""
+    st = []
+    acc = 1
+    for n in reversed(shape):
+        st.append(acc)
+        acc *= int(n)
+    return tuple(reversed(st))
+
+
+def f_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Column-major element strides of ``shape``."""
+    st = []
+    acc = 1
+    for n in shape:
+        st.append(acc)
+        acc *= int(n)
+    return tuple(st)
+
 
 class _RowMajor(LayoutRule):
     tag, model = 0x01, RowMajor
-    contiguous = paddable = True
+    contiguous = paddable = evaluable = True
+
+    def element_strides(self, layout: Any, shape: tuple[int, ...], storage: tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
+        return c_strides(storage), True
 
 
 class _ColumnMajor(LayoutRule):
     tag, model = 0x02, ColumnMajor
-    contiguous = paddable = True
+    contiguous = paddable = evaluable = True
+
+    def element_strides(self, layout: Any, shape: tuple[int, ...], storage: tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
+        n = 1
+        for d in shape:
+            n *= d
+        return f_strides(storage), len(shape) == 1 or n <= 1
 
 
 class _Strided(LayoutRule):
     """Any i64 stride (negative and zero allowed); rank 0 is rejected by the descriptor."""
 
     tag, model = 0x03, Strided
+    evaluable = True
+
+    def element_strides(self, layout: Any, shape: tuple[int, ...], storage: tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
+        """Every addressed byte is checked by the descriptor's ``validate_addressed_range``."""
+        strides = tuple(int(s) for s in layout.strides) or (1,)
+        return strides, strides == c_strides(shape)
 
     def encode(self, layout: Any, rank: int) -> bytes:
         return vec("q", len(layout.strides)).pack(*layout.strides)
