@@ -90,22 +90,16 @@ from .core.descriptor import (
 )
 from .core.elements import e8m0_reserved, element_type, sign_extend, unpack, unpack_at
 from .core.model import (
-    MXFP,
-    NF4,
     OP_ADD,
     RULE_GROUP,
     RULE_OVERLAY,
-    ColumnMajor,
     CompositeHead,
     Descriptor,
-    PerBlockAffine,
-    PerChannelAffine,
-    PerTensorAffine,
-    RowMajor,
-    Strided,
     Tensor,
     as_u8,
 )
+from .core.layouts import rule_of as layout_of
+from .core.schemes import code_books, rule_of as scheme_of
 from .errors import FormatError, UnsupportedError, UsageError
 
 __all__ = ["dequantize", "iter_dequantize", "NF4_LUT", "DEFAULT_MAX_ELEMENTS"]
@@ -119,17 +113,16 @@ _PARALLEL_GRAIN = 1 << 21
 
 _F32 = np.dtype(np.float32)
 
-#: The NF4 code book, verbatim from quantization/nf4.md (float32).
-NF4_LUT = np.array(
-    [
-        -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
-        -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
-        0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
-        0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
-    ],
-    dtype=np.float32,
-)
-NF4_LUT.flags.writeable = False
+@functools.cache
+def _code_book(scheme: str) -> np.ndarray:
+    """float32 value of each code of a code-book scheme (its class's ``code_book``)."""
+    table = np.array(code_books()[scheme], dtype=np.float32)
+    table.flags.writeable = False
+    return table
+
+
+#: The NF4 code book (quantization/nf4.md), as float32: the NF4 scheme class's ``code_book``.
+NF4_LUT = _code_book("NF4")
 
 
 # ---------------------------------------------------------------------------
@@ -173,7 +166,8 @@ def _byte_table(values_key: str) -> np.ndarray:
 
 
 def _values_by_key(key: str) -> np.ndarray:
-    return NF4_LUT if key == "nf4" else _code_values(key)
+    """The values of an element type's codes, or of a code-book scheme's (keyed by its name)."""
+    return _code_book(key) if key in code_books() else _code_values(key)
 
 
 # ---------------------------------------------------------------------------
@@ -284,7 +278,11 @@ class _Dense:
     # -- scheme ------------------------------------------------------------------
 
     def _prepare_scheme(self, q) -> None:
-        if isinstance(q, PerTensorAffine):
+        """What the scheme's class says: one scale for the tensor, per channel or per block;
+        the scales' element type; a code book replacing the storage type's values."""
+        rule = scheme_of(q)
+        self.unit = rule.unit
+        if rule.unit == "tensor":
             self.pt_scale = np.float32(q.scale)
             self.pt_zero = int(q.zero_point)
             return
@@ -296,25 +294,22 @@ class _Dense:
         axis = self.axis = int(q.axis)
         S = shape[axis]
         P, Q = _prod(shape[:axis]), _prod(shape[axis + 1 :])
-        if isinstance(q, PerChannelAffine):
-            sraw = self.bufs[q.scale_buffer_index].view("<f4")
-            self.scale = _ParamPlane(np.lib.stride_tricks.as_strided(sraw, (P, Q, S), (0, 0, sraw.strides[0])),
-                                     _to_f32)
-            if not q.symmetric:
-                self._zero_plane(q, (P, Q, S), broadcast=True)
-            return
-        self.block = int(q.block_size)
-        nb = blocks_per_axis(self.desc)
-        if isinstance(q, PerBlockAffine):
-            sraw = self.bufs[q.scale_buffer_index].view(q.scale_type.dtype.newbyteorder("<"))
-            self.scale = _ParamPlane(sraw.reshape(P, Q, nb), _to_f32)
-            if not q.symmetric:
-                self._zero_plane(q, (P, Q, nb), broadcast=False)
-        elif isinstance(q, NF4):
-            self.scale = _ParamPlane(self.bufs[q.scale_buffer_index].view("<f4").reshape(P, Q, nb), _to_f32)
-            self.values_key = "nf4"
-        else:  # MXFP
-            self.scale = _ParamPlane(self.bufs[q.scale_buffer_index].reshape(P, Q, nb), self._e8m0_scales)
+        st = rule.scale_type(q)
+        if st.bits == 8:  # float8_e8m0: a value table
+            sraw, convert = self.bufs[q.scale_buffer_index], functools.partial(_table_scales, st.name)
+        else:
+            sraw, convert = self.bufs[q.scale_buffer_index].view(st.dtype.newbyteorder("<")), _to_f32
+        if rule.unit == "channel":
+            shape3 = (P, Q, S)
+            self.scale = _ParamPlane(np.lib.stride_tricks.as_strided(sraw, shape3, (0, 0, sraw.strides[0])), convert)
+        else:
+            self.block = int(q.block_size)
+            shape3 = (P, Q, blocks_per_axis(self.desc))
+            self.scale = _ParamPlane(sraw.reshape(shape3), convert)
+        if rule.code_book is not None:
+            self.values_key = rule.name
+        if getattr(q, "zero_point_buffer_index", None) is not None:
+            self._zero_plane(q, shape3, broadcast=rule.unit == "channel")
 
     def _zero_plane(self, q, shape3, broadcast: bool) -> None:
         zraw = self.bufs[q.zero_point_buffer_index].view("<i4")
@@ -323,10 +318,6 @@ class _Dense:
         else:
             zraw = zraw.reshape(shape3)
         self.zero = _ParamPlane(zraw, lambda z: z.astype(np.int64))
-
-    @staticmethod
-    def _e8m0_scales(raw: np.ndarray) -> np.ndarray:
-        return np.take(_code_values("float8_e8m0"), raw, mode="clip")
 
     # -- layout ----------------------------------------------------------------
 
@@ -339,15 +330,7 @@ class _Dense:
         if padded is not None and self.bufs[0].size - self.byte_offset >= padded:
             ss = tuple(-(-n // self.block) * self.block if k == self.axis else n for k, n in enumerate(shape))
         self.storage_shape = ss
-        if isinstance(layout, RowMajor):
-            self.row_major = True
-            strides = _c_strides(ss)
-        elif isinstance(layout, ColumnMajor):
-            self.row_major = len(shape) == 1 or _prod(shape) <= 1
-            strides = _f_strides(ss)
-        else:  # Strided (every addressed byte checked by validate_addressed_range)
-            strides = tuple(int(s) for s in layout.strides) or (1,)
-            self.row_major = strides == _c_strides(shape)
+        strides, self.row_major = layout_of(layout).element_strides(layout, shape, ss)
         self.strides = strides
         if self.size == 0:
             return
@@ -495,7 +478,7 @@ class _Dense:
             if not _same(v, out):
                 out[...] = v
             return
-        if isinstance(q, PerTensorAffine):
+        if self.unit == "tensor":
             z = self.pt_zero
             if self.et.bits <= 16 and abs(z) <= (1 << 24) - (1 << 16):
                 v = self._values(d, prefix, a, b, scratch)
@@ -564,6 +547,11 @@ def _f16_table() -> np.ndarray:
     return t
 
 
+def _table_scales(name: str, raw: np.ndarray) -> np.ndarray:
+    """float32 values of 8-bit scale codes of element type ``name`` (float8_e8m0)."""
+    return np.take(_code_values(name), raw, mode="clip")
+
+
 def _to_f32(raw: np.ndarray) -> np.ndarray:
     """Widen float16 / bfloat16 / float32 scales to float32, losslessly."""
     if raw.dtype.itemsize == 2 and raw.dtype.kind == "f":  # float16
@@ -571,24 +559,6 @@ def _to_f32(raw: np.ndarray) -> np.ndarray:
     if raw.dtype.itemsize == 2:  # bfloat16: the high half of a float32
         return (raw.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
     return raw.astype(np.float32, copy=False)
-
-
-def _c_strides(shape) -> tuple[int, ...]:
-    st = []
-    acc = 1
-    for n in reversed(shape):
-        st.append(acc)
-        acc *= int(n)
-    return tuple(reversed(st))
-
-
-def _f_strides(shape) -> tuple[int, ...]:
-    st = []
-    acc = 1
-    for n in shape:
-        st.append(acc)
-        acc *= int(n)
-    return tuple(st)
 
 
 class _Work:
@@ -745,7 +715,8 @@ def _validate(t: Tensor, strict: bool) -> None:
         et = desc.element_type
         if et.kind in ("complex", "private") or (not et.numpy and not et.packed):
             raise UnsupportedError(f"element type {et.name} has no float32 value", tensor=t.name, field="type_tag")
-        if not isinstance(layout, (RowMajor, ColumnMajor, Strided)):
+        rule = layout_of(layout)
+        if rule is None or not rule.evaluable:
             raise UnsupportedError(f"layout {type(layout).__name__} (tag {layout.tag:#04x}) cannot be dequantized; "
                                    "only row-major, column-major and strided layouts are supported",
                                    tensor=t.name, field="layout_tag")

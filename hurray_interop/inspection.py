@@ -29,7 +29,7 @@ from typing import Any, Iterator
 from .core.kv import KVValue
 from .errors import UsageError
 from .core.model import (
-    LAYOUT_NAMES, MXFP, OP_NAMES, RULE_NAMES, CompositeHead, Descriptor, PerBlockAffine, PerChannelAffine,
+    LAYOUT_NAMES, OP_NAMES, RULE_NAMES, CompositeHead, Descriptor,
 )
 
 __all__ = ["inspect_hurray", "inspect_gguf", "inspect_safetensors", "describe_quantization", "describe_layout"]
@@ -45,28 +45,13 @@ def describe_layout(d: Descriptor) -> str:
 
 
 def describe_quantization(d: Descriptor) -> dict[str, Any] | None:
-    from .core.model import NF4, PerTensorAffine
-
+    """The scheme's name and the fields its class shows (None: not quantized)."""
     q = d.quantization
     if q is None:
         return None
-    if isinstance(q, PerTensorAffine):
-        return {"scheme": "per-tensor affine", "scale": q.scale, "zero_point": q.zero_point}
-    if isinstance(q, PerChannelAffine):
-        return {"scheme": "per-channel affine", "axis": q.axis, "symmetric": q.symmetric, "scale_type": q.scale_type.name}
-    if isinstance(q, PerBlockAffine):
-        return {
-            "scheme": "per-block affine",
-            "axis": q.axis,
-            "block_size": q.block_size,
-            "symmetric": q.symmetric,
-            "scale_type": q.scale_type.name,
-        }
-    if isinstance(q, NF4):
-        return {"scheme": "NF4", "axis": q.axis, "block_size": q.block_size}
-    if isinstance(q, MXFP):
-        return {"scheme": "MXFP", "axis": q.axis, "block_size": q.block_size, "scale_type": "float8_e8m0"}
-    return {"scheme": type(q).__name__}  # pragma: no cover
+    from .core.schemes import rule_of  # the scheme classes: not created for a GGUF's inspect
+
+    return rule_of(q).describe(q)  # type: ignore[union-attr]
 
 
 def _quant_text(q: dict[str, Any] | None) -> str:
