@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .conversions.fallback import CHOICES as FALLBACK_CHOICES  # the --fallback vocabulary (no numpy)
 from .conversions.fallback import DTYPE_CHOICES as DTYPE_FALLBACKS  # the fallbacks that store floats
 from .conversions.fallback import EXACT as FALLBACK_EXACT
+from .conversions.fallback import LOSSY_CHOICES as LOSSY_FALLBACKS
 from .errors import BadMagicError, FormatError, UsageError
 
 __all__ = [
@@ -214,12 +215,13 @@ class Format:
 
 _REGISTRY: dict[str, Format] = {}
 _LOADING = threading.RLock()
-_state = "new"  # -> "loading" (the plugins register themselves) -> "loaded"
+_state = "new"  # -> "loading" (the plugins' records are being registered) -> "loaded"
 
 
 def _records() -> dict[str, Format]:
-    """The registry, the built-in formats loaded first (each plugin module registers its record;
-    another thread waits until all are in)."""
+    """The registry, the built-in formats loaded first (the registry registers each plugin
+    module's ``FORMAT``, in the order of :data:`BUILTIN_FORMATS`; another thread waits until
+    all are in; a failed load leaves nothing registered and is tried again on the next call)."""
     global _state
     if _state != "loaded":
         with _LOADING:
@@ -227,7 +229,7 @@ def _records() -> dict[str, Format]:
                 _state = "loading"
                 try:
                     for name in BUILTIN_FORMATS:
-                        importlib.import_module(f"{__package__}.plugins.{name}")
+                        register_format(importlib.import_module(f"{__package__}.plugins.{name}").FORMAT)
                 except BaseException:
                     _REGISTRY.clear()
                     _state = "new"
@@ -277,7 +279,7 @@ COMMON_OPTIONS = (
     Option("dst_format", help="force the destination format", applies=CONVERSION, choices=format_names, flag="--to",
            unknown="unknown format {value!r} (one of {choices})"),
     Option(
-        "fallback", applies=CONVERSION, choices=FALLBACK_CHOICES, lossy=DTYPE_FALLBACKS[1:],
+        "fallback", applies=CONVERSION, choices=FALLBACK_CHOICES, lossy=LOSSY_FALLBACKS,
         unknown="unknown fallback {value!r} (one of: {choices})",
         help="store tensors that cannot be converted exactly dequantized as this type (reported per tensor); "
         "exact: GGUF types without a native mapping (K-quants, IQ, TQ, NVFP4) in their exact expanded form",

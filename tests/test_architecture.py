@@ -147,7 +147,7 @@ def test_the_registry_imports_no_format_specific_module() -> None:
     assert not bad, f"the registry imports {sorted(bad)}"
     plugins = {m for m in GRAPH if _layer(m) == "plugins" and m != f"{ROOT}.plugins"}
     assert plugins == {f"{ROOT}.plugins.{name}" for name in registry.BUILTIN_FORMATS}
-    assert all(f"{ROOT}.registry" in GRAPH[m] for m in plugins)  # each registers its own record
+    assert all(f"{ROOT}.registry" in GRAPH[m] for m in plugins)  # each declares its own record
     # no module imports a plugin: the registry loads them, so the layering holds at run time too
     assert not {m for m, deps in GRAPH.items() for d in deps if d in plugins}
 

@@ -122,3 +122,34 @@ def test_the_api_docstrings_name_every_declared_option():
         assert f'``"{choice}"``' in doc, choice
     verify_doc = " ".join(hurray_interop.verify.__doc__.split())
     assert all(f"``{o.name}``" in verify_doc for o in registry.conversion_options())
+
+
+def test_importing_a_plugin_first_changes_no_order() -> None:
+    """The registry registers the built-in records in the order of BUILTIN_FORMATS, whoever
+    imports a plugin module first (the --from/--to choices and every "one of" message)."""
+    import subprocess
+    import sys
+
+    code = ("import hurray_interop.plugins.gguf\n"
+            "from hurray_interop.registry import format_names\nprint(','.join(format_names()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ",".join(registry.BUILTIN_FORMATS) == "gguf,hurray,safetensors"
+
+
+def test_a_failed_load_of_the_built_in_formats_is_retried_whole(monkeypatch) -> None:
+    """A plugin that fails to load leaves nothing registered; the next look-up loads every
+    built-in record again (the plugins that had loaded are not lost)."""
+    saved = dict(registry._REGISTRY)
+    monkeypatch.setattr(registry, "_state", "new")
+    registry._REGISTRY.clear()
+    try:
+        monkeypatch.setattr(registry, "BUILTIN_FORMATS", ("gguf", "hurray", "no_such_plugin"))
+        with pytest.raises(ModuleNotFoundError):
+            registry.format_names()
+        assert registry._REGISTRY == {} and registry._state == "new"
+        monkeypatch.setattr(registry, "BUILTIN_FORMATS", ("gguf", "hurray", "safetensors"))
+        assert registry.format_names() == ("gguf", "hurray", "safetensors")
+        assert {n: f.name for n, f in registry._REGISTRY.items()} == {n: f.name for n, f in saved.items()}
+    finally:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(saved)

@@ -32,10 +32,12 @@ from ..report import LOSSY, VALUE_EXACT
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["DTYPE_CHOICES", "EXACT", "CHOICES", "check", "dtype_choice", "dtype", "cast", "lossless", "max_abs_error", "ErrorMeter", "status"]
+__all__ = ["DTYPE_CHOICES", "LOSSY_CHOICES", "EXACT", "CHOICES", "check", "dtype_choice", "dtype", "cast", "lossless", "max_abs_error", "ErrorMeter", "status"]
 
+#: the dtype fallbacks that may change a value (float32 holds every value the dequantizer gives)
+LOSSY_CHOICES = ("float16", "bfloat16")
 #: fallbacks that store the values as this Hurray element type
-DTYPE_CHOICES = ("float32", "float16", "bfloat16")
+DTYPE_CHOICES = ("float32", *LOSSY_CHOICES)
 #: the exact expanded forms of the GGML types without a native mapping (GGUF import)
 EXACT = "exact"
 #: every ``--fallback`` choice

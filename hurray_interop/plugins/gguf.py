@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from ..errors import HurrayInteropError, UsageError
-from ..registry import EXPORT, HURRAY, IMPORT, Format, Option, get_format, read_head, register_format
+from ..registry import EXPORT, HURRAY, IMPORT, Format, Option, get_format, read_head
 
 
 def _sniff(head: bytes) -> bool:
@@ -122,8 +122,9 @@ OPTIONS = (
            help="GGUF output: a split set of shards of at most SIZE tensor bytes (500M, 2G: 10^6, 10^9 bytes)"),
 )
 
-FORMAT = register_format(Format(
+#: the record; the registry registers it when it loads the built-in formats
+FORMAT = Format(
     name="gguf", title="GGUF", extensions=(".gguf",), sniff=_sniff, open=_open, inspect=_inspect,
     verifier=_verifier, to_hurray=_to_hurray, from_hurray=_from_hurray, options=OPTIONS,
     member_of=_member_of, outputs=_outputs, dequantize=_dequantize, exact_fallback=True,
-))
+)

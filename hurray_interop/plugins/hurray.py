@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry import HURRAY, Format, register_format
+from ..registry import HURRAY, Format
 
 
 def sniff(head: bytes) -> bool:
@@ -29,7 +29,8 @@ def _verifier() -> Any:
     return VERIFIER
 
 
-FORMAT = register_format(Format(
+#: the record; the registry registers it when it loads the built-in formats
+FORMAT = Format(
     name=HURRAY, title="Hurray", extensions=(".hrry",), sniff=sniff, open=_open, inspect=_inspect,
     verifier=_verifier, counterpart="gguf",
-))
+)

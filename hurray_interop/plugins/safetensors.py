@@ -6,7 +6,7 @@ import struct
 import sys
 from typing import Any
 
-from ..registry import EXPORT, Format, Option, register_format
+from ..registry import EXPORT, Format, Option
 from ..tables import load_table
 
 
@@ -68,8 +68,9 @@ OPTIONS = (
            help="safetensors output: MX checkpoint convention (default: the one recorded at import)"),
 )
 
-FORMAT = register_format(Format(
+#: the record; the registry registers it when it loads the built-in formats
+FORMAT = Format(
     name="safetensors", title="safetensors", extensions=(".safetensors",), sniff=_sniff, open=_open,
     inspect=_inspect, verifier=_verifier, to_hurray=_to_hurray, from_hurray=_from_hurray, options=OPTIONS,
     dequantize=_dequantize,
-))
+)
