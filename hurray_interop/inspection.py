@@ -37,11 +37,10 @@ __all__ = ["inspect_hurray", "inspect_gguf", "inspect_safetensors", "describe_qu
 
 def describe_layout(d: Descriptor) -> str:
     lay = d.layout
-    name = LAYOUT_NAMES.get(lay.tag, f"private 0x{lay.tag:02x}")
     if isinstance(lay, CompositeHead):
         op = OP_NAMES.get(lay.combine_op, str(lay.combine_op))
         return f"composite {RULE_NAMES.get(lay.composition_rule, lay.composition_rule)}{'(' + op + ')' if op else ''} x{lay.member_count}"
-    return name
+    return LAYOUT_NAMES.get(lay.tag, f"private 0x{lay.tag:02x}")  # a layout class's name (core/layouts.py)
 
 
 def describe_quantization(d: Descriptor) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from hurray_interop.core.model import (
 )
 from hurray_interop.dequant import NF4_LUT, dequantize
 from hurray_interop.errors import FormatError, InconsistentError, UnsupportedError
-from hurray_interop.inspection import describe_quantization
+from hurray_interop.inspection import describe_layout, describe_quantization
 
 
 def test_every_layout_tag_has_one_class_carrying_it() -> None:
@@ -84,11 +85,17 @@ class Nf2:
 
 
 @pytest.fixture
-def fresh_registries(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Classes defined by a test register into copies, dropped after it."""
+def fresh_registries(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Classes defined by a test register into copies, dropped after it (the name tables,
+    which the other modules hold by reference, are restored in place)."""
     for mod in (SR, LR):
         monkeypatch.setattr(mod, "_BY_TAG", dict(mod._BY_TAG))
         monkeypatch.setattr(mod, "_BY_MODEL", dict(mod._BY_MODEL))
+    names = [(table, dict(table)) for table in (SCHEME_NAMES, LAYOUT_NAMES)]
+    yield
+    for table, saved in names:
+        table.clear()
+        table.update(saved)
 
 
 def _define_nf2() -> SR.SchemeRule:
@@ -123,6 +130,7 @@ def test_a_new_scheme_is_one_class(fresh_registries: None) -> None:
     assert raw[q_at : q_at + 5] == struct.pack("<IB", 16, 0x06)  # quantization_length, scheme_tag
     assert decode_descriptor(raw) == t.descriptor
     assert describe_quantization(t.descriptor) == {"scheme": "NF2 (test)", "axis": 1, "block_size": 4}
+    assert t.describe() == "NF2 (test) uint2"  # the name the export's report gives the source
     book = np.array(rule.code_book, dtype=np.float32)
     want = np.repeat(scales.reshape(2, 2), 4, axis=1) * book[codes]
     np.testing.assert_array_equal(dequantize(t), want)
@@ -184,6 +192,7 @@ def test_a_new_layout_is_one_class(fresh_registries: None) -> None:
     assert raw[15] == 0x0C and raw[20 + 16 + 8 : 20 + 16 + 12] == struct.pack("<i", -1)
     assert decode_descriptor(raw) == desc
     assert rule.name == "diagonal (test)"
+    assert describe_layout(desc) == "diagonal (test)"  # what inspect shows
     with pytest.raises(InconsistentError, match="must be square"):
         validate_descriptor(dataclasses.replace(desc, shape=(3, 4)))
     with pytest.raises(InconsistentError, match="buffer 0 holds 36 bytes, but float32 \\[3, 3\\] needs 12"):

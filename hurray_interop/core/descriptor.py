@@ -91,7 +91,6 @@ from .model import (
     Quantization,
     Shard,
     Statistics,
-    Strided,
 )
 from .schemes import rule_of as scheme_of, scheme_models, scheme_rule
 from .wire import NONE_U32, Ctx as _Ctx, check_int as _int, pow2 as _pow2, vec as _vec
@@ -861,14 +860,15 @@ def addressed_byte_range(desc: Descriptor) -> tuple[int, int] | None:
     Strides count logical elements; a sub-byte element occupies the byte (6-bit: the
     3-byte group) holding it.  None for other layouts, empty or dynamic shapes and
     private element types."""
-    layout = desc.layout
+    rule = layout_of(desc.layout)
+    strides = rule.free_strides(desc.layout) if rule is not None else None
     et = desc.element_type
-    if not isinstance(layout, Strided) or et.kind == "private" or len(layout.strides) != len(desc.shape):
+    if strides is None or et.kind == "private" or len(strides) != len(desc.shape):
         return None
     if any(n is None or n == 0 for n in desc.shape):
         return None
-    lo = sum(min(0, s * (n - 1)) for s, n in zip(layout.strides, desc.shape))  # type: ignore[operator]
-    hi = sum(max(0, s * (n - 1)) for s, n in zip(layout.strides, desc.shape))  # type: ignore[operator]
+    lo = sum(min(0, s * (n - 1)) for s, n in zip(strides, desc.shape))  # type: ignore[operator]
+    hi = sum(max(0, s * (n - 1)) for s, n in zip(strides, desc.shape))  # type: ignore[operator]
     bo = desc.byte_offset
     if et.bits == 6:
         return bo + 3 * (lo // 4), bo + 3 * (hi // 4) + 3

@@ -107,6 +107,8 @@ class LayoutRule:
             _BY_MODEL[cls.model] = rule
             if cls.tag is not None:
                 _BY_TAG[cls.tag] = rule
+                if "name" in cls.__dict__:  # a new layout's name, where reports and inspect read names
+                    LAYOUT_NAMES.setdefault(cls.tag, cls.__dict__["name"])
 
     @property
     def name(self) -> str:
@@ -143,6 +145,11 @@ class LayoutRule:
 
     def layout_sizes(self, desc: "Descriptor") -> list[int] | None:
         """Sizes of the buffers named by :attr:`roles` (sparse layouts; None otherwise)."""
+        return None
+
+    def free_strides(self, layout: Any) -> tuple[int, ...] | None:
+        """The layout's own element strides when they may address bytes outside the buffer
+        (strided: ``validate_addressed_range`` checks them), else None."""
         return None
 
     def element_strides(self, layout: Any, shape: tuple[int, ...], storage: tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
@@ -195,6 +202,9 @@ class _Strided(LayoutRule):
 
     tag, model = 0x03, Strided
     evaluable = True
+
+    def free_strides(self, layout: Any) -> tuple[int, ...] | None:
+        return tuple(layout.strides)
 
     def element_strides(self, layout: Any, shape: tuple[int, ...], storage: tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
         """Every addressed byte is checked by the descriptor's ``validate_addressed_range``."""

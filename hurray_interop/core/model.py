@@ -423,7 +423,8 @@ class Tensor:
             return f"{rule}({'+'.join(parts)})"
         if d.quantization is None:
             return d.element_type.name
-        return f"{SCHEME_NAMES[d.quantization.scheme_tag].removesuffix(' affine')} {d.element_type.name}"
+        tag = d.quantization.scheme_tag
+        return f"{SCHEME_NAMES.get(tag, f'scheme 0x{tag:02x}').removesuffix(' affine')} {d.element_type.name}"
 
 
 def as_u8(buf: "bytes | bytearray | memoryview | np.ndarray | Sequence[int]") -> np.ndarray:

@@ -130,6 +130,8 @@ class SchemeRule:
             cls.scale_tags = _tags(getattr(cls, "scale_types", ()))
             rule = cls()
             _BY_TAG[cls.tag] = _BY_MODEL[cls.model] = rule
+            if "name" in cls.__dict__:  # a new scheme's name, where reports and inspect read names
+                SCHEME_NAMES.setdefault(cls.tag, cls.__dict__["name"])
 
     @property
     def name(self) -> str:
