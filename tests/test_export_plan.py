@@ -166,3 +166,22 @@ def test_the_export_asks_no_object_what_it_has() -> None:
     assert _calls(pkg / "conversions" / "gguf.py", after="_Export") == []
     assert _calls(pkg / "conversions" / "gguf_sources.py") == []
     assert _calls(pkg / "formats" / "gguf_split.py", only={"write_shard", "write_set"}) == []
+
+
+def test_a_refused_destination_leaves_no_open_descriptor(fixtures_dir: Path, tmp_path: Path) -> None:
+    """The source's descriptor (kernel copies) is closed when the output cannot be opened
+    (the destination exists, no --force): Nth refusal, no more descriptors than before."""
+    import os
+
+    from hurray_interop.errors import HurrayInteropError
+
+    hrry = tmp_path / "t.hrry"
+    C.gguf_to_hurray(fixtures_dir / "tiny-llama.gguf", hrry)
+    dst = tmp_path / "exists.gguf"
+    dst.write_bytes(b"keep")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(HurrayInteropError):
+            C.hurray_to_gguf(hrry, dst)
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert dst.read_bytes() == b"keep"

@@ -105,8 +105,10 @@ def test_no_planner_takes_an_output_and_only_the_executor_rewinds() -> None:
             if fn.name.lstrip("_").startswith("plan"):
                 assert not args & {"out", "to", "w", "offs"}, (module, fn.name, args)
             if fn.name != "dequantize_gguf":  # its ``out`` is the caller's array
-                for node in ast.walk(fn):
-                    if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id == "out":
+                outputs = args & {"out", "to", "w", "offs", "output", "writer", "dst_writer"}
+                for node in ast.walk(fn):  # ``x is None`` / ``x is not None`` of an output argument
+                    if (isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id in outputs
+                            and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)):
                         raise AssertionError(f"{module}: {fn.name} branches on whether there is an output")
     for path in CONVERSIONS.glob("*.py"):
         calls = {n.func.attr for n in ast.walk(ast.parse(path.read_text()))

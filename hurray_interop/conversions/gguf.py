@@ -116,8 +116,6 @@ PADDING_LOST = "recorded non-zero padding byte(s) not restored"
 
 #: blocks processed per chunk (≈ 8 Mi elements): bounds memory for any tensor size
 CHUNK_BLOCKS = 1 << 18
-#: rows of plain data per chunk, in bytes
-CHUNK_BYTES = 32 << 20
 
 Progress = Callable[[int, int], None] | None
 VT = G.ValueType
@@ -342,7 +340,6 @@ _ZP = np.dtype("<i4")
 
 
 @dataclass
-@dataclass
 class _Job:
     """One GGUF tensor on its way into Hurray: its report row, records and Hurray names."""
 
@@ -412,7 +409,6 @@ def _mapping_text(c: BlockCodec, kind: str) -> str:
     }[kind]
 
 
-_Refuse = P.Refuse
 _NO_BLOCKS = np.zeros(0, dtype=np.int64)
 _Substituted = tuple[np.ndarray, np.ndarray | None]  # a chunk's substituted blocks: indices, original scales
 
@@ -856,10 +852,10 @@ def _import_tensor(info: "G.GGUFTensorInfo", out: _Executor, *, fallback: str | 
     try:
         c = codec(t.name)
         if c is None:
-            raise _Refuse(_refusal_reason(t.name, t.family))
+            raise P.Refuse(_refusal_reason(t.name, t.family))
         _carry_out(job, _PLANNERS[c.mapping](info, c, q4_1), out)
         return job
-    except _Refuse as r:
+    except P.Refuse as r:
         reason = r.reason
     job = _fresh(info)
     if fallback == fallbacks.EXACT:
@@ -885,10 +881,10 @@ def _import_exact(job: _Job, reason: str, out: _Executor) -> None:
     info = job.info
     try:
         if not gguf_exact.has_form(info.ggml_type.name):
-            raise _Refuse(reason + "; no exact expanded form (--fallback exact)")
+            raise P.Refuse(reason + "; no exact expanded form (--fallback exact)")
         plan = gguf_exact.plan(info.name, info.ggml_type.name, _shape(info), _blocks(info), reason)
         _carry_out(job, _Planned(plan, ""), out)
-    except _Refuse as r:
+    except P.Refuse as r:
         _refused(job, r.reason, "-")
         return
     job.expanded = True
@@ -1067,7 +1063,7 @@ def _gguf_to_hurray_open(gf: "G.GGUFFile", src: str, dst: str | os.PathLike[str]
     from ..core.hrry import HrryWriter
 
     padding = _padding_runs(gf) if gf.nonzero_padding else []  # refused before anything is written
-    fd = None if gf.split_set is not None else P.open_source(getattr(gf, "path", None))
+    fd = None if gf.split_set is not None else P.open_source(gf.path)
     with _closing_fd(fd), HrryWriter(dst, count_at_finish=True, force=force, inputs=_input_paths(gf, src)) as w:
         out = P.Output(w, w.positional(), fd)
         planned = _import_pass(gf, out, fallback=fallback, q4_1=q4_1, progress=progress)
@@ -1713,7 +1709,7 @@ def _write_single(hf: Any, src: str, dst: Any, exports: list[_Export], records: 
     total = sum(e.plan.bytes_out for e in exports)
     done = 0
     fd = P.open_source(src)
-    with AtomicOutput(dst, force=force, inputs=(src,)) as fh, _closing_fd(fd):
+    with _closing_fd(fd), AtomicOutput(dst, force=force, inputs=(src,)) as fh:  # fd closed if dst is refused
         try:
             w = G.GGUFWriterStream(
                 fh,

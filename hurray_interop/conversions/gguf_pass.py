@@ -20,9 +20,11 @@ reading the data once: a refusal found after the first chunks landed (a fallback
 writes its own form in its place), and a tensor whose zero patches change its layout
 (:attr:`Plan.relayout`: it is written again, laid out with them).
 
-An export uses the same pieces: the workers join GGML blocks into reused buffers and
-``pwrite`` them where ``GGUFWriterStream.skip_tensor_data`` left room; plain tensors of
-either direction are copied by the kernel (:func:`copy_bytes`).
+An export uses the same executor: its block sources (:mod:`.gguf_sources`) hand their
+pure chunk functions to :func:`write_blocks` (the workers join GGML blocks into reused
+buffers and ``pwrite`` them where ``GGUFWriterStream.skip_tensor_data`` left room), a
+``--fallback`` stream to :func:`write_stream`; plain tensors of either direction are
+copied by the kernel (:func:`copy_bytes`).
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
 from .. import kernels as K
-from ..parallel import pmap
+from ..parallel import pmap, prefetch_chunks
 from .gguf_codec import BlockCodec
 
 if TYPE_CHECKING:
@@ -45,7 +47,8 @@ if TYPE_CHECKING:
     from ..files.positional import PositionalWriter
 
 __all__ = ["Refuse", "Entry", "Slot", "Piece", "Plan", "Done", "Output", "DryRun", "buffer", "checked",
-           "zero_blocks", "refuse_bad", "run", "copy_bytes"]
+           "zero_blocks", "refuse_bad", "run", "write_blocks", "write_stream", "copy_bytes", "open_source",
+           "Copies", "COPY_BYTES"]
 
 T = TypeVar("T")
 
@@ -178,15 +181,12 @@ class Output:
     w: "HrryWriter"
     pw: "PositionalWriter"
     fd: int | None = None
-    #: a .hrry source: the file offsets of a tensor's buffers
-    source_offsets: Callable[[str], list[int]] | None = None
 
     def execute(self, plan: Plan) -> Done:
         """Write ``plan`` (the .hrry import): reserved ranges filled by the workers.  A
         refusal takes back what was written of the tensor (the data is read once, so it
         can come after the first chunks landed); a plan the data relays out is taken
         back and written again in its new layout."""
-        assert self.w is not None
         mark = self.w.mark()
         spool = _Spool(self.w, plan.spool) if plan.spool is not None else None
         try:
@@ -206,12 +206,10 @@ class Output:
 
     def dropped(self) -> DryRun:
         """The output deleted: the rest of the pass only scans."""
-        assert self.w is not None
         self.w.abort()
         return DryRun()
 
     def _write(self, plan: Plan, spool: "_Spool | None") -> Done:
-        assert self.w is not None
         offs: list[list[int]] = []
         for e in plan.entries:
             if e.data is None:
@@ -339,6 +337,26 @@ def run(work: Callable[[slice], T], n: int, step: int) -> list[T]:
     """``work`` over the chunks of ``n`` items on the worker threads; results in order.
     Every worker has stopped when this returns or raises (no write lands later)."""
     return list(pmap(work, n, step))
+
+
+def write_blocks(pw: "PositionalWriter", chunk: Callable[[slice], np.ndarray], n: int, step: int,
+                 block_bytes: int, offset: int) -> None:
+    """An export's ``n`` GGML blocks of ``block_bytes`` each at ``offset``: the pure chunk
+    function (blocks ``sl`` in, their bytes out) on the worker threads, each chunk
+    ``pwrite`` at its final place as it is made."""
+
+    def work(sl: slice) -> None:
+        pw.pwrite(chunk(sl), offset + sl.start * block_bytes)
+
+    run(work, n, step)
+
+
+def write_stream(pw: "PositionalWriter", chunks: Iterable[np.ndarray], offset: int) -> None:
+    """Byte chunks of a sequential stream at ``offset``, in order (the next one is made in a
+    worker while this one is written)."""
+    for c in prefetch_chunks(chunks):
+        pw.pwrite(c, offset)
+        offset += c.nbytes
 
 
 def copy_bytes(out: Copies, data: np.ndarray, offset: int, source_offset: int | None) -> None:

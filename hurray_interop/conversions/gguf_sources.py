@@ -1,4 +1,4 @@
-"""The block sources of an export (Hurray → GGUF) and the one way they are written.
+"""The block sources of an export (Hurray → GGUF): what each tensor's GGML bytes are made of.
 
 The export's planner (:func:`hurray_interop.conversions.gguf._export_match`) gives every
 tensor it can write one :class:`BlockSource`: the tensor's GGML bytes, computed only
@@ -7,9 +7,9 @@ when they are written.  Each source writes itself at its tensor's offset of a
 
 * :class:`ChunkedBlocks` -- blocks made by a pure chunk function (blocks ``sl`` of the
   Hurray buffers in, GGML blocks out, in a buffer each thread reuses; any consistency
-  check inside it, so the data is read once), run on the worker threads and written at
-  their final offsets by :meth:`ChunkedBlocks.write`, the one executor of an export's
-  blocks (the joined blocks of :mod:`.gguf`, the rebuilt ones of :mod:`.gguf_exact`);
+  check inside it, so the data is read once), which the one executor
+  (:func:`.gguf_pass.write_blocks`) runs on the worker threads and writes at their final
+  offsets (the joined blocks of :mod:`.gguf`, the rebuilt ones of :mod:`.gguf_exact`);
 * :class:`PlainBytes` -- a plain tensor's bytes, copied by the kernel where it can;
 * :class:`StreamedBytes` -- bytes of a sequential stream (the dequantized values of
   ``--fallback``), produced one chunk ahead and written in order.
@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
-from ..parallel import prefetch_chunks
 from . import gguf_pass as P
 
 if TYPE_CHECKING:
@@ -68,12 +67,7 @@ class ChunkedBlocks(BlockSource):
         raises on any inconsistency it finds (the output is atomic: nothing is kept)."""
 
     def write(self, out: Target, offset: int) -> None:
-        chunk, size = self.chunk_function(), self.block_bytes
-
-        def work(sl: slice) -> None:
-            out.pw.pwrite(chunk(sl), offset + sl.start * size)
-
-        P.run(work, self.n, self.step)
+        P.write_blocks(out.pw, self.chunk_function(), self.n, self.step, self.block_bytes, offset)
 
 
 class PlainBytes(BlockSource):
@@ -94,6 +88,4 @@ class StreamedBytes(BlockSource):
         self.chunks = chunks
 
     def write(self, out: Target, offset: int) -> None:
-        for c in prefetch_chunks(self.chunks()):
-            out.pw.pwrite(c, offset)
-            offset += c.nbytes
+        P.write_stream(out.pw, self.chunks(), offset)
