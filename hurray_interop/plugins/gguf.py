@@ -98,7 +98,7 @@ def _open(path: str) -> Any:
 
 
 def _inspect(path: str, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
-    from ..inspection import inspect_gguf
+    from ..inspection.gguf import inspect_gguf
 
     return inspect_gguf(path, fallback=fallback, **shown)
 

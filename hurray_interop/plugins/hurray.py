@@ -18,7 +18,7 @@ def _open(path: str) -> Any:
 
 
 def _inspect(path: str, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
-    from ..inspection import inspect_hurray
+    from ..inspection.hurray import inspect_hurray
 
     return inspect_hurray(path, **shown)  # a .hrry has no conversion plan into it
 

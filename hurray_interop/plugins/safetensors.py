@@ -51,7 +51,7 @@ def _open(path: str) -> Any:
 
 
 def _inspect(path: str, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
-    from ..inspection import inspect_safetensors
+    from ..inspection.safetensors import inspect_safetensors
 
     return inspect_safetensors(path, **shown)  # no safetensors tensor has an expanded form
 
