@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,8 +194,11 @@ class Format:
     #: as names and records tell before converting (None: ``dst`` alone); batches check them
     outputs: Callable[..., list[str]] | None = None
     #: ``dequantize(tensor, **options)``: the float32 values of a tensor this format's reader
-    #: gave (``open(path).tensor(name)``), None for a tensor of another format's reader
+    #: gave (``open(path).tensor(name)``, an instance of :attr:`tensor_type`)
     dequantize: Callable[..., Any] | None = None
+    #: the class of that reader's tensors, ``"module.Class"`` (looked up only once its module is
+    #: loaded: such a tensor exists only then)
+    tensor_type: str | None = None
     #: the format a file of this one converts to when only a directory is given
     #: (``convert SRC DIR/``, without ``--to``)
     counterpart: str = "hurray"
@@ -394,10 +398,11 @@ def dequantize_foreign(tensor: Any, **options: Any) -> Any:
     """The float32 values of a tensor of a foreign format's reader, by the format that made it
     (:attr:`Format.dequantize`); None when no format claims it."""
     for f in formats():
-        if f.dequantize is not None:
-            values = f.dequantize(tensor, **options)
-            if values is not None:
-                return values
+        if f.dequantize is not None and f.tensor_type is not None:
+            module, _, name = f.tensor_type.rpartition(".")
+            loaded = sys.modules.get(module)
+            if loaded is not None and isinstance(tensor, getattr(loaded, name)):
+                return f.dequantize(tensor, **options)
     return None
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from ..errors import HurrayInteropError, UsageError
@@ -83,9 +82,6 @@ def _recorded_set_count(src: str) -> int | None:
 
 
 def _dequantize(tensor: Any, **options: Any) -> Any:
-    G = sys.modules.get("hurray_interop.formats.gguf")  # loaded: a GGUF tensor exists only then
-    if G is None or not isinstance(tensor, G.GGUFTensorInfo):
-        return None
     from ..conversions.gguf import dequantize_gguf
 
     return dequantize_gguf(tensor, **options)
@@ -126,5 +122,6 @@ OPTIONS = (
 FORMAT = Format(
     name="gguf", title="GGUF", extensions=(".gguf",), sniff=_sniff, open=_open, inspect=_inspect,
     verifier=_verifier, to_hurray=_to_hurray, from_hurray=_from_hurray, options=OPTIONS,
-    member_of=_member_of, outputs=_outputs, dequantize=_dequantize, exact_fallback=True,
+    member_of=_member_of, outputs=_outputs, dequantize=_dequantize,
+    tensor_type="hurray_interop.formats.gguf.GGUFTensorInfo", exact_fallback=True,
 )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-import sys
 from typing import Any
 
 from ..registry import EXPORT, Format, Option
@@ -36,9 +35,6 @@ def _from_hurray(src: str, dst: str | None, *, jobs: int | None = None, **option
 
 
 def _dequantize(tensor: Any, **options: Any) -> Any:
-    S = sys.modules.get("hurray_interop.formats.safetensors")  # loaded: such a tensor exists only then
-    if S is None or not isinstance(tensor, S.STTensor):
-        return None
     from ..conversions.safetensors import dequantize_safetensors
 
     return dequantize_safetensors(tensor, **options)
@@ -72,5 +68,5 @@ OPTIONS = (
 FORMAT = Format(
     name="safetensors", title="safetensors", extensions=(".safetensors",), sniff=_sniff, open=_open,
     inspect=_inspect, verifier=_verifier, to_hurray=_to_hurray, from_hurray=_from_hurray, options=OPTIONS,
-    dequantize=_dequantize,
+    dequantize=_dequantize, tensor_type="hurray_interop.formats.safetensors.STTensor",
 )
