@@ -23,7 +23,7 @@ from .model import (
     LAYOUT_NAMES, BlockPaged, ColumnMajor, CompositeHead, Coo, Csc, Csf, Csr, Hilbert, Morton, PrivateLayout,
     RowMajor, Strided, Tiled,
 )
-from .wire import NONE_U32, Ctx, check_int, vec
+from .wire import NONE_U32, Ctx, check_int, rule_by_class, vec
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..files.binary import Reader
@@ -47,14 +47,7 @@ def layout_rule(tag: int) -> "LayoutRule | None":
 
 def rule_of(layout: object) -> "LayoutRule | None":
     """The rule of an in-memory layout object (None: not a layout)."""
-    rule = _BY_MODEL.get(type(layout))
-    if rule is not None:
-        return rule
-    for cls in type(layout).__mro__[1:]:  # a subclass of a model class
-        rule = _BY_MODEL.get(cls)
-        if rule is not None:
-            return rule
-    return None
+    return rule_by_class(_BY_MODEL, layout)
 
 
 def layout_models() -> tuple[type, ...]:

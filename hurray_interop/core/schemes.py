@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import FormatError, InconsistentError
 from .elements import ELEMENT_TYPES_BY_TAG, ElementType, e8m0_reserved, element_type
 from .model import MXFP, NF4, SCHEME_NAMES, PerBlockAffine, PerChannelAffine, PerTensorAffine
-from .wire import NONE_U32, Ctx, check_int, pow2
+from .wire import NONE_U32, Ctx, check_int, pow2, rule_by_class
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Descriptor
@@ -52,14 +52,7 @@ def scheme_rule(tag: int) -> "SchemeRule | None":
 
 def rule_of(q: object) -> "SchemeRule | None":
     """The rule of an in-memory scheme object (None: not a scheme)."""
-    rule = _BY_MODEL.get(type(q))
-    if rule is not None:
-        return rule
-    for cls in type(q).__mro__[1:]:  # a subclass of a model class
-        rule = _BY_MODEL.get(cls)
-        if rule is not None:
-            return rule
-    return None
+    return rule_by_class(_BY_MODEL, q)
 
 
 def scheme_models() -> tuple[type, ...]:

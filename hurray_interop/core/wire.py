@@ -1,5 +1,6 @@
 """What the descriptor codec and its layout and scheme rules share: where an error points
-(:class:`Ctx`), the range check of a wire field (:func:`check_int`) and cached vector structs.
+(:class:`Ctx`), the range check of a wire field (:func:`check_int`), cached vector structs and
+the look-up of a model object's rule (:func:`rule_by_class`).
 
 :mod:`hurray_interop.core.descriptor` frames a descriptor; :mod:`~hurray_interop.core.layouts`
 and :mod:`~hurray_interop.core.schemes` hold one class per layout and per scheme.
@@ -8,15 +9,28 @@ and :mod:`~hurray_interop.core.schemes` hold one class per layout and per scheme
 from __future__ import annotations
 
 import struct
+from typing import Mapping, TypeVar
 
 import numpy as np
 
 from ..errors import FormatError, HurrayInteropError
 
-__all__ = ["Ctx", "NONE_U32", "check_int", "vec", "pow2"]
+__all__ = ["Ctx", "NONE_U32", "check_int", "vec", "pow2", "rule_by_class"]
+
+R = TypeVar("R")
 
 #: the "no buffer" / SYMMETRIC wire value of a u32 index, and the reserved member count
 NONE_U32 = 0xFFFFFFFF
+
+def rule_by_class(rules: Mapping[type, R], obj: object) -> R | None:
+    """The rule registered for ``obj``'s class, or for the nearest registered class it derives
+    from (a subclass of a model class); None when there is none."""
+    for cls in type(obj).__mro__:
+        rule = rules.get(cls)
+        if rule is not None:
+            return rule
+    return None
+
 
 _STRUCT_CACHE: dict[tuple[str, int], struct.Struct] = {}
 
