@@ -7,10 +7,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
+from test_onepass import _write  # a GGUF of raw blocks, written by gguf-py
 
 import hurray_interop.conversions.gguf as cg
 from hurray_interop.conversions import gguf_pass as P
@@ -40,17 +40,6 @@ def _blocks(qt: Q, n: int, seed: int) -> np.ndarray:
         b[1] = 0x88 if qt == Q.Q4_0 else 0  # codes 0 (Q4_0: nibble 8 is 0)
         b[1, 0:2] = 0
     return b
-
-
-def _write(path: Path, tensors: dict[str, tuple[np.ndarray, Q]]) -> Path:
-    w = gguf.GGUFWriter(str(path), "llama")
-    for name, (raw, qt) in tensors.items():
-        w.add_tensor(name, raw, raw_dtype=qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 @pytest.fixture
