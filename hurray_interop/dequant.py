@@ -19,7 +19,10 @@ specification (with the seeds and the project's errata decisions in
 * MXFP: ``2^(e-127) * value(q)`` in float32 (exact, subnormal results kept);
 * layouts row-major, column-major and strided (strides in logical elements,
   ``byte_offset``, sub-byte types addressed per element, 6-bit types per
-  3-byte group);
+  3-byte group); along zero-stride (broadcast) axes each stored code is fetched
+  and decoded once and its value broadcast, and a member whose strides are all 0
+  (the compact forms' broadcast minimum, docs/conversion-rules.md § 11) is one
+  value per block, added straight into an add-overlay's accumulator;
 * composites: partition (members tile the head by their shard offsets) and
   sealed overlay (``replace``: later wins; ``add``: base + corrections),
   evaluated in the head's element type (float16/bfloat16 heads round after
