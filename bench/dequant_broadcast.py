@@ -10,7 +10,9 @@ row-major uint4 base (float16 scales, blocks of 32) plus the minimum member as
 * ``uint2``: per-block affine uint2, row-major, code 1 for every element (the form of § 3a);
 
 and times ``dequantize`` of each (fresh output each call; medians of interleaved rounds, one
-thread and the default threads), after checking that both give the same float32 bits. Run it
+thread and the default threads), after checking that both give the same float32 bits; and the
+peak of what numpy allocates during one call into a given output (tracemalloc: the work
+buffers and temporaries, not the 64 MiB of values). Run it
 with ``PYTHONPATH`` pointing at another checkout to measure that checkout's dequantizer.
 """
 
@@ -21,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -90,8 +93,18 @@ def measure(rows: int, cols: int, repeat: int) -> list[tuple[str, int | None, fl
             t0 = time.perf_counter()
             dequantize(forms[f], threads=th)
             ts.append(time.perf_counter() - t0)
-    return [(f, th, statistics.median(ts), min(ts), max(ts), sum(b.size for b in forms[f].members[1].data))
-            for (f, th), ts in times.items()]
+    return [(f, th, statistics.median(ts), min(ts), max(ts), sum(b.size for b in forms[f].members[1].data),
+             _temporaries(forms[f], th)) for (f, th), ts in times.items()]
+
+
+def _temporaries(t: Tensor, threads: int | None) -> int:
+    """Peak bytes numpy allocated during one call beyond the output itself (tracemalloc)."""
+    out = np.empty(t.descriptor.shape, np.float32)
+    tracemalloc.start()
+    dequantize(t, out=out, threads=threads)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,10 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     n = a.rows * a.cols
     print(f"{a.rows}×{a.cols} overlay (uint4 base + minimum), float32 values; {a.repeat} interleaved rounds, "
           "median (min–max)")
-    print("| minimum member | its bytes | threads | dequantize s | M values/s |")
-    print("|---|---|---|---|---|")
-    for f, th, med, lo, hi, stored in rows:
-        print(f"| {f} | {stored:,} | {th or 'default'} | {med:.3f} ({lo:.3f}–{hi:.3f}) | {n / med / 1e6:.0f} |")
+    print("| minimum member | its bytes | threads | dequantize s | M values/s | peak temporaries |")
+    print("|---|---|---|---|---|---|")
+    for f, th, med, lo, hi, stored, temp in rows:
+        print(f"| {f} | {stored:,} | {th or 'default'} | {med:.3f} ({lo:.3f}–{hi:.3f}) | {n / med / 1e6:.0f} | "
+              f"{temp / 2**20:.1f} MiB |")
     return 0
 
 

@@ -33,6 +33,8 @@ from hurray_interop.core.model import (
     CompositeMember,
     Descriptor,
     PerBlockAffine,
+    PerChannelAffine,
+    PerTensorAffine,
     RowMajor,
     Shard,
     Strided,
@@ -174,6 +176,33 @@ def test_signed_zero_and_nan_keep_their_bits() -> None:
     want = np.repeat(scales.reshape(2, 2), 32, axis=1) * np.float32(0)
     assert _same_bits(got, want)
     assert np.signbit(got[0, :32]).all() and np.isnan(got[0, 32:]).all()
+
+
+@pytest.mark.parametrize("strides", [(0, 0), (0, 1), (1, 0)])
+def test_zero_strides_with_the_other_schemes(strides) -> None:
+    """Unquantized (float16), per-tensor and per-channel affine over broadcast codes: each
+    value from numpy's strided view of the stored codes, independently."""
+    shape = (4, 64)
+    start = 0
+    n = _reach(shape, strides, start)
+    halves = RNG.standard_normal(n).astype(np.float16)
+    view = np.lib.stride_tricks.as_strided(halves, shape=shape, strides=tuple(s * 2 for s in strides), writeable=False)
+    desc = Descriptor(element_type("float16"), shape, (BufferHandle.cpu(halves.nbytes),), layout=Strided(strides))
+    assert _same_bits(dequantize(Tensor("f", desc, (halves.view(np.uint8),))), view.astype(np.float32))
+    codes = RNG.integers(-8, 8, n).astype(np.int8)
+    q8 = np.lib.stride_tricks.as_strided(codes, shape=shape, strides=strides, writeable=False).astype(np.int64)
+    pt = Descriptor(element_type("int8"), shape, (BufferHandle.cpu(n),), layout=Strided(strides),
+                    quantization=PerTensorAffine(scale=0.375, zero_point=3))
+    want = (q8 - 3).astype(np.float32) * np.float32(0.375)
+    assert _same_bits(dequantize(Tensor("pt", pt, (codes.view(np.uint8),))), want)
+    scales = RNG.standard_normal(shape[0]).astype(np.float32)
+    zeros = RNG.integers(-8, 8, shape[0]).astype(np.int32)
+    pc = Descriptor(element_type("int8"), shape, (BufferHandle.cpu(n), BufferHandle.cpu(16), BufferHandle.cpu(16)),
+                    layout=Strided(strides), quantization=PerChannelAffine(axis=0, scale_buffer_index=1,
+                                                                         zero_point_buffer_index=2))
+    want = (q8 - zeros[:, None]).astype(np.float32) * scales[:, None]
+    got = dequantize(Tensor("pc", pc, (codes.view(np.uint8), scales.view(np.uint8), zeros.view(np.uint8))))
+    assert _same_bits(got, want)
 
 
 @pytest.mark.parametrize("code_bytes, ok", [(63, False), (64, True), (65, True)])
