@@ -1,6 +1,6 @@
 """The exact forms the converter writes, measured on llama-quantize-like models.
 
-    python3 bench/forms.py                        # every model, 3 interleaved rounds; prints the tables
+    python3 bench/forms.py                        # every model, 5 interleaved rounds; prints the tables
     python3 bench/forms.py --write --label before # ... and puts them into docs/benchmarks.md
     python3 bench/forms.py --models q4_1 q4_0 --layers 1 --repeat 1   # a quick look
 
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", help=f"default: all ({', '.join(models(1))})")
     p.add_argument("--layers", type=int, default=4, help="llama blocks per model (default 4)")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--seed", type=int, default=20261202)
     p.add_argument("--out-dir", default=str(HERE / "out"))
     p.add_argument("--keep", action="store_true", help="keep the generated files")
