@@ -1,5 +1,5 @@
 """Zero-stride (broadcast) members and negative strides: what the compact exact forms of
-docs/conversion-contract § 11 rest on (hurray-spec/layouts/strided.md: a zero stride is a
+docs/conversion-rules.md § 11 rest on (hurray-spec/layouts/strided.md: a zero stride is a
 broadcast dimension whose data is not replicated; a conforming reader MUST support zero and
 negative strides).
 
