@@ -19,7 +19,10 @@ specification (with the seeds and the project's errata decisions in
 * MXFP: ``2^(e-127) * value(q)`` in float32 (exact, subnormal results kept);
 * layouts row-major, column-major and strided (strides in logical elements,
   ``byte_offset``, sub-byte types addressed per element, 6-bit types per
-  3-byte group);
+  3-byte group); along zero-stride (broadcast) axes each stored code is fetched
+  and decoded once and its value broadcast, and a member whose strides are all 0
+  (the compact forms' broadcast minimum, docs/conversion-rules.md § 11) is one
+  value per block, added straight into an add-overlay's accumulator;
 * composites: partition (members tile the head by their shard offsets) and
   sealed overlay (``replace``: later wins; ``add``: base + corrections),
   evaluated in the head's element type (float16/bfloat16 heads round after
@@ -332,6 +335,9 @@ class _Dense:
         self.storage_shape = ss
         strides, self.row_major = layout_of(layout).element_strides(layout, shape, ss)
         self.strides = strides
+        # broadcast (zero-stride) axes: codes are fetched once along them, then broadcast
+        self.broadcast = not self.row_major and any(st == 0 for st in strides)
+        self.constant = not self.row_major and all(st == 0 for st in strides)
         if self.size == 0:
             return
         if not et.packed and not self.row_major:
@@ -359,9 +365,43 @@ class _Dense:
             off = off[..., None] + np.arange(self.shape[k], dtype=np.int64) * st[k]
         return off.reshape(-1)
 
+    def _region_grid(self, d: int, a: int, b: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The region's shape ``(b - a, *shape[d+1:])`` and that shape with every zero-stride
+        axis cut to 1 (the codes it really stores)."""
+        full = (b - a, *self.shape[d + 1 :])
+        return full, tuple(1 if st == 0 else n for n, st in zip(full, self.strides[d:]))
+
+    def _reduced_codes(self, d: int, prefix, a: int, b: int) -> np.ndarray:
+        """Raw codes of the region over its reduced grid (:meth:`_region_grid`): each stored
+        code once, without an element-sized offset array or gather."""
+        full, small = self._region_grid(d, a, b)
+        if not self.et.packed:
+            view = self.full_view[(*prefix, slice(a, b))]
+            return view[tuple(slice(0, k) for k in small)]
+        st = self.strides
+        off = np.int64(sum(int(i) * s for i, s in zip(prefix, st)) + a * st[d])
+        grid = np.zeros(small, dtype=np.int64) + off
+        for k, (n, s) in enumerate(zip(small, st[d:])):
+            if n > 1:
+                grid += (np.arange(n, dtype=np.int64) * s).reshape((n,) + (1,) * (len(small) - k - 1))
+        return self._gather_packed(grid)
+
+    def _broadcast_flat(self, small: np.ndarray, full: tuple[int, ...], dst: np.ndarray | None) -> np.ndarray:
+        """``small`` broadcast to the region, flat: a zero-stride view when every axis is a
+        broadcast, else copied once (into ``dst`` when given)."""
+        n = _prod(full)
+        if small.size == 1:
+            return np.broadcast_to(small.reshape(1), (n,))
+        if dst is None:
+            return np.ascontiguousarray(np.broadcast_to(small, full)).reshape(-1)
+        np.copyto(_view_reshape(dst[:n], full), small, casting="unsafe")
+        return dst[:n]
+
     def _raw(self, d: int, prefix, a: int, b: int) -> np.ndarray:
         """Raw codes of the region, flat: uint8 codes for sub-byte types, else the element dtype."""
         et = self.et
+        if self.broadcast:
+            return self._broadcast_flat(self._reduced_codes(d, prefix, a, b), self._region_grid(d, a, b)[0], None)
         n = (b - a) * _prod(self.shape[d + 1 :])
         buf = self.bufs[0]
         bo = self.byte_offset
@@ -437,20 +477,31 @@ class _Dense:
                 np.take(table, b8, axis=0, out=target, mode="clip")
                 return dst[:n]
             return np.take(table, b8, axis=0, mode="clip").reshape(-1)[phase : phase + n]
-        raw = self._raw(d, prefix, a, b)
+        if self.broadcast:  # decode each stored code once, then broadcast the values
+            small = self._reduced_codes(d, prefix, a, b)
+            values = self._decode(small, np.empty(small.shape, dtype=np.float32))
+            return self._broadcast_flat(values, self._region_grid(d, a, b)[0], dst)
+        return self._decode(self._raw(d, prefix, a, b), dst[:n])
+
+    def _decode(self, raw: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """float32 values of the raw codes ``raw`` written to ``dst`` (its shape)."""
+        et = self.et
         if et.packed or et.bits == 8 and et.kind not in ("int", "uint"):
             table = _values_by_key(self.values_key)
-            np.take(table, raw if raw.dtype == np.uint8 else raw.view(np.uint8), out=dst[:n], mode="clip")
+            np.take(table, raw if raw.dtype == np.uint8 else raw.view(np.uint8), out=dst, mode="clip")
         else:
-            np.copyto(dst[:n], raw, casting="unsafe")
-        return dst[:n]
+            np.copyto(dst, raw, casting="unsafe")
+        return dst
 
     def _ints(self, d: int, prefix, a: int, b: int) -> np.ndarray:
         """Integer codes of the region as int64 (affine storage only)."""
-        raw = self._raw(d, prefix, a, b)
+        raw = self._reduced_codes(d, prefix, a, b) if self.broadcast else self._raw(d, prefix, a, b)
         if self.et.packed and self.et.kind == "int":
             raw = sign_extend(raw, self.et.bits)
-        return raw.astype(np.int64)
+        raw = raw.astype(np.int64)
+        if self.broadcast:
+            return self._broadcast_flat(raw, self._region_grid(d, a, b)[0], None)
+        return raw
 
     # -- evaluation --------------------------------------------------------------
 
@@ -458,8 +509,17 @@ class _Dense:
     def align(self) -> tuple[int, int]:
         return (self.axis, self.block) if self.block > 1 else (-1, 1)
 
-    def fill(self, d: int, prefix, a: int, b: int, out: np.ndarray, work: "_Work") -> None:
-        """Write the region's float32 values into the flat contiguous ``out``."""
+    @property
+    def accumulates(self) -> bool:
+        """Whether an overlay may add this member straight into its accumulator
+        (``fill(..., accumulate=True)``): a constant member (strides all 0) without a scheme or
+        per-block affine, whose window is one value per block repeated, never materialized."""
+        return self.constant and (self.q is None or self.unit == "block")
+
+    def fill(self, d: int, prefix, a: int, b: int, out: np.ndarray, work: "_Work", accumulate: bool = False) -> None:
+        """Write the region's float32 values into the flat contiguous ``out`` (``accumulate``:
+        add them to what ``out`` holds; only where :attr:`accumulates`)."""
+        assert not accumulate or self.accumulates
         inner = _prod(self.shape[d + 1 :])
         pos = 0
         ad, al = self.align
@@ -467,15 +527,18 @@ class _Dense:
             n = (rb - ra) * _prod(self.shape[rd + 1 :])
             scratch = work.buffer(self, n + 8)
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # inf/NaN results are values
-                self._piece(rd, rp, ra, rb, out[pos : pos + n], scratch)
+                self._piece(rd, rp, ra, rb, out[pos : pos + n], scratch, accumulate)
             pos += n
         assert pos == (b - a) * inner
 
-    def _piece(self, d: int, prefix, a: int, b: int, out: np.ndarray, scratch: np.ndarray) -> None:
+    def _piece(self, d: int, prefix, a: int, b: int, out: np.ndarray, scratch: np.ndarray,
+               accumulate: bool = False) -> None:
         q = self.q
         if q is None:
-            v = self._values(d, prefix, a, b, out)
-            if not _same(v, out):
+            v = self._values(d, prefix, a, b, scratch if accumulate else out)
+            if accumulate:
+                np.add(out, v, out=out)
+            elif not _same(v, out):
                 out[...] = v
             return
         if self.unit == "tensor":
@@ -491,8 +554,8 @@ class _Dense:
                 diff = self._ints(d, prefix, a, b) - z
                 np.multiply(diff.astype(np.float32), self.pt_scale, out=out)
             return
-        p0, p1, s0, s1, q0, q1 = _box3(self.shape, self.axis, d, prefix, a, b)
-        P, n, Q = p1 - p0, s1 - s0, q1 - q0
+        box = _box3(self.shape, self.axis, d, prefix, a, b)
+        p0, p1, s0, s1, q0, q1 = box
         use_int = False
         if self.zero is not None:
             zmax_ok = self.et.bits <= 16
@@ -501,10 +564,15 @@ class _Dense:
                 if zr.size and int(np.abs(zr.astype(np.int64)).max()) > (1 << 24) - (1 << 16):
                     zmax_ok = False
             use_int = not zmax_ok
-        if use_int:
-            v = self._ints(d, prefix, a, b)
-        else:
-            v = self._values(d, prefix, a, b, scratch)
+        v = self._ints(d, prefix, a, b) if use_int else self._values(d, prefix, a, b, scratch)
+        self._blocks(v, out, box, use_int, accumulate)
+
+    def _blocks(self, v: np.ndarray, out: np.ndarray, box, use_int: bool, accumulate: bool) -> None:
+        """``out`` = per-block ``s·(v − z)`` over the box (``accumulate``: added to ``out``).  A
+        constant member's window is computed once per block, ``(P, blocks, 1, Q)``, and
+        broadcast over the block's K elements of the output window."""
+        p0, p1, s0, s1, q0, q1 = box
+        P, n, Q = p1 - p0, s1 - s0, q1 - q0
         v3 = v.reshape(P, n, Q)
         o3 = _view_reshape(out, (P, n, Q))
         K = self.block
@@ -528,7 +596,14 @@ class _Dense:
             if expand:
                 s = s[:, :, None, :]
                 z = z[:, :, None, :] if z is not None else None
-            if z is None:
+            if self.constant:  # one code: one value per block (same float32 operations)
+                vv = vv[:, :, :1] if expand else vv[:, :1]
+                w = _affine(vv, s, z, use_int)
+                if accumulate:
+                    np.add(oo, w, out=oo)
+                else:
+                    np.copyto(oo, w)
+            elif z is None:
                 np.multiply(vv, s, out=oo)
             elif use_int:
                 np.multiply((vv - z).astype(np.float32), s, out=oo)
@@ -536,6 +611,15 @@ class _Dense:
                 np.subtract(vv, z.astype(np.float32), out=oo)
                 np.multiply(oo, s, out=oo)
             x = g
+
+
+def _affine(v: np.ndarray, s: np.ndarray, z: np.ndarray | None, use_int: bool) -> np.ndarray:
+    """``s·(v − z)`` with the float32 operations of :meth:`_Dense._blocks`' element path."""
+    if z is None:
+        return np.multiply(v, s)
+    if use_int:
+        return np.multiply((v - z).astype(np.float32), s)
+    return np.multiply(np.subtract(v, z.astype(np.float32)), s)
 
 
 @functools.cache
@@ -670,6 +754,11 @@ class _Composite:
             mprefix = tuple(prefix[k] - off[k] for k in range(d))
             dst = o[(slice(a2 - a, b2 - a), *(slice(off[k], off[k] + ms[k]) for k in range(d + 1, len(ms))))]
             add = self.rule == RULE_OVERLAY and self.op == OP_ADD and idx > 0
+            if add and self.round is None and dst.flags.c_contiguous and getattr(m.decoder, "accumulates", False):
+                # a broadcast member: its per-block values added straight into the accumulator
+                m.decoder.fill(d, mprefix, a2 - off[d], b2 - off[d], _view_reshape(dst, (count,)), work,
+                               accumulate=True)
+                continue
             if not add and dst.flags.c_contiguous:
                 flat = _view_reshape(dst, (count,))
                 m.decoder.fill(d, mprefix, a2 - off[d], b2 - off[d], flat, work)

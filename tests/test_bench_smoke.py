@@ -57,3 +57,39 @@ def test_small_benchmark_writes_every_row(tmp_path: Path) -> None:
     assert "kept analysis text" in text and "old" not in text.split("<!-- analysis -->")[0].splitlines()[0]
     # the generated files are removed
     assert not list((tmp_path / "out").glob("*.gguf")) and not list((tmp_path / "out").glob("*.hrry"))
+
+
+def test_forms_benchmark_reads_the_forms_back(tmp_path: Path) -> None:
+    """bench/forms.py on one-layer models: a table row per model (with its Q4_0 yardstick), the
+    constructs read back from the .hrry, and --write replacing only its own label's subsection
+    inside the hand-written part of the document."""
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# B\n\n<!-- analysis -->\nkept analysis text\n<!-- /analysis -->\n")
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "forms.py"), "--models", "q4_1", "q4_k", "--layers", "1",
+         "--repeat", "1", "--out-dir", str(tmp_path / "out"), "--write", "--label", "smoke", "--doc", str(doc)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    text = doc.read_text()
+    for model, how in (("q4_1", "default"), ("q4_k", "--fallback exact"), ("q4_0", "default")):
+        row = next((ln for ln in text.splitlines() if ln.startswith(f"| {model} | ")
+                    and ("| default |" in ln or "| --fallback exact |" in ln)), None)
+        assert row is not None and f"| {how} |" in row and row.endswith("| yes |"), row
+    # whatever construct the converter writes for Q4_1 (measured, not assumed), read back
+    assert re.search(r"^\| q4_1 \| Q4_1 \| 100\.0 % \| `(overlay|partition)\[[^`]+\]`[^|]* \| \d+/9 \| 5\.000 \| "
+                     r"\d+\.\d{3} \| \d+\.\d{3} \|", text, re.M)
+    assert re.search(r"^\| q4_0 \| Q4_0 \| 100\.0 % \| `int4` \| 9/9 \| 4\.500 \| 4\.500 \|", text, re.M)
+    assert text.index("## Compact exact forms") < text.index("### smoke") < text.index("<!-- /analysis -->")
+    assert "kept analysis text" in text and not list((tmp_path / "out").glob("*.gguf"))
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import forms
+    finally:
+        sys.path.pop(0)
+    forms.write_doc(doc, ["### other", "", "other table", ""], "other")
+    forms.write_doc(doc, ["### smoke", "", "new table", ""], "smoke")
+    text = doc.read_text()
+    assert text.count("### smoke") == 1 and "new table" in text and "| q4_1 |" not in text
+    assert "other table" in text and text.count("## Compact exact forms") == 1
+    assert text.rstrip().endswith("<!-- /analysis -->")

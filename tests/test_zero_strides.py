@@ -1,14 +1,14 @@
 """Zero-stride (broadcast) members and negative strides: what the compact exact forms of
-docs/conversion-contract § 11 rest on (hurray-spec/layouts/strided.md: a zero stride is a
+docs/conversion-rules.md § 11 rest on (hurray-spec/layouts/strided.md: a zero stride is a
 broadcast dimension whose data is not replicated; a conforming reader MUST support zero and
 negative strides).
 
 A per-block affine tensor whose strides are all 0 stores one code and still has one scale per
 block (the block index comes from the logical position).  Our dequantizer is checked against
 an independent numpy decoder (``as_strided`` over the stored bytes, the scales repeated per
-block), and pyhurray 0.1.0 is shown to read such a file through its strides.  The two pyhurray
-0.1.0 bugs met on the way (docs/format-notes.md § 2.10) are pinned here, so that a pyhurray
-that fixes them is noticed."""
+block), and pyhurray 0.1.0 is shown to read such a file through its strides.  The three
+pyhurray 0.1.0 bugs met on the way (docs/format-notes.md § 2.10) are pinned here, so that a
+pyhurray that fixes them is noticed."""
 
 from __future__ import annotations
 
@@ -20,7 +20,22 @@ import pytest
 from hurray_interop.core.descriptor import validate_descriptor
 from hurray_interop.core.elements import element_type
 from hurray_interop.core.hrry import HrryFile, HrryWriter
-from hurray_interop.core.model import BufferHandle, Descriptor, PerBlockAffine, Strided, Tensor
+from hurray_interop.core.model import (
+    OP_ADD,
+    OP_NONE,
+    ROLE_BASE,
+    ROLE_CORRECTION,
+    RULE_OVERLAY,
+    RULE_PARTITION,
+    BufferHandle,
+    CompositeHead,
+    CompositeMember,
+    Descriptor,
+    PerBlockAffine,
+    Shard,
+    Strided,
+    Tensor,
+)
 from hurray_interop.dequant import dequantize
 from hurray_interop.errors import TruncatedError
 
@@ -112,3 +127,54 @@ def test_negative_strides_from_a_byte_offset(tmp_path: Path) -> None:
     hurray = pytest.importorskip("hurray")
     theirs = np.asarray(hurray.load(str(path))["n"])
     assert theirs.shape == (4, 8) and theirs[:, 0].tolist() != want[:, 0].tolist()
+
+
+def _f32_member(name: str, values: np.ndarray, parent: tuple[int, ...], offset: tuple[int, ...],
+                role: int | None = None) -> tuple[str, Descriptor, list[np.ndarray]]:
+    v = np.ascontiguousarray(values, np.float32)
+    desc = Descriptor(element_type("float32"), v.shape, (BufferHandle.cpu(v.nbytes),),
+                      shard=Shard(parent_shape=parent, offset=offset),
+                      composite_member=None if role is None else CompositeMember(role))
+    return name, desc, [v.view(np.uint8).reshape(-1)]
+
+
+def test_pyhurray_cannot_construct_a_nested_composite_it_loads(tmp_path: Path) -> None:
+    """pyhurray 0.1.0 bug: a partition of (a plain tensor, an add-overlay) -- the row-range
+    construction of the compact forms -- written by our writer loads in pyhurray (the nested
+    overlay's shard on its ``descriptor``) and re-saves to the same values, but its
+    ``Composite(...)`` constructor takes no shard, so the nested overlay it builds cannot be a
+    partition member."""
+    hurray = pytest.importorskip("hurray")
+    parent, rows = (4, 8), (2, 8)
+    top = np.arange(16, dtype=np.float32).reshape(rows)
+    base, corr = np.full(rows, 1.5, np.float32), np.full(rows, -0.25, np.float32)
+    head = Descriptor(element_type("float32"), parent, (),
+                      layout=CompositeHead(composition_rule=RULE_PARTITION, combine_op=OP_NONE, member_count=2))
+    overlay = Descriptor(element_type("float32"), rows, (),
+                         layout=CompositeHead(composition_rule=RULE_OVERLAY, combine_op=OP_ADD, member_count=2),
+                         shard=Shard(parent_shape=parent, offset=(2, 0)))
+    path = tmp_path / "nested.hrry"
+    with HrryWriter(path) as w:
+        w.write("p", head, ())
+        w.write(*_f32_member("top", top, parent, (0, 0)))
+        w.write_composite("o", overlay, [_f32_member("ob", base, rows, (0, 0), ROLE_BASE),
+                                         _f32_member("oc", corr, rows, (0, 0), ROLE_CORRECTION)])
+        w.finish({})
+    want = np.concatenate([top, base + corr])
+    with HrryFile(path) as f:
+        assert np.array_equal(dequantize(f.tensor("p")), want)
+    loaded = hurray.load(str(path))["p"]
+    nested = loaded.members[1]
+    assert tuple(nested.descriptor.shard.shard_offset) == (2, 0)  # loaded with its shard
+    hurray.save(str(tmp_path / "resaved.hrry"), {"p": loaded})
+    with HrryFile(tmp_path / "resaved.hrry") as f:
+        assert np.array_equal(dequantize(f.tensor("p")), want)
+    # ... but the constructor cannot make that member
+    with pytest.raises(TypeError, match="unexpected keyword argument 'shard'"):
+        hurray.Composite("overlay", shape=list(rows), dtype=hurray.float32, members=list(nested.members),
+                         combine_op="add", shard=hurray.Shard(list(parent), [2, 0]))
+    built = hurray.Composite("overlay", shape=list(rows), dtype=hurray.float32, members=list(nested.members),
+                             combine_op="add")
+    assert built.descriptor.shard is None
+    with pytest.raises(hurray.InvalidDescriptorError, match="composite member 1 is missing a shard section"):
+        hurray.Composite("partition", shape=list(parent), dtype=hurray.float32, members=[loaded.members[0], built])
