@@ -36,6 +36,7 @@ from ..core.elements import element_type, pack, unpack
 from ..core.model import Descriptor
 
 __all__ = [
+    "LO_STORAGE",
     "BROADCAST_STORAGE",
     "BROADCAST_CODE",
     "HI_STORAGE",
@@ -47,8 +48,14 @@ __all__ = [
     "flip_mask",
     "flip_codes",
     "flipped",
+    "exact_multiple",
+    "plane_from_bits",
+    "bits_from_plane",
+    "bad_plane_rows",
 ]
 
+#: the storage of a compact form's base: the low 4 bits of the codes
+LO_STORAGE = "uint4"
 #: the broadcast minimum's storage and its one stored code
 BROADCAST_STORAGE = "uint8"
 BROADCAST_CODE = 1
@@ -136,3 +143,53 @@ def flipped(base_scale: np.ndarray, broadcast_scale: np.ndarray, qmax: int) -> n
 
 def _uint(dt: np.dtype) -> np.dtype:
     return np.dtype(f"<u{np.dtype(dt).itemsize}")
+
+
+def exact_multiple(s: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``k·s`` in the scales' own type (float16) and where it is exact: finite and equal, as
+    float32, to the exact product (``16·s`` is exact unless it overflows, ``|s| ≥ 4096``;
+    ``qmax·s`` of a flip needs ``s``'s significand times ``qmax`` to fit in 11 bits)."""
+    s = np.asarray(s)
+    wide = s.astype(np.float32) * np.float32(k)  # exact: ≤ 11 + 5 significant bits
+    v = wide.astype(s.dtype)
+    return v, np.isfinite(v) & (v.astype(np.float32) == wide)
+
+
+def _spread() -> np.ndarray:
+    """Byte → the two crumb bytes (as one little-endian uint16) of its 8 bits: bit ``i`` in
+    crumb ``i`` (bits ``2i``, ``2i + 1``) with the value of the bit."""
+    b = np.arange(256, dtype=np.uint16)
+    return sum((((b >> i) & 1) << (2 * i)) for i in range(8)).astype("<u2")
+
+
+_SPREAD = _spread()
+#: plane byte (4 crumbs) → its 4 bits; and which plane bytes hold only the codes of hi ∈ {0, 1}
+_GATHER = {False: np.zeros(256, np.uint8), True: np.zeros(256, np.uint8)}
+_VALID = {False: np.zeros(256, bool), True: np.zeros(256, bool)}
+for _n in range(16):
+    _GATHER[False][_SPREAD[_n]] = _n
+    _VALID[False][_SPREAD[_n]] = True
+    _GATHER[True][3 * _SPREAD[_n ^ 15]] = _n
+    _VALID[True][3 * _SPREAD[_n ^ 15]] = True
+
+
+def plane_from_bits(qh: np.ndarray, *, signed_hi: bool = False) -> np.ndarray:
+    """GGML's 5th bits (``(n, K/8)`` bytes, bit ``j`` of the little-endian bit string is
+    element ``j``'s) → the high-bit plane ``(n, K/4)`` bytes of :data:`HI_STORAGE`: crumb ``j``
+    is ``hi`` (uint2) or ``hi − 1`` (int2: 0b11 for hi = 0, 0b00 for hi = 1)."""
+    bits = np.asarray(qh, dtype=np.uint8)
+    crumbs = _SPREAD[bits ^ np.uint8(0xFF)] * np.uint16(3) if signed_hi else _SPREAD[bits]
+    return crumbs.astype("<u2").view(np.uint8).reshape(bits.shape[0], -1)
+
+
+def bad_plane_rows(plane: np.ndarray, *, signed_hi: bool = False) -> np.ndarray:
+    """Per row of a high-bit plane ``(n, K/4)``: does it hold a crumb that is no plane code
+    (uint2 2 or 3; int2 1 or −2)?"""
+    return ~np.all(_VALID[signed_hi][np.asarray(plane, dtype=np.uint8)], axis=1)
+
+
+def bits_from_plane(plane: np.ndarray, *, signed_hi: bool = False) -> np.ndarray:
+    """The inverse of :func:`plane_from_bits` (rows :func:`bad_plane_rows` flags are the
+    caller's to refuse first): ``(n, K/4)`` plane bytes → ``(n, K/8)`` bytes of 5th bits."""
+    g = _GATHER[signed_hi][np.asarray(plane, dtype=np.uint8)]
+    return (g[:, 0::2] | (g[:, 1::2] << 4)).astype(np.uint8)
