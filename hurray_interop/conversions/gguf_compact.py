@@ -137,7 +137,8 @@ def flipped(base_scale: np.ndarray, broadcast_scale: np.ndarray, qmax: int) -> n
     broadcast scale ``qmax·(−b)`` exactly (in the scales' own type).  The import writes a
     broadcast form only where no unflipped block satisfies this (else the per-element form)."""
     b = np.asarray(base_scale)
-    want = (np.negative(b) * b.dtype.type(qmax)).astype(b.dtype)
+    with np.errstate(over="ignore"):  # an overflow is inf: no finite broadcast scale equals it
+        want = (np.negative(b) * b.dtype.type(qmax)).astype(b.dtype)
     return (b < 0) & (np.asarray(broadcast_scale).view(_uint(b.dtype)) == want.view(_uint(b.dtype)))
 
 
@@ -151,7 +152,8 @@ def exact_multiple(s: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     ``qmax·s`` of a flip needs ``s``'s significand times ``qmax`` to fit in 11 bits)."""
     s = np.asarray(s)
     wide = s.astype(np.float32) * np.float32(k)  # exact: ≤ 11 + 5 significant bits
-    v = wide.astype(s.dtype)
+    with np.errstate(over="ignore"):  # an overflow is inf: not exact
+        v = wide.astype(s.dtype)
     return v, np.isfinite(v) & (v.astype(np.float32) == wide)
 
 
