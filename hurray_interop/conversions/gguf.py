@@ -48,9 +48,12 @@ GGUF values map to Hurray KV types naturally: unsigned integers → uint64,
 signed → int64, FLOAT32/FLOAT64 → float64 (float32 widened exactly), BOOL →
 bool, STRING → string, arrays of those → arrays.
 
-Q4_1/Q5_1 tensors become the exact minimum overlay (docs/conversion-rules.md § 3a): a composite
-head ``<name>`` (float32, overlay, add) with members ``<name>.base`` and
-``<name>.min``.
+Q4_1/Q5_1/Q5_0 tensors become the compact exact overlays (docs/conversion-rules.md § 11): a
+composite head ``<name>`` (float32, overlay, add) with members ``<name>.base`` (uint4 low code
+bits), ``<name>.hi`` (the 5th-bit plane; Q5_x) and ``<name>.min`` (the broadcast minimum;
+Q4_1/Q5_1), whose flipped blocks are recorded under the member's scale-substitution key; or,
+where a block needs it, the per-element forms (§ 3a's minimum overlay, Q5_0 as int8), which
+the export also reads (files of earlier versions).
 """
 
 from __future__ import annotations
