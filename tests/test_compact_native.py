@@ -268,8 +268,11 @@ def test_inspect_shows_the_members(imported: dict[Path, Path], fixtures_dir: Pat
                                    capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", str(imported[fixtures_dir / "tiny-llama.gguf"])]) == 0
     out = capsys.readouterr().out
-    for member in ("blk.0.ffn_gate.weight.base", "blk.0.ffn_gate.weight.hi", "blk.0.ffn_gate.weight.min"):
-        assert member in out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("blk.0.ffn_gate.weight")}
+    assert "composite overlay(add) x3" in rows["blk.0.ffn_gate.weight"]
+    assert "uint4" in rows["blk.0.ffn_gate.weight.base"] and "uint2" in rows["blk.0.ffn_gate.weight.hi"]
+    assert "strided [0, 0]" in rows["blk.0.ffn_gate.weight.min"]  # the broadcast minimum, 513 bytes
+    assert rows["blk.0.ffn_gate.weight.min"].split()[-1] == "513"
 
 
 # ---------------------------------------------------------------------------
