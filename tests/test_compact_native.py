@@ -378,3 +378,51 @@ def test_members_out_of_order_are_refused(fixtures_dir: Path, imported: dict[Pat
         hurray_to_gguf(tmp_path / "bad.hrry", tmp_path / "o.gguf")
     assert [(n, r.split(":")[0]) for n, _, r in e.value.reasons] == [(name, f"compact overlay members {[m.name for m in (m[0], m[2], m[1])]}")]
     assert not (tmp_path / "o.gguf").exists()
+
+
+def _without_member(src: Path, dst: Path, name: str, drop: str) -> Path:
+    import dataclasses
+
+    with HrryFile(src) as hf, HrryWriter(dst) as w:
+        for n in hf.top_level_names():
+            t = hf.tensor(n)
+            if n == name:
+                keep = [m for m in t.members if m.name != drop]
+                head = dataclasses.replace(t.descriptor, layout=dataclasses.replace(t.descriptor.layout,
+                                                                                    member_count=len(keep)))
+                w.write_composite(n, head, [(m.name, m.descriptor, list(m.data)) for m in keep])
+            else:
+                w.write_tensor(t)
+        w.finish(dict(hf.kv))
+    return dst
+
+
+def test_a_missing_plane_is_refused_not_exported_as_another_type(fixtures_dir: Path, imported: dict[Path, Path],
+                                                                 tmp_path: Path) -> None:
+    """Q5_1 without its ``.hi`` plane is a well-formed Q4_1 compact form; the import recorded Q5_1."""
+    name = "blk.0.ffn_gate.weight"
+    bad = _without_member(imported[fixtures_dir / "tiny-llama.gguf"], tmp_path / "bad.hrry", name, name + ".hi")
+    with pytest.raises(hurray_interop.errors.ConversionRefused) as e:
+        hurray_to_gguf(bad, tmp_path / "o.gguf")
+    assert [(n, r) for n, _, r in e.value.reasons] == [
+        (name, "the import recorded Q5_1, whose compact form these members are not (a plane or the minimum missing?); "
+               "they would be Q4_1")]
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_a_substituted_block_must_hold_zero_codes(fixtures_dir: Path, imported: dict[Path, Path], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Q4_1's all-zero row 0 (d = 0 substituted, m = 0 flipped: stored codes 15); a code changed there."""
+    src = imported[fixtures_dir / "tiny-llama.gguf"]
+    member = "blk.0.attn_v.weight.base"
+    with HrryFile(src) as hf:
+        at = hf.entry(member).data_offset
+        assert np.asarray(hf.tensor(member).data[0])[:16].tolist() == [0xFF] * 16  # block 0, flipped
+    raw = bytearray(src.read_bytes())
+    raw[at + 3] = 0xF7
+    (tmp_path / "bad.hrry").write_bytes(bytes(raw))
+    capsys.readouterr()
+    assert main(["convert", str(tmp_path / "bad.hrry"), str(tmp_path / "o.gguf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "block 0: a substituted scale d on a block whose codes are not zero" in err and member in err, err
+    assert not (tmp_path / "o.gguf").exists()

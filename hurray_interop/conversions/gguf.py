@@ -1622,6 +1622,10 @@ def _compact_codec(base: Tensor, hi: Tensor | None, mn: Tensor | None, recorded:
 
     fit = [c for c in codecs() if fits(c)]
     c = next((c for c in fit if c.name == recorded), None) or next((c for c in fit if c.export == "inferred"), None)
+    mine = codec(recorded) if recorded is not None else None
+    if c is not None and mine is not None and mine.compact and c.name != recorded:
+        raise P.Refuse(f"the import recorded {recorded}, whose compact form these members are not "
+                       f"(a plane or the minimum missing?); they would be {c.name}")
     if c is None:
         forms = "; ".join(_compact_text(c, 0, 0).split(": ", 1)[1].split(" (", 1)[0] + f" ({c.name})"
                           for c in codecs() if c.compact)
