@@ -426,3 +426,20 @@ def test_a_substituted_block_must_hold_zero_codes(fixtures_dir: Path, imported: 
     err = capsys.readouterr().err.strip()
     assert "block 0: a substituted scale d on a block whose codes are not zero" in err and member in err, err
     assert not (tmp_path / "o.gguf").exists()
+
+
+@pytest.mark.parametrize("k", [1, 2, 15, 16, 31, 4096])
+def test_exact_multiples_over_every_float16(k: int) -> None:
+    """gguf_compact.exact_multiple (bit arithmetic for powers of two) against float32 arithmetic
+    here: ``k·s`` and whether it is exact in float16, for every float16 ``s`` that is finite."""
+    from hurray_interop.conversions.gguf_compact import exact_multiple
+
+    s = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    s = s[np.isfinite(s)]
+    wide = s.astype(np.float32) * np.float32(k)
+    with np.errstate(over="ignore"):
+        want = wide.astype(np.float16)
+    want_ok = np.isfinite(want) & (want.astype(np.float32) == wide)
+    got, ok = exact_multiple(s, k)
+    assert np.array_equal(ok, want_ok)
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))

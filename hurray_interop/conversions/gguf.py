@@ -721,14 +721,18 @@ def _compact_minimum(rows: np.ndarray, start: int, c: BlockCodec, s: np.ndarray,
     assert m is not None
     qmax = c.code_range()[1]
     mz = np.zeros(m.shape, bool) if mzero is None else mzero
-    v, exact = C.exact_multiple(s, qmax)
-    flip = C.flip_mask(s, mz) & exact
+    at = np.flatnonzero(mz)  # the blocks with a minimum ±0 (few): qmax·s only there
+    v, exact = C.exact_multiple(s[at], qmax)
+    flip = np.zeros(m.shape, bool)
+    flip[at] = C.flip_mask(s[at], mz[at]) & exact
+    inexact = np.zeros(m.shape, bool)
+    inexact[at] = (s[at] > 0) & ~exact
     masks.append((mz & ~(s > 0), "minimum ±0 with a scale that is not > 0"))
-    masks.append((mz & (s > 0) & ~exact, f"minimum ±0 and {qmax}·d is not exact in float16"))
+    masks.append((inexact, f"minimum ±0 and {qmax}·d is not exact in float16"))
     masks.append((~mz & C.flipped(s, m, qmax), f"d < 0 and m = {qmax}·(−d): reads as a flipped block"))
     where = np.flatnonzero(flip)
     orig = m[where].copy()
-    m[where] = v[where]
+    m[where] = v[flip[at]]
     return m, flip, (where + start, orig)
 
 

@@ -136,10 +136,13 @@ def flipped(base_scale: np.ndarray, broadcast_scale: np.ndarray, qmax: int) -> n
     """Which blocks of a broadcast form were written flipped: base scale ``b < 0`` and the
     broadcast scale ``qmax·(−b)`` exactly (in the scales' own type).  The import writes a
     broadcast form only where no unflipped block satisfies this (else the per-element form)."""
-    b = np.asarray(base_scale)
+    b, v = np.asarray(base_scale), np.asarray(broadcast_scale)
+    out = b < 0
+    at = np.flatnonzero(out)  # few blocks: the products only there
     with np.errstate(over="ignore"):  # an overflow is inf: no finite broadcast scale equals it
-        want = (np.negative(b) * b.dtype.type(qmax)).astype(b.dtype)
-    return (b < 0) & (np.asarray(broadcast_scale).view(_uint(b.dtype)) == want.view(_uint(b.dtype)))
+        want = (np.negative(b[at]) * b.dtype.type(qmax)).astype(b.dtype)
+    out[at] = v[at].view(_uint(b.dtype)) == want.view(_uint(b.dtype))
+    return out
 
 
 def _uint(dt: np.dtype) -> np.dtype:
@@ -151,10 +154,33 @@ def exact_multiple(s: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     float32, to the exact product (``16·s`` is exact unless it overflows, ``|s| ≥ 4096``;
     ``qmax·s`` of a flip needs ``s``'s significand times ``qmax`` to fit in 11 bits)."""
     s = np.asarray(s)
+    if s.dtype == np.float16 and k & (k - 1) == 0:
+        return _times_power_of_two(s, k.bit_length() - 1)
     wide = s.astype(np.float32) * np.float32(k)  # exact: ≤ 11 + 5 significant bits
     with np.errstate(over="ignore"):  # an overflow is inf: not exact
         v = wide.astype(s.dtype)
     return v, np.isfinite(v) & (v.astype(np.float32) == wide)
+
+
+def _times_power_of_two(s: np.ndarray, e: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`exact_multiple` for ``k = 2^e`` on float16: a normal ``s`` gets ``e`` added to its
+    exponent field (exact unless the exponent overflows: then ±inf, not exact); the few others
+    (subnormal, zero, not finite) are multiplied."""
+    u = s.view(np.uint16)
+    mag = u & np.uint16(0x7FFF)
+    normal = (mag >= 0x0400) & (mag < 0x7C00)
+    over = normal & (mag >= np.uint16((31 - e) << 10))
+    v = (u + np.uint16(e << 10)).view(np.float16)
+    v[over] = np.copysign(np.float16(np.inf), s[over])
+    ok = normal & ~over
+    rest = np.flatnonzero(~normal)
+    if rest.size:
+        wide = s[rest].astype(np.float32) * np.float32(1 << e)
+        with np.errstate(over="ignore", invalid="ignore"):
+            vr = wide.astype(np.float16)
+        v[rest] = vr
+        ok[rest] = np.isfinite(vr) & (vr.astype(np.float32) == wide)
+    return v, ok
 
 
 def _spread() -> np.ndarray:
@@ -187,7 +213,12 @@ def plane_from_bits(qh: np.ndarray, *, signed_hi: bool = False) -> np.ndarray:
 def bad_plane_rows(plane: np.ndarray, *, signed_hi: bool = False) -> np.ndarray:
     """Per row of a high-bit plane ``(n, K/4)``: does it hold a crumb that is no plane code
     (uint2 2 or 3; int2 1 or −2)?"""
-    return ~np.all(_VALID[signed_hi][np.asarray(plane, dtype=np.uint8)], axis=1)
+    p = np.asarray(plane, dtype=np.uint8)
+    if p.ndim == 2 and p.shape[1] % 8 == 0 and p.flags.c_contiguous:  # 32 crumbs at a time
+        x = p.view("<u8")
+        odd = (x ^ (x >> np.uint64(1))) & np.uint64(0x5555555555555555) if signed_hi else x & np.uint64(0xAAAAAAAAAAAAAAAA)
+        return odd.any(axis=1)
+    return ~np.all(_VALID[signed_hi][p], axis=1)
 
 
 def bits_from_plane(plane: np.ndarray, *, signed_hi: bool = False) -> np.ndarray:
