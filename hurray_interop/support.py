@@ -27,6 +27,14 @@ _MAPPING_TEXT = {
 }
 
 
+def _compact_text(m: dict, per_element: str) -> str:
+    """The compact exact form of a ``gguf_hurray.toml`` row (docs/conversion-rules.md § 11)."""
+    parts = ["uint4 low bits"] + ([f"{m['hi_plane']} 5th-bit plane"] if "hi_plane" in m else [])
+    parts += ["broadcast f16 minimum"] if m["mapping"] == "block_min" else []
+    return (f"compact exact overlay: {' + '.join(parts)} (per-block affine, K={m['block_size']}); "
+            f"where a block needs it: {per_element}")
+
+
 def _expanded_text(f: dict) -> str:
     """The exact expanded form of a ``gguf_expanded.toml`` row (``--fallback exact``)."""
     kind = f"overlay {f['storage']} + uint2 minimum" if f["overlay"] else f["storage"]
@@ -45,6 +53,8 @@ def _ggml_rows() -> list[str]:
         m = mapping["types"].get(name)
         if m is not None:
             text = _MAPPING_TEXT[m["mapping"]].format(**m)
+            if m.get("compact"):
+                text = _compact_text(m, text)
             back = "exact" if m["mapping"] == "plain" or m.get("export") == "inferred" else "exact (type recorded at import)"
             rows.append(f"| {name} | {int(row['id'])} | exact | {text} | {back} |")
         else:

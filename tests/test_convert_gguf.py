@@ -125,15 +125,17 @@ def test_mappings_follow_the_contract(tmp_path: Path) -> None:
 
         assert d("Q8_0").element_type.name == "int8" and d("Q8_0").quantization.symmetric
         assert d("Q4_0").element_type.name == "int4" and d("Q4_0").quantization.symmetric
-        assert d("Q5_0").element_type.name == "int8"
         assert d("MXFP4").element_type.name == "float4_e2m1" and type(d("MXFP4").quantization).__name__ == "MXFP"
-        for name, base in (("Q4_1", "uint4"), ("Q5_1", "uint8")):
+        # the compact forms (docs/conversion-rules.md § 11): member suffixes and storages, in emission order
+        for name, members in (("Q4_1", [(".base", "uint4"), (".min", "uint8")]),
+                              ("Q5_1", [(".base", "uint4"), (".hi", "uint2"), (".min", "uint8")]),
+                              ("Q5_0", [(".base", "uint4"), (".hi", "int2")])):
             t = hf.tensor(name)
             assert t.descriptor.is_composite
-            assert [m.name for m in t.members] == [f"{name}.base", f"{name}.min"]
-            assert t.members[0].descriptor.element_type.name == base
-            assert t.members[1].descriptor.element_type.name == "uint2"
-        for q in ("Q8_0", "Q4_0", "Q5_0"):
+            assert [(m.name, m.descriptor.element_type.name) for m in t.members] == [(name + s, e) for s, e in members]
+            if name != "Q5_0":
+                assert t.members[-1].descriptor.layout.strides == (0, 0)  # the broadcast minimum
+        for q in ("Q8_0", "Q4_0"):
             pq = d(q).quantization
             assert (pq.axis, pq.block_size, pq.scale_type.name) == (1, 32, "float16")
 
@@ -172,7 +174,7 @@ def test_pyhurray_reads_what_we_write(tmp_path: Path) -> None:
             assert tuple(theirs.shape) == ours.shape
             if ours.descriptor.is_composite:
                 assert isinstance(theirs, hurray.Composite)
-                assert theirs.member_count == 2
+                assert theirs.member_count == len(ours.members)
                 pairs = list(zip(theirs.members, ours.members))
             else:
                 pairs = [(theirs, ours)]
@@ -328,7 +330,7 @@ def test_inspect_gguf_shows_plan_and_metadata(fixtures_dir: Path, capsys: pytest
     assert keys["tokenizer.ggml.tokens"]["type"] == "ARRAY[STRING]"
     types = {t["name"]: t for t in info["tensors"]}
     assert types["blk.0.attn_v.weight"]["ggml_type"] == "Q4_1"
-    assert types["blk.0.attn_v.weight"]["hurray_mapping"].startswith("overlay")
+    assert types["blk.0.attn_v.weight"]["hurray_mapping"].startswith("compact overlay(add)")
 
 
 def test_every_gguf_value_type_is_kept(fixtures_dir: Path, tmp_path: Path) -> None:

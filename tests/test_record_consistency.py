@@ -225,16 +225,20 @@ def recorded(hf: HrryFile, name: str) -> tuple[np.ndarray, np.ndarray]:
     return decode_scale_record(hf.kv[scale_record_key(name)].value)
 
 
-#: (recorded tensor or member, its GGML type, a stored scale that is not the stand-in)
+STAND_IN = "stored scale .* is not the stand-in"
+#: the compact forms' all-zero Q4_1/Q5_1 blocks are flipped too (stand-in d = +1 stored as −1 with the
+#: broadcast scale qmax): a changed base scale no longer reads as flipped, which the minimum's record says it is
+FLIPPED = "is recorded as flipped but its scales are not"
+#: (recorded tensor or member, a stored scale that is not the stand-in, what the export says)
 NATIVE = {
-    "Q8_0 f16 1.0 -> 7.0": ("token_embd.weight", 7.0),
-    "Q8_0 f16 +1.0 -> -1.0": ("blk.0.attn_q.weight", -1.0),
-    "Q4_0 f16 -1.0 (for -0) -> +1.0": ("blk.0.attn_k.weight", 1.0),
-    "Q5_0 f16 -1.0 -> 7.0": ("blk.0.attn_output.weight", 7.0),
-    "Q4_1 overlay base f16 -> 7.0": ("blk.0.attn_v.weight.base", 7.0),
-    "Q5_1 overlay base f16 -> 0.5": ("blk.0.ffn_gate.weight.base", 0.5),
-    "MXFP4 E8M0 0x7F -> 0x7B": ("blk.0.ffn_up.weight", 0x7B),
-    "MXFP4 E8M0 0x7F -> 0x80": ("extra.experts_mxfp4", 0x80),
+    "Q8_0 f16 1.0 -> 7.0": ("token_embd.weight", 7.0, STAND_IN),
+    "Q8_0 f16 +1.0 -> -1.0": ("blk.0.attn_q.weight", -1.0, STAND_IN),
+    "Q4_0 f16 -1.0 (for -0) -> +1.0": ("blk.0.attn_k.weight", 1.0, STAND_IN),
+    "Q5_0 base f16 -1.0 -> 7.0": ("blk.0.attn_output.weight.base", 7.0, STAND_IN),
+    "Q4_1 overlay base f16 -> 7.0": ("blk.0.attn_v.weight.base", 7.0, FLIPPED),
+    "Q5_1 overlay base f16 -> 0.5": ("blk.0.ffn_gate.weight.base", 0.5, FLIPPED),
+    "MXFP4 E8M0 0x7F -> 0x7B": ("blk.0.ffn_up.weight", 0x7B, STAND_IN),
+    "MXFP4 E8M0 0x7F -> 0x80": ("extra.experts_mxfp4", 0x80, STAND_IN),
 }
 
 
@@ -242,14 +246,14 @@ NATIVE = {
 @pytest.mark.parametrize("case", sorted(NATIVE))
 def test_stored_stand_in_that_the_rules_do_not_write_is_refused(imported: Path, tmp_path: Path, case: str,
                                                                 where: str) -> None:
-    name, value = NATIVE[case]
+    name, value, says = NATIVE[case]
     with HrryFile(imported) as hf:
         blocks, _ = recorded(hf, name)
         assert blocks.size >= 2
         block = int(blocks[0] if where == "first" else blocks[-1])
     bad = patch_scale(imported, tmp_path / "bad.hrry", name, block, value)
     out = tmp_path / "o.gguf"
-    with pytest.raises(FormatError, match=f"block {block}: stored scale .* is not the stand-in") as e:
+    with pytest.raises(FormatError, match=f"block {block}: {says}") as e:
         hurray_to_gguf(bad, out)
     tensor = name.removesuffix(".base")
     assert str(bad) in str(e.value) and repr(tensor)[:-1] in str(e.value)
@@ -276,8 +280,10 @@ def test_recorded_original_that_is_not_a_forbidden_scale_is_refused(imported: Pa
     assert not (tmp_path / "o.gguf").exists()
 
 
-def test_overlay_correction_of_a_zero_minimum_must_have_the_scale_one(imported: Path, tmp_path: Path) -> None:
-    """Q4_1's m = ±0 is stored as correction codes 0 with scale ±1 (not recorded: the form says it)."""
+def test_overlay_correction_of_a_zero_minimum_must_have_the_scale_one(fixtures_dir: Path, tmp_path: Path) -> None:
+    """The per-element minimum overlay (§ 3a; files of earlier versions, and tensors the compact
+    form cannot hold): m = ±0 is stored as correction codes 0 with scale ±1 (not recorded: the form says it)."""
+    imported = fixtures_dir / "legacy" / "tiny-llama.hrry"
     name = "blk.0.attn_v.weight.min"
     with HrryFile(imported) as hf:
         codes = hf.tensor(name).data[0].reshape(-1, 8)

@@ -48,14 +48,18 @@ GGUF values map to Hurray KV types naturally: unsigned integers → uint64,
 signed → int64, FLOAT32/FLOAT64 → float64 (float32 widened exactly), BOOL →
 bool, STRING → string, arrays of those → arrays.
 
-Q4_1/Q5_1 tensors become the exact minimum overlay (docs/conversion-rules.md § 3a): a composite
-head ``<name>`` (float32, overlay, add) with members ``<name>.base`` and
-``<name>.min``.
+Q4_1/Q5_1/Q5_0 tensors become the compact exact overlays (docs/conversion-rules.md § 11): a
+composite head ``<name>`` (float32, overlay, add) with members ``<name>.base`` (uint4 low code
+bits), ``<name>.hi`` (the 5th-bit plane; Q5_x) and ``<name>.min`` (the broadcast minimum;
+Q4_1/Q5_1), whose flipped blocks are recorded under the member's scale-substitution key; or,
+where a block needs it, the per-element forms (§ 3a's minimum overlay, Q5_0 as int8), which
+the export also reads (files of earlier versions).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -81,13 +85,15 @@ from ..core.model import (
     Shard,
     Tensor,
 )
-from ..core.records import decode_byte_runs, encode_byte_runs, encode_scale_record, restore_scales, scale_record_key
+from ..core.records import decode_byte_runs, decode_scale_record, encode_byte_runs, encode_scale_record, restore_scales, scale_record_key
 from ..errors import ConversionRefused, FormatError, UnsupportedError, UsageError, errors_name_source
 from ..formats import gguf as G
 from ..parallel import use_jobs
 from ..report import EXACT, EXACT_FORM_HINT, LOSSY, REFUSED, VALUE_EXACT, ConversionReport, TensorPlan, fallback_hint
 from ..tables import load_table
+from .. import kernels as K
 from . import fallback as fallbacks
+from . import gguf_compact as C
 from . import gguf_metadata
 from . import gguf_pass as P
 from .gguf_codec import BlockCodec, Parts, codec, codecs, minimum_of, zero_point_misses
@@ -481,8 +487,11 @@ def _scale_slots(c: BlockCodec, entry: int, zero_points: bool = False) -> dict[s
     return slots
 
 
-def _plan_block(info: "G.GGUFTensorInfo", c: BlockCodec, q4_1: str) -> _Planned:
-    """One scale per block (mappings ``block`` and ``mxfp``): codes and scales move."""
+def _plan_block(info: "G.GGUFTensorInfo", c: BlockCodec, q4_1: str, compact: bool = True) -> _Planned:
+    """One scale per block (mappings ``block`` and ``mxfp``): codes and scales move (the
+    compact form of § 11 where the table says so and ``compact``)."""
+    if compact and c.compact:
+        return _plan_compact(info, c, q4_1)
     blocks = _blocks(info)
     desc = _block_desc(_shape(info), c, blocks.shape[0])
     plan = P.Plan((P.Entry(info.name, desc),), blocks, PAR_BLOCKS, _scale_slots(c, 0),
@@ -608,11 +617,14 @@ def _block_min_finish(name: str, c: BlockCodec, keeps: Sequence[tuple[np.ndarray
     return _substitution_records(name, c, [(i, o) for i, o, _ in keeps], report)
 
 
-def _plan_block_min(info: "G.GGUFTensorInfo", c: BlockCodec, q4_1: str) -> _Planned:
-    """``d·q + m`` blocks: plain asymmetric per-block affine when exact, else the exact
-    minimum overlay; ``--q4-1 requantize``: nearest zero points (lossy)."""
+def _plan_block_min(info: "G.GGUFTensorInfo", c: BlockCodec, q4_1: str, compact: bool = True) -> _Planned:
+    """``d·q + m`` blocks: plain asymmetric per-block affine when exact, else the compact
+    form of § 11 (where the table says so and ``compact``) or the exact minimum overlay of
+    § 3a; ``--q4-1 requantize``: nearest zero points (lossy)."""
     blocks = _blocks(info)
     mode = "requant" if q4_1 == "requantize" else "asym" if _asym_exact(blocks, c) else "overlay"
+    if mode == "overlay" and compact and c.compact:
+        return _plan_compact(info, c, q4_1)
     if mode == "overlay":  # head, base (the scales d: substituted), correction
         entries = _overlay_layout(info, c, blocks.shape[0])
         slots = _scale_slots(c, 1)
@@ -663,14 +675,226 @@ def _overlay_note() -> str:
             + "".join(f" ({t})" for _, _, t in rest))
 
 
-def _plan_plain(info: "G.GGUFTensorInfo", c: BlockCodec, q4_1: str) -> _Planned:
+# ---------------------------------------------------------------------------
+# the compact exact forms (docs/conversion-rules.md § 11): Q4_1, Q5_1, Q5_0
+
+#: how the mapping text of a tensor in its compact form starts (the form note looks for it)
+COMPACT_TEXT = "compact overlay(add)"
+
+
+class _CompactKeep(NamedTuple):
+    """What one chunk of a compact form keeps: the substituted scales d (block indices,
+    originals), the flipped blocks and their original minimums, and the first block whose
+    compact form is not exact (with why), if any."""
+
+    sub: np.ndarray
+    sub_orig: np.ndarray | None
+    flips: np.ndarray
+    flip_orig: np.ndarray | None
+    bad: tuple[int, str] | None
+
+
+@dataclass
+class _CompactChunk:
+    """A chunk of blocks in the compact form: the base scales (flipped blocks negated), the
+    plane's scales ``16·s``, the broadcast minimum's scales, the flipped blocks' mask."""
+
+    s: np.ndarray
+    hs: np.ndarray | None
+    ms: np.ndarray | None
+    flip: np.ndarray | None
+    keep: _CompactKeep
+
+
+def _first_bad(start: int, masks: Sequence[tuple[np.ndarray, str]]) -> tuple[int, str] | None:
+    """The first block (index from ``start``) flagged by one of ``masks``, with its reason."""
+    hits = [(int(np.argmax(m)), why) for m, why in masks if m.any()]
+    return (start + min(hits)[0], min(hits)[1]) if hits else None
+
+
+def _compact_minimum(rows: np.ndarray, start: int, c: BlockCodec, s: np.ndarray,
+                     masks: list[tuple[np.ndarray, str]]) -> tuple[np.ndarray, np.ndarray, _Substituted]:
+    """The broadcast minimum of a chunk: its scales (``m``; ``qmax·s`` on flipped blocks),
+    the flipped blocks' mask and (indices, original minimums); ``masks`` gets the blocks
+    the form cannot hold."""
+    m, mzero = P.checked(rows, start, c, "m", "minimum m", True)
+    assert m is not None
+    qmax = c.code_range()[1]
+    mz = np.zeros(m.shape, bool) if mzero is None else mzero
+    at = np.flatnonzero(mz)  # the blocks with a minimum ±0 (few): qmax·s only there
+    v, exact = C.exact_multiple(s[at], qmax)
+    flip = np.zeros(m.shape, bool)
+    flip[at] = C.flip_mask(s[at], mz[at]) & exact
+    inexact = np.zeros(m.shape, bool)
+    inexact[at] = (s[at] > 0) & ~exact
+    masks.append((mz & ~(s > 0), "minimum ±0 with a scale that is not > 0"))
+    masks.append((inexact, f"minimum ±0 and {qmax}·d is not exact in float16"))
+    masks.append((~mz & C.flipped(s, m, qmax), f"d < 0 and m = {qmax}·(−d): reads as a flipped block"))
+    where = np.flatnonzero(flip)
+    orig = m[where].copy()
+    m[where] = v[flip[at]]
+    return m, flip, (where + start, orig)
+
+
+def _compact_checks(rows: np.ndarray, start: int, c: BlockCodec) -> _CompactChunk:
+    """One chunk of a compact form checked: refusals raised (as the per-element form
+    does), zero scales substituted, ±0 minimums flipped; the blocks the compact form cannot
+    hold exactly are kept (the pass then writes the tensor in its per-element form)."""
+    assert c.scale is not None
+    s, dzero = P.checked(rows, start, c, c.scale.field, f"scale {c.scale.field}", True)
+    assert s is not None
+    sub = _substitute(s, dzero, rows, start, c)
+    masks: list[tuple[np.ndarray, str]] = []
+    hs = None
+    if c.hi_plane is not None:
+        hs, exact = C.exact_multiple(s, 16)
+        masks.append((~exact, "16·d overflows float16"))
+    ms, flip, flips = (None, None, (_NO_BLOCKS, None))
+    if c.mapping == "block_min":
+        ms, flip, flips = _compact_minimum(rows, start, c, s, masks)
+        s[flip] = -s[flip]
+        if hs is not None:
+            hs[flip] = -hs[flip]
+    return _CompactChunk(s, hs, ms, flip, _CompactKeep(*sub, *flips, _first_bad(start, masks)))
+
+
+def _compact_scan(c: BlockCodec, rows: np.ndarray, start: int) -> P.Piece:
+    return P.Piece(_compact_checks(rows, start, c).keep)
+
+
+def _compact_chunk(c: BlockCodec, rows: np.ndarray, start: int) -> P.Piece:
+    """One chunk in the compact form: the uint4 plane of the low bits (flipped blocks XOR
+    0xFF), the high-bit plane (flipped: XOR 0x55), the scales of each member."""
+    x = _compact_checks(rows, start, c)
+    n, k = rows.shape[0], c.block_size
+    qs = c.fields["qs"]
+    lo = K.split_to_pairs(rows[:, qs : qs + k // 2], 0, out=P.buffer("codes", (n, k // 2), np.uint8))
+    bufs = {"codes": lo, "scales": x.s}
+    if c.hi_plane is not None:
+        assert x.hs is not None
+        hi = C.plane_from_bits(rows[:, c.fields["qh"] : c.fields["qh"] + k // 8], signed_hi=bool(c.code_offset))
+        if x.flip is not None:
+            C.flip_codes(hi, x.flip, 0x55)
+        bufs.update(hi_codes=hi, hi_scales=x.hs)
+    if x.flip is not None:
+        C.flip_codes(lo, x.flip, 0xFF)
+        bufs["min_scales"] = x.ms  # type: ignore[assignment]
+    return P.Piece(x.keep, bufs)
+
+
+def _compact_layout(info: "G.GGUFTensorInfo", c: BlockCodec, nb: int) -> tuple[P.Entry, ...]:
+    """Head ``name`` (float32, overlay, add), then ``name.base`` (uint4 low bits, scale d),
+    ``name.hi`` (the 5th-bit plane, scale 16·d; 5-bit types) and ``name.min`` (the broadcast
+    minimum; ``d·q + m`` types), in emission order."""
+    assert c.scale is not None
+    name, shape, sfx = info.name, _shape(info), _table()["overlay"]
+    members = [P.Entry(name + sfx["base_suffix"], _block_desc(shape, c, nb, storage=C.LO_STORAGE, shard=True,
+                                                              role=ROLE_BASE))]
+    if c.hi_plane is not None:
+        members.append(P.Entry(name + sfx["hi_suffix"], _block_desc(shape, c, nb, storage=c.hi_plane.name, shard=True,
+                                                                    role=ROLE_CORRECTION)))
+    if c.mapping == "block_min":
+        members.append(P.Entry(name + sfx["correction_suffix"], C.broadcast_member(shape, c.block_size, c.scale.name),
+                               fixed={0: C.broadcast_code().tobytes()}))
+    head = Descriptor(element_type=element_type("float32"), shape=shape, buffers=(),
+                      layout=CompositeHead(composition_rule=RULE_OVERLAY, combine_op=OP_ADD, member_count=len(members)))
+    return (P.Entry(name, head, ()), *members)
+
+
+def _compact_slots(c: BlockCodec, entries: tuple[P.Entry, ...]) -> dict[str, P.Slot]:
+    k, sb = c.block_size, _scale_slots(c, 1)["scales"].row_bytes
+    slots = {"codes": P.Slot(1, 0, k // 2), "scales": P.Slot(1, 1, sb)}
+    if c.hi_plane is not None:
+        slots.update(hi_codes=P.Slot(2, 0, buffer_size(c.hi_plane, k)), hi_scales=P.Slot(2, 1, sb))
+    if c.mapping == "block_min":
+        slots["min_scales"] = P.Slot(len(entries) - 1, 1, sb)
+    return slots
+
+
+def _compact_text(c: BlockCodec, bits_in: float, bits_out: float) -> str:
+    """E.g. "compact overlay(add): uint4 + uint2 hi (16·d) + broadcast f16 minimum, K=32 f16
+    (exact; GGUF 6 → 7.5 bits/weight)"."""
+    assert c.scale is not None
+    parts = [C.LO_STORAGE]
+    if c.hi_plane is not None:
+        parts.append(f"{c.hi_plane.name} hi{' − 1' if c.code_offset else ''} (16·d)")
+    if c.mapping == "block_min":
+        parts.append(f"broadcast {c.scale.abbrev} minimum")
+    return (f"{COMPACT_TEXT}: {' + '.join(parts)}, K={c.block_size} {c.scale.abbrev} "
+            f"(exact; GGUF {bits_in:.4g} → {bits_out:.4g} bits/weight)")
+
+
+def _compact_finish(names: tuple[str, ...], c: BlockCodec, elements: int, keeps: Sequence[_CompactKeep],
+                    report: TensorPlan) -> list[tuple[str, KVValue]]:
+    """The records of a compact form: the base's substituted scales d, the broadcast
+    minimum's flipped blocks (their stand-in scales ``qmax·s`` for the original ±0 minimums,
+    the same encoding); the mapping text with the bits per weight."""
+    recs = _substitution_records(names[1], c, [(k.sub, k.sub_orig) for k in keeps], report)
+    idx, orig = _records_of([(k.flips, k.flip_orig) for k in keeps], c)
+    if idx.size:
+        recs.append((scale_record_key(names[-1]), KVValue("bytes", encode_scale_record(idx, orig))))
+    n = max(elements, 1)
+    report.mapping = _compact_text(c, 8 * report.bytes_in / n, 8 * report.bytes_out / n)
+    return recs
+
+
+def _per_element(info: "G.GGUFTensorInfo", c: BlockCodec, q4_1: str, keeps: Sequence[_CompactKeep]) -> P.Plan | None:
+    """The relayout of a compact plan: the per-element form (§§ 2, 3a) when a block is
+    not exact in the compact form (None: the compact form stands)."""
+    bad = next((k.bad for k in keeps if k.bad is not None), None)
+    if bad is None:
+        return None
+    old = _PLANNERS[c.mapping](info, c, q4_1, False).plan
+    note = f" (compact form not exact: block {bad[0]}: {bad[1]})"
+
+    def finish(keeps: list[Any], report: TensorPlan) -> list[Any]:
+        report.mapping += note
+        return old.finish(keeps, report)
+
+    return dataclasses.replace(old, finish=finish)
+
+
+def _compact_note(jobs: Sequence[_Job]) -> str:
+    """What the compact forms cost, per GGML type present: e.g. "Q4_1, Q5_1 in the compact
+    exact forms (docs/conversion-rules.md § 11): Q4_1 5 → 5, Q5_1 6 → 7.5 bits per weight
+    (GGUF → Hurray; the per-element forms: 7, 11)"."""
+    types = list(dict.fromkeys(j.plan.source_type for j in jobs))
+    cost, old = [], []
+    for t in types:
+        c = codec(t)
+        assert c is not None and c.scale is not None
+        sb = 8 * np.dtype(c.scale.view).itemsize / c.block_size  # one scale per block and member
+        members = [C.LO_STORAGE] + ([c.hi_plane.name] if c.hi_plane is not None else [])
+        ours = sum(element_type(m).bits + sb for m in members) + (sb if c.mapping == "block_min" else 0)
+        legacy = c.storage.bits + sb + (element_type(CORRECTION_STORAGE).bits + sb if c.mapping == "block_min" else 0)
+        cost.append(f"{t} {c.block_bytes * 8 / c.block_size:g} → {ours:g}")
+        old.append(f"{legacy:g}")
+    return (f"{', '.join(types)} in the compact exact forms (docs/conversion-rules.md § 11): {', '.join(cost)} "
+            f"bits per weight (GGUF → Hurray; the per-element forms: {', '.join(old)})")
+
+
+def _plan_compact(info: "G.GGUFTensorInfo", c: BlockCodec, q4_1: str) -> _Planned:
+    """The compact form of docs/conversion-rules.md § 11, written in the one pass; the
+    per-element form instead where a block needs it (:func:`_per_element`).  The report's
+    mapping text is the per-element form's until the compact form's collector says otherwise."""
+    blocks = _blocks(info)
+    entries = _compact_layout(info, c, blocks.shape[0])
+    n = int(np.prod(_shape(info), dtype=np.int64))
+    plan = P.Plan(entries, blocks, PAR_BLOCKS, _compact_slots(c, entries), functools.partial(_compact_chunk, c),
+                  functools.partial(_compact_scan, c),
+                  functools.partial(_compact_finish, tuple(e.name for e in entries), c, n),
+                  relayout=functools.partial(_per_element, info, c, q4_1))
+    return _Planned(plan, _mapping_text(c, "overlay" if c.mapping == "block_min" else c.mapping))
+
+
+def _plan_plain(info: "G.GGUFTensorInfo", c: BlockCodec, q4_1: str, compact: bool = True) -> _Planned:
     """A plain type: the bytes copied as they are (by the kernel where it can)."""
     desc = Descriptor(element_type=c.storage, shape=_shape(info), buffers=(BufferHandle.cpu(info.nbytes),))
     return _Planned(P.Plan((P.Entry(info.name, desc),), copy=(info.data, info.data_offset)), c.storage.name)
 
 
 #: how each mapping kind of the table is planned
-_PLANNERS: dict[str, Callable[["G.GGUFTensorInfo", BlockCodec, str], _Planned]] = {
+_PLANNERS: dict[str, Callable[["G.GGUFTensorInfo", BlockCodec, str, bool], _Planned]] = {
     "plain": _plan_plain,
     "block": _plan_block,
     "mxfp": _plan_block,
@@ -981,6 +1205,9 @@ def _import_report(report: ConversionReport, gf: Any, planned: list[_Job], src: 
         report.notes.append("lossy tensors were stored as chosen; see max abs error per tensor")
     if any(j.plan.mapping.startswith("overlay") and not j.expanded for j in planned):
         report.form_notes.append(_overlay_note())
+    compact = [j for j in planned if j.plan.mapping.startswith(COMPACT_TEXT)]
+    if compact:
+        report.form_notes.append(_compact_note(compact))
     if any(j.expanded for j in planned):
         report.form_notes.append(_exact_note(planned))
     if gf.split_set is not None:
@@ -1217,7 +1444,7 @@ def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> _M
         if gguf_exact.has_form(recorded) and gguf_exact.record_key(t.name) in kv:
             return _Match(recorded, gguf_exact.export(t, kv, recorded))  # --fallback exact: rebuilt from the record
     if d.is_composite:
-        return _export_overlay(t, kv, recorded)
+        return _export_compact(t, kv, recorded) if _is_compact(t) else _export_overlay(t, kv, recorded)
     if d.shard is not None:
         raise P.Refuse(f"a shard (offset {list(d.shard.offset)} of a {list(d.shard.parent_shape)} parent) "
                        "has no GGUF equivalent")
@@ -1355,6 +1582,194 @@ def _export_overlay(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> 
 
     codes = base.data[0].reshape(nb, c.code_bytes)
     return _Match(c.name, _Blocks(c, codes, lambda: _scales_of(base, kv, c), nb, mins))
+
+
+def _is_compact(t: Tensor) -> bool:
+    """Is the composite ``t`` in a compact form (a high-bit plane member or a broadcast
+    minimum) rather than the per-element minimum overlay of § 3a?"""
+    hi = t.name + _table()["overlay"]["hi_suffix"]
+    return any(m.name == hi or C.is_broadcast(m.descriptor) for m in t.members)
+
+
+def _compact_members(t: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The members of a compact form (docs/conversion-rules.md § 11) in emission order: the
+    base, the high-bit plane (or None), the broadcast minimum (or None), told apart by the
+    suffixes of ``mappings/gguf_hurray.toml``; refused when ``t`` is no such overlay."""
+    head, sfx = t.descriptor, _table()["overlay"]
+    lay = head.layout
+    assert isinstance(lay, CompositeHead)
+    if lay.composition_rule != RULE_OVERLAY or lay.combine_op != OP_ADD or head.element_type.name != "float32":
+        raise P.Refuse("only a float32 overlay (add) of the compact forms has a GGML equivalent")
+    want = {t.name + sfx["base_suffix"]: ROLE_BASE, t.name + sfx["hi_suffix"]: ROLE_CORRECTION,
+            t.name + sfx["correction_suffix"]: ROLE_CORRECTION}
+    names = [m.name for m in t.members]
+    if not names or names != [n for n in want if n in names] or names[0] != t.name + sfx["base_suffix"]:
+        raise P.Refuse(f"compact overlay members {names}: expected {list(want)[0]!r}, then {list(want)[1]!r} "
+                       f"and/or {list(want)[2]!r}, in this order")
+    for m in t.members:
+        cm, sh = m.descriptor.composite_member, m.descriptor.shard
+        if cm is None or cm.role != want[m.name]:
+            raise P.Refuse(f"overlay member {m.name!r} has the wrong role")
+        if m.descriptor.shape != head.shape or sh is None or any(sh.offset) or tuple(sh.parent_shape) != head.shape:
+            raise P.Refuse(f"overlay member {m.name!r} does not cover the whole tensor")
+    by = {m.name: m for m in t.members}
+    return by[names[0]], by.get(t.name + sfx["hi_suffix"]), by.get(t.name + sfx["correction_suffix"])
+
+
+def _compact_codec(base: Tensor, hi: Tensor | None, mn: Tensor | None, recorded: str | None) -> BlockCodec:
+    """The GGML type of a compact form: the one whose planes and minimum the members are."""
+    def fits(c: BlockCodec) -> bool:
+        return (c.compact and (c.mapping == "block_min") == (mn is not None)
+                and (None if c.hi_plane is None else c.hi_plane.name) == (None if hi is None else hi.descriptor.element_type.name)
+                and _fits(base.descriptor, c, storage=C.LO_STORAGE, symmetric=True)
+                and (hi is None or _fits(hi.descriptor, c, storage=hi.descriptor.element_type.name, symmetric=True)))
+
+    fit = [c for c in codecs() if fits(c)]
+    c = next((c for c in fit if c.name == recorded), None) or next((c for c in fit if c.export == "inferred"), None)
+    mine = codec(recorded) if recorded is not None else None
+    if c is not None and mine is not None and mine.compact and c.name != recorded:
+        raise P.Refuse(f"the import recorded {recorded}, whose compact form these members are not "
+                       f"(a plane or the minimum missing?); they would be {c.name}")
+    if c is None:
+        forms = "; ".join(_compact_text(c, 0, 0).split(": ", 1)[1].split(" (", 1)[0] + f" ({c.name})"
+                          for c in codecs() if c.compact)
+        raise P.Refuse(f"compact overlay is none of: {forms}" + (" (a recorded type)" if fit else ""))
+    return c
+
+
+def _broadcast_scales(mn: Tensor, c: BlockCodec, nb: int) -> np.ndarray:
+    """The broadcast minimum's one scale per block, its layout and its code byte checked."""
+    assert c.scale is not None
+    d, q = mn.descriptor, mn.descriptor.quantization
+    if not (C.is_broadcast(d) and isinstance(q, PerBlockAffine) and q.block_size == c.block_size
+            and q.scale_type.name == c.scale.name and q.scale_buffer_index == 1 and len(mn.data) == 2):
+        raise P.Refuse(f"overlay member {mn.name!r} is not the broadcast {c.scale.abbrev} minimum of block {c.block_size}")
+    code = np.asarray(mn.data[0]).view(np.uint8).reshape(-1)
+    if code.size < 1 or code[0] != C.BROADCAST_CODE:
+        got = "no byte" if not code.size else f"the code {int(code[0])}"
+        raise FormatError(f"broadcast minimum holds {got}, not the code {C.BROADCAST_CODE} the import writes",
+                          tensor=mn.name, field="buffer 0")
+    s = np.asarray(mn.data[1]).view(np.uint8).reshape(-1)
+    width = np.dtype(c.scale.view).itemsize
+    if s.size != nb * width:
+        raise FormatError(f"broadcast minimum's scale buffer holds {s.size} bytes, {nb} blocks need {nb * width}",
+                          tensor=mn.name, field="buffer 1")
+    return s.view(c.scale.view)
+
+
+def _check_plane(hi: Tensor, c: BlockCodec, bs: np.ndarray, nb: int) -> np.ndarray:
+    """The high-bit plane's codes ``(nb, K/4)``, checked: every scale exactly ``16·d`` (the
+    stored base scale), every code a plane code."""
+    hs = hi.data[1].view(c.scale.view)  # type: ignore[union-attr]
+    codes = np.asarray(hi.data[0]).reshape(nb, buffer_size(c.hi_plane, c.block_size))  # type: ignore[arg-type]
+    for sl in _chunks(nb):
+        want, _ = C.exact_multiple(bs[sl], 16)
+        wrong = want.view(np.uint16) != hs[sl].view(np.uint16)
+        if wrong.any():
+            b = int(np.argmax(wrong))
+            raise FormatError(f"block {sl.start + b}: plane scale {float(hs[sl][b])!r} is not 16·d = {float(want[b])!r}",
+                              tensor=hi.name, field="buffer 1")
+        bad = C.bad_plane_rows(codes[sl], signed_hi=bool(c.code_offset))
+        if bad.any():
+            raise FormatError(f"block {sl.start + int(np.argmax(bad))}: a high-bit code that is not "
+                              f"{'−1 or 0' if c.code_offset else '0 or 1'}", tensor=hi.name, field="buffer 0")
+    return codes
+
+
+def _flips(mn: Tensor, kv: dict[str, KVValue], bs: np.ndarray, v: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """The flipped blocks (mask) and their original minimums ±0, from the broadcast minimum's
+    record, which must name exactly the blocks whose scales read as flipped."""
+    key = scale_record_key(mn.name)
+    rec = kv.get(key)
+    idx, orig = decode_scale_record(rec.value, key=key) if rec is not None else (_NO_BLOCKS, np.zeros((0, 2), np.uint8))
+    if orig.shape[1] != v.dtype.itemsize or (idx.size and int(idx[-1]) >= v.size):
+        raise FormatError("the record does not fit the broadcast minimum's scales", tensor=mn.name, field=key)
+    m0 = np.ascontiguousarray(orig).view(v.dtype).reshape(-1)
+    if (m0 != 0).any():
+        raise FormatError(f"block {int(idx[np.argmax(m0 != 0)])}: recorded minimum {float(m0[m0 != 0][0])!r} is not ±0",
+                          tensor=mn.name, field=key)
+    mask = np.zeros(v.size, bool)
+    mask[idx.astype(np.intp)] = True
+    for sl in _chunks(v.size):
+        odd = C.flipped(bs[sl], v[sl], qmax) != mask[sl]
+        if odd.any():
+            b = sl.start + int(np.argmax(odd))
+            how = "is recorded as flipped but its scales are not" if mask[b] else "reads as flipped but is not recorded"
+            raise FormatError(f"block {b}: {how} (base scale {float(bs[b])!r}, minimum scale {float(v[b])!r}): "
+                              "the data contradicts the record", tensor=mn.name, field=key)
+    return mask, m0
+
+
+def _check_zero_codes(t: Tensor, codes: np.ndarray, blocks: np.ndarray, flip: np.ndarray | None, xor: int) -> None:
+    """Blocks whose scale d was substituted must hold zero codes once unflipped (§ 4)."""
+    if not blocks.size:
+        return
+    rows = codes[blocks] ^ (np.uint8(xor) * flip[blocks, None]).astype(np.uint8) if flip is not None else codes[blocks]
+    bad = rows.any(axis=1)
+    if bad.any():
+        raise FormatError(f"block {int(blocks[np.argmax(bad)])}: a substituted scale d on a block whose codes are not zero",
+                          tensor=t.name, field="buffer 0")
+
+
+def _export_compact(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> _Match:
+    """A compact form back to its GGML blocks: planes joined, flipped blocks unflipped (the
+    minimum's record), substituted scales restored (the base's record), every part checked."""
+    base, hi, mn = _compact_members(t)
+    c = _compact_codec(base, hi, mn, recorded)
+    assert c.scale is not None
+    nb = _nblocks(base.descriptor, c)
+    bs = base.data[1].view(c.scale.view)
+    lo = np.asarray(base.data[0]).reshape(nb, c.block_size // 2)
+    flip = m = None
+    if mn is not None:
+        v = _broadcast_scales(mn, c, nb)
+        flip, m0 = _flips(mn, kv, bs, v, c.code_range()[1])
+        m = v.copy()
+        m[flip] = m0
+    d = bs.copy()
+    if flip is not None:
+        d[flip] = -d[flip]
+    key = scale_record_key(base.name)
+    subs = _NO_BLOCKS
+    if key in kv:
+        subs = decode_scale_record(kv[key].value, key=key)[0].astype(np.intp)
+        d = restore_scales(d, kv[key].value, key=key, rule=c.scale.stand_in, tensor=base.name)
+    plane = _check_plane(hi, c, bs, nb) if hi is not None else None
+    _check_zero_codes(base, lo, subs, flip, 0xFF)
+    if plane is not None:
+        _check_zero_codes(hi, plane, subs, flip, 0x55)  # type: ignore[arg-type]
+    return _Match(c.name, _CompactBlocks(c, lo, plane, d, m, flip))
+
+
+class _CompactBlocks(ChunkedBlocks):
+    """GGML blocks of ``c`` from a compact form's parts: the low-bit plane ``(nb, K/2)``, the
+    high-bit plane ``(nb, K/4)`` or None, the scales d and minimums m (restored, one per
+    block) and the flipped blocks' mask."""
+
+    def __init__(self, c: BlockCodec, lo: np.ndarray, plane: np.ndarray | None, d: np.ndarray,
+                 m: np.ndarray | None, flip: np.ndarray | None) -> None:
+        super().__init__(lo.shape[0], c.block_bytes, PAR_BLOCKS)
+        self.c, self.lo, self.plane, self.d, self.m, self.flip = c, lo, plane, d, m, flip
+
+    def chunk_function(self) -> Callable[[slice], np.ndarray]:
+        c, k = self.c, self.c.block_size
+        assert c.scale is not None
+
+        def chunk(sl: slice) -> np.ndarray:
+            out = P.buffer("blocks", (sl.stop - sl.start, self.block_bytes), np.uint8)
+            out[...] = 0
+            K.scatter_field(out, c.fields[c.scale.field], self.d[sl])
+            if self.m is not None:
+                K.scatter_field(out, c.fields["m"], self.m[sl])
+            flip = None if self.flip is None or not self.flip[sl].any() else self.flip[sl, None].astype(np.uint8)
+            lo = self.lo[sl] if flip is None else self.lo[sl] ^ (flip * np.uint8(0xFF))
+            K.pairs_to_split(np.ascontiguousarray(lo), out=out[:, c.fields["qs"] : c.fields["qs"] + k // 2])
+            if self.plane is not None:
+                p = self.plane[sl] if flip is None else self.plane[sl] ^ (flip * np.uint8(0x55))
+                out[:, c.fields["qh"] : c.fields["qh"] + k // 8] = C.bits_from_plane(p, signed_hi=bool(c.code_offset))
+            return out
+
+        return chunk
 
 
 @dataclass

@@ -259,6 +259,8 @@ class BlockCodec:
     kind: CodeKind | None = None
     code_offset: int = 0
     scale: ScaleType | None = None
+    compact: bool = False  # the import writes the compact form of docs/conversion-rules.md § 11
+    hi_plane: ElementType | None = None  # its 5th-bit plane's storage (None: 4-bit codes)
 
     @property
     def code_bytes(self) -> int:
@@ -362,6 +364,8 @@ def _build(name: str, row: Mapping[str, Any]) -> BlockCodec:
         kind=CODE_KINDS[row["code"]],
         code_offset=int(row["code_offset"]),
         scale=SCALE_TYPES[row["scale"]],
+        compact=bool(row.get("compact", False)),
+        hi_plane=element_type(row["hi_plane"]) if "hi_plane" in row else None,
     )
 
 

@@ -36,6 +36,7 @@ from ..core.elements import element_type, pack, unpack
 from ..core.model import Descriptor
 
 __all__ = [
+    "LO_STORAGE",
     "BROADCAST_STORAGE",
     "BROADCAST_CODE",
     "HI_STORAGE",
@@ -47,8 +48,14 @@ __all__ = [
     "flip_mask",
     "flip_codes",
     "flipped",
+    "exact_multiple",
+    "plane_from_bits",
+    "bits_from_plane",
+    "bad_plane_rows",
 ]
 
+#: the storage of a compact form's base: the low 4 bits of the codes
+LO_STORAGE = "uint4"
 #: the broadcast minimum's storage and its one stored code
 BROADCAST_STORAGE = "uint8"
 BROADCAST_CODE = 1
@@ -129,10 +136,93 @@ def flipped(base_scale: np.ndarray, broadcast_scale: np.ndarray, qmax: int) -> n
     """Which blocks of a broadcast form were written flipped: base scale ``b < 0`` and the
     broadcast scale ``qmax·(−b)`` exactly (in the scales' own type).  The import writes a
     broadcast form only where no unflipped block satisfies this (else the per-element form)."""
-    b = np.asarray(base_scale)
-    want = (np.negative(b) * b.dtype.type(qmax)).astype(b.dtype)
-    return (b < 0) & (np.asarray(broadcast_scale).view(_uint(b.dtype)) == want.view(_uint(b.dtype)))
+    b, v = np.asarray(base_scale), np.asarray(broadcast_scale)
+    out = b < 0
+    at = np.flatnonzero(out)  # few blocks: the products only there
+    with np.errstate(over="ignore"):  # an overflow is inf: no finite broadcast scale equals it
+        want = (np.negative(b[at]) * b.dtype.type(qmax)).astype(b.dtype)
+    out[at] = v[at].view(_uint(b.dtype)) == want.view(_uint(b.dtype))
+    return out
 
 
 def _uint(dt: np.dtype) -> np.dtype:
     return np.dtype(f"<u{np.dtype(dt).itemsize}")
+
+
+def exact_multiple(s: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``k·s`` in the scales' own type (float16) and where it is exact: finite and equal, as
+    float32, to the exact product (``16·s`` is exact unless it overflows, ``|s| ≥ 4096``;
+    ``qmax·s`` of a flip needs ``s``'s significand times ``qmax`` to fit in 11 bits)."""
+    s = np.asarray(s)
+    if s.dtype == np.float16 and k & (k - 1) == 0:
+        return _times_power_of_two(s, k.bit_length() - 1)
+    wide = s.astype(np.float32) * np.float32(k)  # exact: ≤ 11 + 5 significant bits
+    with np.errstate(over="ignore"):  # an overflow is inf: not exact
+        v = wide.astype(s.dtype)
+    return v, np.isfinite(v) & (v.astype(np.float32) == wide)
+
+
+def _times_power_of_two(s: np.ndarray, e: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`exact_multiple` for ``k = 2^e`` on float16: a normal ``s`` gets ``e`` added to its
+    exponent field (exact unless the exponent overflows: then ±inf, not exact); the few others
+    (subnormal, zero, not finite) are multiplied."""
+    u = s.view(np.uint16)
+    mag = u & np.uint16(0x7FFF)
+    normal = (mag >= 0x0400) & (mag < 0x7C00)
+    over = normal & (mag >= np.uint16((31 - e) << 10))
+    v = (u + np.uint16(e << 10)).view(np.float16)
+    v[over] = np.copysign(np.float16(np.inf), s[over])
+    ok = normal & ~over
+    rest = np.flatnonzero(~normal)
+    if rest.size:
+        wide = s[rest].astype(np.float32) * np.float32(1 << e)
+        with np.errstate(over="ignore", invalid="ignore"):
+            vr = wide.astype(np.float16)
+        v[rest] = vr
+        ok[rest] = np.isfinite(vr) & (vr.astype(np.float32) == wide)
+    return v, ok
+
+
+def _spread() -> np.ndarray:
+    """Byte → the two crumb bytes (as one little-endian uint16) of its 8 bits: bit ``i`` in
+    crumb ``i`` (bits ``2i``, ``2i + 1``) with the value of the bit."""
+    b = np.arange(256, dtype=np.uint16)
+    return sum((((b >> i) & 1) << (2 * i)) for i in range(8)).astype("<u2")
+
+
+_SPREAD = _spread()
+#: plane byte (4 crumbs) → its 4 bits; and which plane bytes hold only the codes of hi ∈ {0, 1}
+_GATHER = {False: np.zeros(256, np.uint8), True: np.zeros(256, np.uint8)}
+_VALID = {False: np.zeros(256, bool), True: np.zeros(256, bool)}
+for _n in range(16):
+    _GATHER[False][_SPREAD[_n]] = _n
+    _VALID[False][_SPREAD[_n]] = True
+    _GATHER[True][3 * _SPREAD[_n ^ 15]] = _n
+    _VALID[True][3 * _SPREAD[_n ^ 15]] = True
+
+
+def plane_from_bits(qh: np.ndarray, *, signed_hi: bool = False) -> np.ndarray:
+    """GGML's 5th bits (``(n, K/8)`` bytes, bit ``j`` of the little-endian bit string is
+    element ``j``'s) → the high-bit plane ``(n, K/4)`` bytes of :data:`HI_STORAGE`: crumb ``j``
+    is ``hi`` (uint2) or ``hi − 1`` (int2: 0b11 for hi = 0, 0b00 for hi = 1)."""
+    bits = np.asarray(qh, dtype=np.uint8)
+    crumbs = _SPREAD[bits ^ np.uint8(0xFF)] * np.uint16(3) if signed_hi else _SPREAD[bits]
+    return crumbs.astype("<u2").view(np.uint8).reshape(bits.shape[0], -1)
+
+
+def bad_plane_rows(plane: np.ndarray, *, signed_hi: bool = False) -> np.ndarray:
+    """Per row of a high-bit plane ``(n, K/4)``: does it hold a crumb that is no plane code
+    (uint2 2 or 3; int2 1 or −2)?"""
+    p = np.asarray(plane, dtype=np.uint8)
+    if p.ndim == 2 and p.shape[1] % 8 == 0 and p.flags.c_contiguous:  # 32 crumbs at a time
+        x = p.view("<u8")
+        odd = (x ^ (x >> np.uint64(1))) & np.uint64(0x5555555555555555) if signed_hi else x & np.uint64(0xAAAAAAAAAAAAAAAA)
+        return odd.any(axis=1)
+    return ~np.all(_VALID[signed_hi][p], axis=1)
+
+
+def bits_from_plane(plane: np.ndarray, *, signed_hi: bool = False) -> np.ndarray:
+    """The inverse of :func:`plane_from_bits` (rows :func:`bad_plane_rows` flags are the
+    caller's to refuse first): ``(n, K/4)`` plane bytes → ``(n, K/8)`` bytes of 5th bits."""
+    g = _GATHER[signed_hi][np.asarray(plane, dtype=np.uint8)]
+    return (g[:, 0::2] | (g[:, 1::2] << 4)).astype(np.uint8)

@@ -71,11 +71,14 @@ class Refuse(Exception):
 @dataclass(frozen=True)
 class Entry:
     """One Hurray tensor a plan makes: its buffers left to the chunk function's named
-    buffers (``data`` None), or given whole (a composite head: ``()``; a zero patch)."""
+    buffers (``data`` None), or given whole (a composite head: ``()``; a zero patch).
+    ``fixed``: buffers of a reserved tensor that no chunk fills, given whole by index
+    (a broadcast member's one code byte)."""
 
     name: str
     desc: "Descriptor"
     data: Sequence[Any] | None = None
+    fixed: Mapping[int, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,9 @@ class DryRun:
     def execute(self, plan: Plan) -> Done:
         keeps = _scan(plan)
         again = plan.relayout(keeps) if plan.relayout is not None else None
-        return Done(plan if again is None else again, keeps, [])
+        if again is None:
+            return Done(plan, keeps, [])
+        return Done(again, _scan(again), [])  # the collector of the plan that stands reads its own keeps
 
     def dropped(self) -> "DryRun":
         return self
@@ -214,6 +219,8 @@ class Output:
         for e in plan.entries:
             if e.data is None:
                 offs.append(self.w.reserve(e.name, e.desc))
+                for b, data in e.fixed.items():
+                    self.pw.pwrite(data, offs[-1][b])
             else:
                 self.w.write(e.name, e.desc, e.data)
                 offs.append([])

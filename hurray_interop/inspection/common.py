@@ -17,7 +17,7 @@ from typing import Any
 from ..core.kv import KVValue
 from ..errors import UsageError
 from ..core.model import (
-    LAYOUT_NAMES, OP_NAMES, RULE_NAMES, CompositeHead, Descriptor,
+    LAYOUT_NAMES, OP_NAMES, RULE_NAMES, CompositeHead, Descriptor, Strided,
 )
 
 __all__ = ["describe_quantization", "describe_layout", "check_max_items", "safe_text", "MAX_ITEMS"]
@@ -28,7 +28,8 @@ def describe_layout(d: Descriptor) -> str:
     if isinstance(lay, CompositeHead):
         op = OP_NAMES.get(lay.combine_op, str(lay.combine_op))
         return f"composite {RULE_NAMES.get(lay.composition_rule, lay.composition_rule)}{'(' + op + ')' if op else ''} x{lay.member_count}"
-    return LAYOUT_NAMES.get(lay.tag, f"private 0x{lay.tag:02x}")  # a layout class's name (core/layouts.py)
+    name = LAYOUT_NAMES.get(lay.tag, f"private 0x{lay.tag:02x}")  # a layout class's name (core/layouts.py)
+    return f"{name} {list(lay.strides)}" if isinstance(lay, Strided) else name  # [0, 0]: a broadcast member
 
 
 def describe_quantization(d: Descriptor) -> dict[str, Any] | None:
