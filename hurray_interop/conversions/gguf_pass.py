@@ -71,11 +71,14 @@ class Refuse(Exception):
 @dataclass(frozen=True)
 class Entry:
     """One Hurray tensor a plan makes: its buffers left to the chunk function's named
-    buffers (``data`` None), or given whole (a composite head: ``()``; a zero patch)."""
+    buffers (``data`` None), or given whole (a composite head: ``()``; a zero patch).
+    ``given``: of an entry whose buffers are left to the chunk function, the buffers given
+    whole instead (index → bytes; a broadcast member's one code byte), written once."""
 
     name: str
     desc: "Descriptor"
     data: Sequence[Any] | None = None
+    given: Mapping[int, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,8 @@ class Output:
         for e in plan.entries:
             if e.data is None:
                 offs.append(self.w.reserve(e.name, e.desc))
+                for i, data in e.given.items():
+                    self.pw.pwrite(data, offs[-1][i])
             else:
                 self.w.write(e.name, e.desc, e.data)
                 offs.append([])
