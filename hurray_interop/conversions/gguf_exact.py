@@ -160,15 +160,22 @@ def _expanded(name: str, expand: Callable[..., Any], ggml_type: str, rows: np.nd
         raise Refuse(f"{e.message} (tensor {name!r})") from None
 
 
-def _flips(f: X.Form, x: X.Expanded) -> tuple[np.ndarray, bool]:
+def _flips(f: X.Form, x: X.Expanded) -> tuple[np.ndarray | None, bool]:
     """The sub-blocks (flat) the compact form writes flipped (a ±0 minimum, a scale > 0:
-    docs/conversion-rules.md § 11), and whether the chunk needs the per-element form: a ±0
-    minimum whose (stand-in) scale is not > 0, or an unflipped sub-block the export would
-    read as flipped (:func:`~.gguf_compact.flipped`)."""
+    docs/conversion-rules.md § 11; None: none), and whether the chunk needs the per-element
+    form: a ±0 minimum whose (stand-in) scale is not > 0, or an unflipped sub-block the
+    export would read as flipped (:func:`~.gguf_compact.flipped`).  Cheap where no minimum
+    is ±0 and no scale negative (ggml's quantizers: almost every chunk)."""
     assert x.correction_codes is not None and x.correction is not None
-    s, zero = x.scales.reshape(-1), x.correction_codes.reshape(-1) == 0
-    flip = C.flip_mask(s, zero)
-    old = bool((zero & ~flip).any()) or bool((C.flipped(s, x.correction.reshape(-1), f.qmax) & ~zero).any())
+    s, cc = x.scales.reshape(-1), x.correction_codes.reshape(-1)
+    flip, old = None, False
+    if not cc.all():
+        zero = cc == 0
+        flip = C.flip_mask(s, zero)
+        old = bool((zero & ~flip).any())
+    neg = np.flatnonzero(s < 0)
+    if neg.size and not old:
+        old = bool((C.flipped(s[neg], x.correction.reshape(-1)[neg], f.qmax) & (cc[neg] != 0)).any())
     return flip, old
 
 
@@ -184,9 +191,14 @@ def _chunk(name: str, ggml_type: str, compact: bool, rows: np.ndarray, start: in
     buffers (``compact``: the form of § 11), the record's parts (headers, exception blocks),
     the zero patches and whether the chunk needs the per-element form."""
     f = X.form(ggml_type)
-    x, packed = _expanded(name, X.expand_packed, ggml_type, rows, start)
+    if compact and f.planes:
+        x, packed, hi = _expanded(name, X.expand_planes, ggml_type, rows, start)
+    else:
+        x, packed = _expanded(name, X.expand_packed, ggml_type, rows, start)
     scales = np.ascontiguousarray(x.scales).reshape(-1)
     bufs = {"codes": packed, "scales": scales}
+    if compact and f.planes:
+        bufs["hi_codes"] = hi
     if f.zero_point is not None:
         bufs["zero_points"] = np.full(scales.size, f.zero_point, dtype=_ZP)
     old = False
@@ -209,15 +221,14 @@ def _compact_buffers(f: X.Form, x: X.Expanded, packed: np.ndarray, bufs: dict[st
     assert x.correction is not None
     flip, old = _flips(f, x)
     s = bufs["scales"]
-    subs = flip.size
-    if flip.any():
-        # (packed is the expansion's own array; 5-bit codes are flipped before the split)
-        C.flip_codes(packed.reshape(subs, -1), flip, f.qmax if f.planes else 0xFF)
+    bcast = x.correction.reshape(-1)
+    if flip is not None:  # (the planes are the expansion's own arrays)
+        C.flip_codes(packed.reshape(flip.size, -1), flip, 0xFF)
+        if f.planes:
+            C.flip_codes(bufs["hi_codes"].reshape(flip.size, -1), flip, 0x55)
+        bcast = np.where(flip, np.float32(f.qmax) * s, bcast)
         s = np.where(flip, -s, s)
-    bcast = np.where(flip, np.float32(f.qmax) * bufs["scales"], x.correction.reshape(-1)) if flip.any() \
-        else x.correction.reshape(-1)
     if f.planes:
-        bufs["codes"], bufs["hi_codes"] = C.split_planes(packed)
         bufs["hi_scales"] = (np.float32(1 << element_type(f.base_storage).bits) * s).astype("<f4")
     bufs["scales"] = np.ascontiguousarray(s, dtype="<f4")
     bufs["corr_scales"] = np.ascontiguousarray(bcast, dtype="<f4")
@@ -539,8 +550,11 @@ class _Stored:
                 i = int(np.argmax(bad)) + s0
                 raise FormatError(f"--fallback exact form: block {i // self.per}: the high-bit plane's scale of "
                                   f"sub-block {i % self.per} is not 16× the base scale", tensor=self.hi.name, field="scales")
-        flip = C.flipped(b, v, f.qmax)
-        if not flip.any():
+        neg = np.flatnonzero(b < 0)  # (a flipped base scale is < 0: ggml's scales almost never are)
+        flip = np.zeros(b.shape, dtype=bool)
+        if neg.size:
+            flip[neg] = C.flipped(b[neg], v[neg], f.qmax)
+        if not neg.size or not flip.any():
             return b, v, np.ones(v.shape, np.uint8), flip
         return (np.where(flip, -b, b), np.where(flip, np.float32(-1), v).astype(np.float32),
                 (~flip).astype(np.uint8), flip)
@@ -554,7 +568,10 @@ class _Stored:
         raw = self._bytes(self.base, storage, sl, flip, 0xFF)
         if self.hi is not None:
             hi = self._bytes(self.hi, X.PLANE_HI_STORAGE, sl, flip, 0x55)
-            return C.join_planes(raw, hi, nb * self.elements).reshape(nb, self.elements), None
+            codes = unpack(hi, X.PLANE_HI_STORAGE, nb * self.elements).astype(np.uint8, copy=False)
+            codes <<= 4  # (gguf_compact.join_planes, in place: q = lo + 16·hi; hi 2, 3 give codes out of range)
+            codes |= unpack(raw, storage, nb * self.elements).astype(np.uint8, copy=False)
+            return codes.reshape(nb, self.elements), None
         per_block = buffer_size(et, self.elements)
         if X.rebuilds_packed(f.type) and raw.size == nb * per_block:
             return None, raw.reshape(nb, per_block)

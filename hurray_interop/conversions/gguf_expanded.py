@@ -103,6 +103,7 @@ __all__ = [
     "expand",
     "expand_scales",
     "expand_packed",
+    "expand_planes",
     "reference_expand",
     "rebuild",
     "rebuilds_packed",
@@ -873,6 +874,9 @@ class _Spec:
     direct: Callable[[np.ndarray], np.ndarray] | None = None
     #: the inverse: (storage bytes, zeroed blocks) -> the code fields written
     undirect: Callable[[np.ndarray, np.ndarray], None] | None = None
+    #: 5-bit codes (:attr:`Form.planes`): blocks -> the uint4 low plane's and the uint2
+    #: high plane's storage bytes, where the code fields are those bytes moved
+    planes: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
 
     @property
     def elements(self) -> int:
@@ -907,6 +911,25 @@ def _split_pairs_back(offset: int, groups: int, width: int) -> Callable[[np.ndar
             K.pairs_to_split(packed[:, g * width : (g + 1) * width], out=out[:, a : a + width])
 
     return undirect
+
+
+def _bit_plane(offset: int) -> Callable[[np.ndarray], np.ndarray]:
+    """The uint2 plane (element order, four codes a byte) of the bit fields ``e → bit e // 32
+    of byte offset + e % 32`` (block_q5_K.qh): per bit j and each 4 consecutive bytes (a
+    uint32 ``w``), ``x = (w >> j) & 0x01010101`` and ``x | x >> 6 | x >> 12 | x >> 18`` holds
+    the four codes at bits 0, 2, 4, 6 (nothing else lands in its low byte)."""
+    def plane(blocks: np.ndarray) -> np.ndarray:
+        w = np.ascontiguousarray(blocks[:, offset : offset + 32]).view("<u4")  # (n, 8)
+        x = (w[:, None, :] >> np.arange(8, dtype=np.uint32)[None, :, None]) & np.uint32(0x01010101)
+        x |= (x >> 6) | (x >> 12) | (x >> 18)
+        return x.astype(np.uint8).reshape(blocks.shape[0], 64)
+
+    return plane
+
+
+def _planes(lo: Callable[[np.ndarray], np.ndarray], hi: Callable[[np.ndarray], np.ndarray]
+            ) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    return lambda blocks: (lo(blocks), hi(blocks))
 
 
 _I8, _U8 = np.int8, np.uint8
@@ -960,7 +983,8 @@ def _specs() -> dict[str, _Spec]:
              direct=_split_pairs(q4k_qs, 4, 32), undirect=_split_pairs_back(q4k_qs, 4, 32)),
         _row("Q5_K", _Q5_K, header=("d", "dmin", "scales"),
              codes=_bit_lut(256, _q5k_code, values=_r(0, 32), dtype=_U8),
-             sc=_bits(8, _k4_sc(_Q5_K)), m=_bits(8, _k4_m(_Q5_K))),
+             sc=_bits(8, _k4_sc(_Q5_K)), m=_bits(8, _k4_m(_Q5_K)),
+             planes=_planes(_split_pairs(_Q5_K.at("qs"), 4, 32), _bit_plane(_Q5_K.at("qh")))),
         _row("Q6_K", _Q6_K, header=("scales", "d"),
              codes=_q6k_codec(),
              sc=_bits(16, _each_byte(_Q6_K, "scales")), sc_int8=True, zero_code=-32),
@@ -1440,6 +1464,28 @@ def expand_packed(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> t
     if zb.size:
         packed[zb] = pack(x.codes, f.storage).reshape(zb.size, -1)
     return dataclasses.replace(x, codes=None), packed.reshape(-1)
+
+def expand_planes(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> tuple[Expanded, np.ndarray, np.ndarray]:
+    """:func:`expand_packed` for a type whose 5-bit codes are written as two planes
+    (:attr:`Form.planes`): the expansion without the codes, and the uint4 low plane's and
+    the uint2 high plane's bytes (uint8, block after block), moved straight from the blocks
+    where the row has ``planes`` (codes decoded only in the blocks with a zero-scale
+    sub-block), else split from the codes (:func:`~.gguf_compact.split_planes`)."""
+    from .gguf_compact import split_planes
+
+    spec = _specs()[ggml_type]
+    if spec.planes is None or not _dense(ggml_type):
+        x = expand(ggml_type, blocks, first_block)
+        lo, hi = split_planes(x.codes)
+        return dataclasses.replace(x, codes=None), lo, hi
+    _check_blocks(spec, ggml_type, blocks)
+    x, zb = _zero_rows(ggml_type, blocks, first_block, True)
+    lo, hi = spec.planes(blocks)
+    if zb.size:
+        zlo, zhi = split_planes(x.codes)
+        lo[zb], hi[zb] = zlo.reshape(zb.size, -1), zhi.reshape(zb.size, -1)
+    return dataclasses.replace(x, codes=None), lo.reshape(-1), hi.reshape(-1)
+
 
 # ---------------------------------------------------------------------------------------
 # The reference path: block by block, field by field, every block decoded and checked; no
