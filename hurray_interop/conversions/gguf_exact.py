@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from .. import kernels as K
 from ..core.elements import buffer_size, element_type, sign_extend, unpack
 from ..core import model as M
 from ..core.model import Descriptor, Tensor
@@ -55,6 +56,7 @@ from ..errors import FormatError
 from ..tables import load_table
 from . import gguf_compact as C
 from . import gguf_expanded as X
+from . import gguf_kernels as GK
 from .gguf_pass import Entry, Piece, Plan, Refuse, Slot
 from .gguf_sources import ChunkedBlocks
 
@@ -160,19 +162,17 @@ def _expanded(name: str, expand: Callable[..., Any], ggml_type: str, rows: np.nd
         raise Refuse(f"{e.message} (tensor {name!r})") from None
 
 
-def _flips(f: X.Form, x: X.Expanded) -> tuple[np.ndarray | None, bool]:
-    """The sub-blocks (flat) the compact form writes flipped (a ±0 minimum, a scale > 0:
-    docs/conversion-rules.md § 11; None: none), and whether the chunk needs the per-element
-    form: a ±0 minimum whose (stand-in) scale is not > 0, or an unflipped sub-block the
-    export would read as flipped (:func:`~.gguf_compact.flipped`).  Cheap where no minimum
-    is ±0 and no scale negative (ggml's quantizers: almost every chunk)."""
+def _flips(f: X.Form, x: X.Expanded) -> tuple[np.ndarray, bool]:
+    """The sub-blocks (flat indices) the compact form writes flipped (a ±0 minimum, a scale
+    > 0: docs/conversion-rules.md § 11), and whether the chunk needs the per-element form: a
+    ±0 minimum whose (stand-in) scale is not > 0, or an unflipped sub-block the export would
+    read as flipped (:func:`~.gguf_compact.flipped`).  Only the few sub-blocks with a ±0
+    minimum or a negative scale are looked at twice."""
     assert x.correction_codes is not None and x.correction is not None
     s, cc = x.scales.reshape(-1), x.correction_codes.reshape(-1)
-    flip, old = None, False
-    if not cc.all():
-        zero = cc == 0
-        flip = C.flip_mask(s, zero)
-        old = bool((zero & ~flip).any())
+    zero = np.flatnonzero(cc == 0) if not cc.all() else np.zeros(0, np.int64)
+    flip = zero[C.flip_mask(s[zero], np.ones(zero.size, bool))]
+    old = flip.size != zero.size
     neg = np.flatnonzero(s < 0)
     if neg.size and not old:
         old = bool((C.flipped(s[neg], x.correction.reshape(-1)[neg], f.qmax) & (cc[neg] != 0)).any())
@@ -222,12 +222,14 @@ def _compact_buffers(f: X.Form, x: X.Expanded, packed: np.ndarray, bufs: dict[st
     flip, old = _flips(f, x)
     s = bufs["scales"]
     bcast = x.correction.reshape(-1)
-    if flip is not None:  # (the planes are the expansion's own arrays)
-        C.flip_codes(packed.reshape(flip.size, -1), flip, 0xFF)
+    if flip.size:  # (the planes are the expansion's own arrays; gguf_compact.flip_codes by index)
+        subs = s.size
+        packed.reshape(subs, -1)[flip] ^= np.uint8(0xFF)
         if f.planes:
-            C.flip_codes(bufs["hi_codes"].reshape(flip.size, -1), flip, 0x55)
-        bcast = np.where(flip, np.float32(f.qmax) * s, bcast)
-        s = np.where(flip, -s, s)
+            bufs["hi_codes"].reshape(subs, -1)[flip] ^= np.uint8(0x55)
+        bcast, s = bcast.copy(), s.copy()
+        bcast[flip] = np.float32(f.qmax) * s[flip]
+        s[flip] = -s[flip]
     if f.planes:
         bufs["hi_scales"] = (np.float32(1 << element_type(f.base_storage).bits) * s).astype("<f4")
     bufs["scales"] = np.ascontiguousarray(s, dtype="<f4")
@@ -551,13 +553,15 @@ class _Stored:
                 raise FormatError(f"--fallback exact form: block {i // self.per}: the high-bit plane's scale of "
                                   f"sub-block {i % self.per} is not 16× the base scale", tensor=self.hi.name, field="scales")
         neg = np.flatnonzero(b < 0)  # (a flipped base scale is < 0: ggml's scales almost never are)
+        fi = neg[C.flipped(b[neg], v[neg], f.qmax)] if neg.size else neg
         flip = np.zeros(b.shape, dtype=bool)
-        if neg.size:
-            flip[neg] = C.flipped(b[neg], v[neg], f.qmax)
-        if not neg.size or not flip.any():
-            return b, v, np.ones(v.shape, np.uint8), flip
-        return (np.where(flip, -b, b), np.where(flip, np.float32(-1), v).astype(np.float32),
-                (~flip).astype(np.uint8), flip)
+        ccodes = np.ones(v.shape, np.uint8)
+        if not fi.size:
+            return b, v, ccodes, flip
+        flip[fi] = True
+        b, v = b.copy(), v.copy()
+        b[fi], v[fi], ccodes[fi] = -b[fi], np.float32(-1), 0
+        return b, v, ccodes, flip
 
     def _codes(self, sl: slice, flip: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
         """``(codes, packed)`` of the chunk: packed where :func:`~.gguf_expanded.rebuild` takes
@@ -568,10 +572,12 @@ class _Stored:
         raw = self._bytes(self.base, storage, sl, flip, 0xFF)
         if self.hi is not None:
             hi = self._bytes(self.hi, X.PLANE_HI_STORAGE, sl, flip, 0x55)
-            codes = unpack(hi, X.PLANE_HI_STORAGE, nb * self.elements).astype(np.uint8, copy=False)
-            codes <<= 4  # (gguf_compact.join_planes, in place: q = lo + 16·hi; hi 2, 3 give codes out of range)
-            codes |= unpack(raw, storage, nb * self.elements).astype(np.uint8, copy=False)
-            return codes.reshape(nb, self.elements), None
+            lo_w, hi_w = (buffer_size(s, self.elements) for s in (storage, X.PLANE_HI_STORAGE))
+            if raw.size != nb * lo_w or hi.size != nb * hi_w:  # (the reader checks the sizes: unpack raises)
+                return C.join_planes(raw, hi, nb * self.elements).reshape(nb, self.elements), None
+            # q = lo + 16·hi (hi codes 2, 3 give codes out of range: rebuild says so)
+            out = K.thread_buffer("gguf_exact.planes", (nb, self.elements), np.uint8)  # (used within the chunk)
+            return GK.q5k_join(raw.reshape(nb, lo_w), hi.reshape(nb, hi_w), out=out), None
         per_block = buffer_size(et, self.elements)
         if X.rebuilds_packed(f.type) and raw.size == nb * per_block:
             return None, raw.reshape(nb, per_block)
@@ -586,8 +592,10 @@ class _Stored:
         per_block = buffer_size(element_type(storage), self.elements)
         raw = m.data[0][sl.start * per_block : sl.stop * per_block]
         flat = raw.reshape(-1).view(np.uint8) if isinstance(raw, np.ndarray) else np.frombuffer(raw, dtype=np.uint8)
-        if flip is None or not flip.any() or flat.size != flip.size * (per_block // self.per):
+        if flip is None or flat.size != flip.size * (per_block // self.per):
             return flat
-        flat = flat.copy()
-        C.flip_codes(flat.reshape(flip.size, -1), flip, xor)
+        fi = np.flatnonzero(flip)
+        if fi.size:
+            flat = flat.copy()
+            flat.reshape(flip.size, -1)[fi] ^= np.uint8(xor)  # (gguf_compact.flip_codes, by index)
         return flat

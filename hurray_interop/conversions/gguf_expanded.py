@@ -914,17 +914,9 @@ def _split_pairs_back(offset: int, groups: int, width: int) -> Callable[[np.ndar
 
 
 def _bit_plane(offset: int) -> Callable[[np.ndarray], np.ndarray]:
-    """The uint2 plane (element order, four codes a byte) of the bit fields ``e → bit e // 32
-    of byte offset + e % 32`` (block_q5_K.qh): per bit j and each 4 consecutive bytes (a
-    uint32 ``w``), ``x = (w >> j) & 0x01010101`` and ``x | x >> 6 | x >> 12 | x >> 18`` holds
-    the four codes at bits 0, 2, 4, 6 (nothing else lands in its low byte)."""
-    def plane(blocks: np.ndarray) -> np.ndarray:
-        w = np.ascontiguousarray(blocks[:, offset : offset + 32]).view("<u4")  # (n, 8)
-        x = (w[:, None, :] >> np.arange(8, dtype=np.uint32)[None, :, None]) & np.uint32(0x01010101)
-        x |= (x >> 6) | (x >> 12) | (x >> 18)
-        return x.astype(np.uint8).reshape(blocks.shape[0], 64)
-
-    return plane
+    """The uint2 plane (element order, four codes a byte) of block_q5_K.qh at ``offset``
+    (element ``e``: bit ``e // 32`` of byte ``e % 32``; :func:`~.gguf_kernels.q5k_plane`)."""
+    return lambda blocks: GK.q5k_plane(blocks, offset)
 
 
 def _planes(lo: Callable[[np.ndarray], np.ndarray], hi: Callable[[np.ndarray], np.ndarray]
