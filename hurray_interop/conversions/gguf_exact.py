@@ -11,9 +11,17 @@ records, for the generic converter :mod:`.gguf` (which calls :func:`plan` on imp
 * Where the form is an overlay (Q2_K, Q4_K, Q5_K) or the tensor has *zero patches*
   (sub-blocks whose ±0 values are mixed, docs/conversion-rules.md § 9), ``<name>`` is a
   float32 overlay-add composite instead: ``<name>.base`` (the above, a shard spanning the
-  tensor, role base), ``<name>.min`` (overlay types: uint2 codes 1 or 0, K, float32 scale
-  ``−dmin·m``, role correction), then one ``<name>.zero.<i>`` per zero patch: a float32
-  shard of shape ``(1, …, 1, K)`` over its sub-block holding the ±0 pattern (role correction).
+  tensor, role base), then for a type whose row has ``minimum = "broadcast"`` the compact
+  form of § 11 -- where ``planes``, ``<name>.hi`` (uint2 high bit, float32 scale ``16·s``),
+  then ``<name>.min`` a broadcast member (:func:`~.gguf_compact.broadcast_member`: one code
+  byte 1, float32 scale ``−dmin·m`` per sub-block; a sub-block whose minimum is ±0 flipped:
+  codes ``qmax − q`` by an XOR, scales ``−s`` (``−16s``), broadcast scale ``qmax·s``) -- or
+  the per-element form (``<name>.min``: uint2 codes 1 or 0, K, float32 scale ``−dmin·m``),
+  then one ``<name>.zero.<i>`` per zero patch: a float32 shard of shape ``(1, …, 1, K)`` over
+  its sub-block holding the ±0 pattern (role correction).  The chunks say whether the
+  compact form holds (:func:`_flips`); where it does not, the tensor is laid out again in
+  the per-element form.  :class:`~.gguf_expanded.Expanded` stays the logical form: the
+  compaction is this module's storage layer (:func:`_compact_buffers`, :class:`_Stored`).
 * The restore record, KV ``hurray_interop.gguf.expanded.<name>`` (bytes): the
   :class:`~.gguf_expanded.Record` of the whole tensor -- every block's header bytes, then the
   exception blocks with their absolute block indices (``Record.to_bytes``). The records
@@ -28,13 +36,16 @@ on the worker threads -- its codes, scales (zero points) and correction as named
 which the executor writes (``pwrite``) at their final offsets in the ranges
 :meth:`HrryWriter.reserve` left, and the record's parts, which it spools in block order --
 and a record collector.  The zero patches (rare) change the layout, so a tensor found to
-have some is taken back (:meth:`HrryWriter.rewind`, the plan's ``relayout``) and written
-again with them; a dry run only scans (:func:`~.gguf_expanded.expand_scales`).
+have some, or found to need the per-element form, is taken back (:meth:`HrryWriter.rewind`,
+the plan's ``relayout``) and written again so; a dry run only scans
+(:func:`~.gguf_expanded.expand_scales`), which tells both.
 
 The export rebuilds the GGML blocks chunk by chunk with :func:`~.gguf_expanded.rebuild` (a
 :class:`~.gguf_sources.ChunkedBlocks`: the workers ``pwrite`` them where
 ``GGUFWriterStream.skip_tensor_data`` left room), which proves the stored codes, scales,
-corrections and patches are those of the rebuilt blocks; any mismatch is a
+corrections and patches are those of the rebuilt blocks (both forms, told apart by their
+members' structure, :func:`_parts`; a compact one read back un-flipped, its flipped
+sub-blocks marked :attr:`~.gguf_expanded.Expanded.unsigned_zero`); any mismatch is a
 :class:`~hurray_interop.errors.FormatError` naming the tensor, the block and the field
 (nothing is written: the output is atomic).
 """

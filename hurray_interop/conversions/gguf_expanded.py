@@ -15,7 +15,10 @@ bit (docs/conversion-rules.md § 9, "Measured forms"; the form of each type is t
   / uint4 / uint8 (``q``), K = 16/32/32, float32 scale ``d·sc``; correction member storage
   uint2, every code 1, float32 scale ``−(dmin·m)``. ``d·sc·q + (−dmin·m)`` is the IEEE
   operation ggml performs (``a − b ≡ a + (−b)``). A correction that is ±0 is written as
-  codes 0 with scale ±1 (the sign of the scale carries the sign of the zero, § 3a).
+  codes 0 with scale ±1 (the sign of the scale carries the sign of the zero, § 3a). That is
+  the logical form (:class:`Expanded`); the import stores it compactly where it can (a
+  broadcast minimum, flipped sub-blocks, Q5_K's bit planes: § 11, :mod:`.gguf_exact`), the
+  planes moved straight from the blocks (:func:`expand_planes`).
 * **IQ4_NL** -- int8 codebook values, K = 32, float16 scale ``d`` (single level).
 * **TQ1_0, TQ2_0** -- storage uint2 codes ``q``, int32 zero point 1, K = 256, float16 ``d``
   (not int2 with −d: that turns +0 weights into −0).
