@@ -1,6 +1,6 @@
 /* Byte movers between GGML blocks and Hurray buffers: the compiled twin of
  * the numpy twins in hurray_interop/kernels.py and, for ggml's own block structs
- * (hk_q5_*, hk_dsc_scales, hk_q6k_*), hurray_interop/conversions/gguf_kernels.py (same results, byte for byte;
+ * (hk_q5_*, hk_q5_k_*, hk_dsc_scales, hk_q6k_*), hurray_interop/conversions/gguf_kernels.py (same results, byte for byte;
  * tests/test_kernels.py proves it).  Portable C99 (the two nibble movers have an
  * SSE2 body where the compiler targets SSE2, as every x86-64 compiler does; the
  * portable body elsewhere: the same bytes), no Python C-API: hurray_interop/kernels.py loads it with ctypes, which releases
@@ -34,7 +34,7 @@
 typedef ptrdiff_t hk_stride;
 
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
-HK_API int hk_abi_version(void) { return 4; }
+HK_API int hk_abi_version(void) { return 5; }
 
 /* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -533,4 +533,48 @@ HK_API size_t hk_q6k_pack(const uint8_t *src, hk_stride ss, size_t n, uint8_t *d
         bad_rows += (bad & 0xC0C0C0C0C0C0C0C0ULL) != 0;
     }
     return bad_rows;
+}
+
+/* Q5_K's high bits as a Hurray uint2 plane (docs/conversion-rules.md § 11): element e's bit is
+ * bit e / 32 of qh[e % 32] (block_q5_K.qh at qh_off); plane byte k holds elements 4k..4k+3 at
+ * bits 0, 2, 4, 6.  For bit j and the four bytes l0..l0+3 (a little-endian uint32 w),
+ * x = (w >> j) & 0x01010101 and the low byte of x | x >> 6 | x >> 12 | x >> 18 is that byte. */
+HK_API void hk_q5_k_plane(const uint8_t *src, hk_stride ss, size_t n, size_t qh_off, uint8_t *dst, hk_stride ds) {
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *qh = src + (hk_stride)r * ss + qh_off;
+        uint8_t *o = dst + (hk_stride)r * ds;
+        for (int m = 0; m < 8; m++) {
+            uint32_t w = (uint32_t)qh[4 * m] | (uint32_t)qh[4 * m + 1] << 8 | (uint32_t)qh[4 * m + 2] << 16 |
+                         (uint32_t)qh[4 * m + 3] << 24;
+            for (int j = 0; j < 8; j++) {
+                uint32_t x = (w >> j) & 0x01010101u;
+                o[8 * j + m] = (uint8_t)(x | x >> 6 | x >> 12 | x >> 18);
+            }
+        }
+    }
+}
+
+/* Codes lo + 16*hi of k elements per row from a uint4 plane (element 2i low nibble of byte
+ * i) and a uint2 plane (element 4i + t at bits 2t of byte i): one byte per element.  Four
+ * elements at a time, by two tables made per call: a lo byte's two codes (16 bits) and a hi
+ * byte's four crumbs, each shifted to bit 4 of its byte (32 bits). */
+HK_API void hk_q5_k_join(const uint8_t *lo, hk_stride ls, const uint8_t *hi, hk_stride hs, size_t n, size_t k,
+                         uint8_t *dst, hk_stride ds) {
+    uint16_t lo_t[256];
+    uint32_t hi_t[256];
+    for (uint32_t v = 0; v < 256; v++) {
+        lo_t[v] = (uint16_t)((v & 15) | (v >> 4) << 8);
+        hi_t[v] = ((v & 3) | (v >> 2 & 3) << 8 | (v >> 4 & 3) << 16 | (v >> 6) << 24) << 4;
+    }
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *a = lo + (hk_stride)r * ls, *b = hi + (hk_stride)r * hs;
+        uint8_t *o = dst + (hk_stride)r * ds;
+        size_t g = 0;
+        for (; g + 4 <= k; g += 4) {
+            uint32_t v = ((uint32_t)lo_t[a[g / 2]] | (uint32_t)lo_t[a[g / 2 + 1]] << 16) | hi_t[b[g / 4]];
+            o[g] = (uint8_t)v, o[g + 1] = (uint8_t)(v >> 8), o[g + 2] = (uint8_t)(v >> 16), o[g + 3] = (uint8_t)(v >> 24);
+        }
+        for (; g < k; g++)
+            o[g] = (uint8_t)((a[g / 2] >> (4 * (g & 1)) & 15) | (b[g / 4] >> (2 * (g & 3)) & 3) << 4);
+    }
 }

@@ -199,7 +199,7 @@ def test_the_low_layer_calls_no_ggml_specific_c_mover() -> None:
     ggml = {m: fs for m, fs in ggml.items() if fs}
     assert set(ggml) == {f"{ROOT}.conversions.gguf_kernels"}, ggml
     assert ggml[f"{ROOT}.conversions.gguf_kernels"] == {
-        "hk_q5_codes", "hk_q5_pack", "hk_dsc_scales", "hk_q6k_codes", "hk_q6k_pack"}
+        "hk_q5_codes", "hk_q5_pack", "hk_dsc_scales", "hk_q6k_codes", "hk_q6k_pack", "hk_q5_k_plane", "hk_q5_k_join"}
     # the generic movers stay in the low layer, and every C function is called from one place
     assert calls[f"{ROOT}.kernels"] >= {"hk_split_to_pairs", "hk_move", "hk_unpack_runs", "hk_string_starts"}
     assert not calls[f"{ROOT}.kernels"] & calls[f"{ROOT}.conversions.gguf_kernels"]

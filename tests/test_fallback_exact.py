@@ -106,10 +106,13 @@ def test_pyhurray_loads_every_form(fixture_hrry: Path) -> None:
                 assert str(x.dtype).endswith("float32")
                 members = list(x.members)
                 assert len(members) == len(ours.members)
-                assert str(members[0].dtype).endswith(f.storage) and tuple(members[0].shape) == (32, 512)
-                if f.overlay:
-                    assert str(members[1].dtype).endswith("uint2") and tuple(members[1].shape) == (32, 512)
-                for m in members[1 + f.overlay :]:  # zero patches: float32 (1, K) boxes
+                # the compact forms of docs/conversion-rules.md § 11: base (low plane), high-bit
+                # plane, the broadcast minimum (uint8, one code byte); the per-element form otherwise
+                want = [f.base_storage] + ["uint2"] * f.planes + ["uint8"] * f.overlay if f.compact else \
+                    [f.storage] + ["uint2"] * f.overlay
+                for m, storage in zip(members, want):
+                    assert str(m.dtype).endswith(storage) and tuple(m.shape) == (32, 512)
+                for m in members[len(want) :]:  # zero patches: float32 (1, K) boxes
                     assert str(m.dtype).endswith("float32") and tuple(m.shape) == (1, f.sub_block)
             else:
                 assert not f.overlay

@@ -697,3 +697,41 @@ def test_scale_class_against_the_definition() -> None:
             assert K.scale_class(blocks, 1, "f16").tolist() == want_f16.tolist()
             assert K.scale_class(blocks, 4, "e8m0").tolist() == want_e8.tolist()
             assert K.scale_class(blocks[::-1], 1, "f16").tolist() == want_f16[::-1].tolist()
+
+
+def _q5k_planes(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """Random Q5_K blocks, their codes (ggml's fields) and the planes of those codes
+    (gguf_compact.split_planes): the oracle of the plane movers."""
+    from hurray_interop.conversions import gguf_compact, gguf_expanded as X
+
+    spec = X._specs()["Q5_K"]
+    blocks = np.random.default_rng(n).integers(0, 256, (n, spec.block_bytes), dtype=np.uint8)
+    codes = spec.codec.decode(blocks).astype(np.uint8)
+    lo, hi = gguf_compact.split_planes(codes)
+    return blocks, codes, lo.reshape(n, 128), hi.reshape(n, 64), spec.struct.at("qh")
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 300])
+def test_q5k_plane_movers_give_the_planes_of_the_codes(n: int) -> None:
+    """Q5_K's high-bit plane and the codes joined from the two planes (the compact form,
+    docs/conversion-rules.md § 11), on whichever path is loaded, against the planes of the
+    codes ggml's fields give; hi codes 3 join as 48..63 (out of range: rebuild says so)."""
+    blocks, codes, lo, hi, qh = _q5k_planes(n)
+    assert np.array_equal(GK.q5k_plane(blocks, qh), hi)
+    assert np.array_equal(GK.q5k_join(lo, hi), codes)
+    strided = np.zeros((n, 256), np.uint8)[:, ::2]  # a strided source: the numpy twin
+    strided[:] = lo
+    assert np.array_equal(GK.q5k_join(strided, hi), codes)
+    assert (GK.q5k_join(lo, np.full((n, 64), 0xFF, np.uint8)) >> 4 == 3).all()
+
+
+@needs_c
+@pytest.mark.parametrize("n", [0, 1, 7, 300])
+def test_q5k_plane_movers_c_and_numpy_give_the_same_bytes(n: int) -> None:
+    blocks, codes, lo, hi, qh = _q5k_planes(n)
+    same(*both(lambda: GK.q5k_plane(blocks, qh), {"hk_q5_k_plane"} if n else False))
+    same(*both(lambda: GK.q5k_join(lo, hi), {"hk_q5_k_join"} if n else False))
+    out = np.zeros((n, 256), np.uint8)
+    same(*both(lambda: GK.q5k_join(lo, hi, out=out).copy(), {"hk_q5_k_join"} if n else False))
+    bad = np.full((n, 64), 0xFF, np.uint8)
+    same(*both(lambda: GK.q5k_join(lo, bad), {"hk_q5_k_join"} if n else False))

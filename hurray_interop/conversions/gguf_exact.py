@@ -11,9 +11,17 @@ records, for the generic converter :mod:`.gguf` (which calls :func:`plan` on imp
 * Where the form is an overlay (Q2_K, Q4_K, Q5_K) or the tensor has *zero patches*
   (sub-blocks whose ±0 values are mixed, docs/conversion-rules.md § 9), ``<name>`` is a
   float32 overlay-add composite instead: ``<name>.base`` (the above, a shard spanning the
-  tensor, role base), ``<name>.min`` (overlay types: uint2 codes 1 or 0, K, float32 scale
-  ``−dmin·m``, role correction), then one ``<name>.zero.<i>`` per zero patch: a float32
-  shard of shape ``(1, …, 1, K)`` over its sub-block holding the ±0 pattern (role correction).
+  tensor, role base), then for a type whose row has ``minimum = "broadcast"`` the compact
+  form of § 11 -- where ``planes``, ``<name>.hi`` (uint2 high bit, float32 scale ``16·s``),
+  then ``<name>.min`` a broadcast member (:func:`~.gguf_compact.broadcast_member`: one code
+  byte 1, float32 scale ``−dmin·m`` per sub-block; a sub-block whose minimum is ±0 flipped:
+  codes ``qmax − q`` by an XOR, scales ``−s`` (``−16s``), broadcast scale ``qmax·s``) -- or
+  the per-element form (``<name>.min``: uint2 codes 1 or 0, K, float32 scale ``−dmin·m``),
+  then one ``<name>.zero.<i>`` per zero patch: a float32 shard of shape ``(1, …, 1, K)`` over
+  its sub-block holding the ±0 pattern (role correction).  The chunks say whether the
+  compact form holds (:func:`_flips`); where it does not, the tensor is laid out again in
+  the per-element form.  :class:`~.gguf_expanded.Expanded` stays the logical form: the
+  compaction is this module's storage layer (:func:`_compact_buffers`, :class:`_Stored`).
 * The restore record, KV ``hurray_interop.gguf.expanded.<name>`` (bytes): the
   :class:`~.gguf_expanded.Record` of the whole tensor -- every block's header bytes, then the
   exception blocks with their absolute block indices (``Record.to_bytes``). The records
@@ -28,13 +36,16 @@ on the worker threads -- its codes, scales (zero points) and correction as named
 which the executor writes (``pwrite``) at their final offsets in the ranges
 :meth:`HrryWriter.reserve` left, and the record's parts, which it spools in block order --
 and a record collector.  The zero patches (rare) change the layout, so a tensor found to
-have some is taken back (:meth:`HrryWriter.rewind`, the plan's ``relayout``) and written
-again with them; a dry run only scans (:func:`~.gguf_expanded.expand_scales`).
+have some, or found to need the per-element form, is taken back (:meth:`HrryWriter.rewind`,
+the plan's ``relayout``) and written again so; a dry run only scans
+(:func:`~.gguf_expanded.expand_scales`), which tells both.
 
 The export rebuilds the GGML blocks chunk by chunk with :func:`~.gguf_expanded.rebuild` (a
 :class:`~.gguf_sources.ChunkedBlocks`: the workers ``pwrite`` them where
 ``GGUFWriterStream.skip_tensor_data`` left room), which proves the stored codes, scales,
-corrections and patches are those of the rebuilt blocks; any mismatch is a
+corrections and patches are those of the rebuilt blocks (both forms, told apart by their
+members' structure, :func:`_parts`; a compact one read back un-flipped, its flipped
+sub-blocks marked :attr:`~.gguf_expanded.Expanded.unsigned_zero`); any mismatch is a
 :class:`~hurray_interop.errors.FormatError` naming the tensor, the block and the field
 (nothing is written: the output is atomic).
 """
@@ -48,12 +59,15 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from .. import kernels as K
 from ..core.elements import buffer_size, element_type, sign_extend, unpack
 from ..core import model as M
 from ..core.model import Descriptor, Tensor
 from ..errors import FormatError
 from ..tables import load_table
+from . import gguf_compact as C
 from . import gguf_expanded as X
+from . import gguf_kernels as GK
 from .gguf_pass import Entry, Piece, Plan, Refuse, Slot
 from .gguf_sources import ChunkedBlocks
 
@@ -85,8 +99,9 @@ def has_form(ggml_type: str) -> bool:
 @functools.cache
 def _names() -> dict[str, str]:
     overlay = load_table("gguf_hurray")["overlay"]
-    return {"base": overlay["base_suffix"], "min": overlay["correction_suffix"],
-            "zero": load_table("gguf_expanded")["names"]["zero_patch_suffix"]}
+    names = load_table("gguf_expanded")["names"]
+    return {"base": overlay["base_suffix"], "min": overlay["correction_suffix"], "hi": names["hi_suffix"],
+            "zero": names["zero_patch_suffix"]}
 
 
 # ---------------------------------------------------------------------------
@@ -129,18 +144,19 @@ def _patch_desc(shape: tuple[int, ...], sub: int, k: int) -> Descriptor:
 
 
 _Patches = tuple[np.ndarray, np.ndarray]  # zero patches: absolute sub-block indices, patterns
+_Keep = tuple[_Patches, bool]  # a chunk's zero patches, and whether it needs the per-element form
 
 
 def _no_patches(ggml_type: str) -> _Patches:
     return np.zeros(0, np.int64), np.zeros((0, X.form(ggml_type).sub_block), np.float32)
 
 
-def _gather(ggml_type: str, keeps: Iterable[_Patches]) -> _Patches:
+def _gather(ggml_type: str, keeps: Iterable[_Keep]) -> _Patches:
     """The zero patches of the chunks (each already absolute), in order."""
-    idx = [i for i, _ in keeps if i.size]
+    idx = [i for (i, _), _ in keeps if i.size]
     if not idx:
         return _no_patches(ggml_type)
-    return np.concatenate(idx), np.concatenate([p for i, p in keeps if i.size])
+    return np.concatenate(idx), np.concatenate([p for (i, p), _ in keeps if i.size])
 
 
 def _patches_of(ggml_type: str, x: X.Expanded, start: int) -> _Patches:
@@ -157,93 +173,164 @@ def _expanded(name: str, expand: Callable[..., Any], ggml_type: str, rows: np.nd
         raise Refuse(f"{e.message} (tensor {name!r})") from None
 
 
-def _scan_chunk(name: str, ggml_type: str, rows: np.ndarray, start: int) -> Piece:
-    """A dry run's chunk: only the zero patches (:func:`~.gguf_expanded.expand_scales`)."""
-    return Piece(_patches_of(ggml_type, _expanded(name, X.expand_scales, ggml_type, rows, start), start))
+def _flips(f: X.Form, x: X.Expanded) -> tuple[np.ndarray, bool]:
+    """The sub-blocks (flat indices) the compact form writes flipped (a ±0 minimum, a scale
+    > 0: docs/conversion-rules.md § 11), and whether the chunk needs the per-element form: a
+    ±0 minimum whose (stand-in) scale is not > 0, or an unflipped sub-block the export would
+    read as flipped (:func:`~.gguf_compact.flipped`).  Only the few sub-blocks with a ±0
+    minimum or a negative scale are looked at twice."""
+    assert x.correction_codes is not None and x.correction is not None
+    s, cc = x.scales.reshape(-1), x.correction_codes.reshape(-1)
+    zero = np.flatnonzero(cc == 0) if not cc.all() else np.zeros(0, np.int64)
+    flip = zero[C.flip_mask(s[zero], np.ones(zero.size, bool))]
+    old = flip.size != zero.size
+    neg = np.flatnonzero(s < 0)
+    if neg.size and not old:
+        old = bool((C.flipped(s[neg], x.correction.reshape(-1)[neg], f.qmax) & (cc[neg] != 0)).any())
+    return flip, old
 
 
-def _chunk(name: str, ggml_type: str, rows: np.ndarray, start: int) -> Piece:
+def _scan_chunk(name: str, ggml_type: str, compact: bool, rows: np.ndarray, start: int) -> Piece:
+    """A dry run's chunk: the zero patches and whether the compact form stands
+    (:func:`~.gguf_expanded.expand_scales`: no codes)."""
+    x = _expanded(name, X.expand_scales, ggml_type, rows, start)
+    return Piece((_patches_of(ggml_type, x, start), compact and _flips(X.form(ggml_type), x)[1]))
+
+
+def _chunk(name: str, ggml_type: str, compact: bool, rows: np.ndarray, start: int) -> Piece:
     """Expand the blocks once: their codes, scales (zero points) and correction as named
-    buffers, the record's parts (headers, exception blocks) and the zero patches."""
+    buffers (``compact``: the form of § 11), the record's parts (headers, exception blocks),
+    the zero patches and whether the chunk needs the per-element form."""
     f = X.form(ggml_type)
-    x, packed = _expanded(name, X.expand_packed, ggml_type, rows, start)
+    if compact and f.planes:
+        x, packed, hi = _expanded(name, X.expand_planes, ggml_type, rows, start)
+    else:
+        x, packed = _expanded(name, X.expand_packed, ggml_type, rows, start)
     scales = np.ascontiguousarray(x.scales).reshape(-1)
     bufs = {"codes": packed, "scales": scales}
+    if compact and f.planes:
+        bufs["hi_codes"] = hi
     if f.zero_point is not None:
         bufs["zero_points"] = np.full(scales.size, f.zero_point, dtype=_ZP)
-    if f.overlay:
+    old = False
+    if f.overlay and compact:
+        old = _compact_buffers(f, x, packed, bufs)
+    elif f.overlay:
         assert x.correction_codes is not None and x.correction is not None
         bufs["corr_codes"] = _correction_bytes(x.correction_codes.reshape(-1), buffer_size(_CORRECTION, f.sub_block))
         bufs["corr_scales"] = np.ascontiguousarray(x.correction, dtype="<f4").reshape(-1)
     r = x.record
     assert r is not None
     exceptions = dataclasses.replace(r, header=r.header[:0]).to_bytes() if r.exception_index.size else b""
-    return Piece(_patches_of(ggml_type, x, start), bufs, (np.ascontiguousarray(r.header).data, exceptions))
+    return Piece((_patches_of(ggml_type, x, start), old), bufs, (np.ascontiguousarray(r.header).data, exceptions))
 
 
-def _slots(ggml_type: str, base: int) -> dict[str, Slot]:
-    """The named buffers of :func:`_chunk`: the base member (entry ``base``), then the correction."""
+def _compact_buffers(f: X.Form, x: X.Expanded, packed: np.ndarray, bufs: dict[str, np.ndarray]) -> bool:
+    """Fill ``bufs`` with the compact form's codes and scales (flipped sub-blocks: codes
+    ``qmax − q`` by an XOR, scale −s, broadcast scale ``qmax·s``; planes split); True when
+    the chunk needs the per-element form instead (what is filled is then never kept)."""
+    assert x.correction is not None
+    flip, old = _flips(f, x)
+    s = bufs["scales"]
+    bcast = x.correction.reshape(-1)
+    if flip.size:  # (the planes are the expansion's own arrays; gguf_compact.flip_codes by index)
+        subs = s.size
+        packed.reshape(subs, -1)[flip] ^= np.uint8(0xFF)
+        if f.planes:
+            bufs["hi_codes"].reshape(subs, -1)[flip] ^= np.uint8(0x55)
+        bcast, s = bcast.copy(), s.copy()
+        bcast[flip] = np.float32(f.qmax) * s[flip]
+        s[flip] = -s[flip]
+    if f.planes:
+        bufs["hi_scales"] = (np.float32(1 << element_type(f.base_storage).bits) * s).astype("<f4")
+    bufs["scales"] = np.ascontiguousarray(s, dtype="<f4")
+    bufs["corr_scales"] = np.ascontiguousarray(bcast, dtype="<f4")
+    return old
+
+
+def _slots(ggml_type: str, base: int, compact: bool) -> dict[str, Slot]:
+    """The named buffers of :func:`_chunk`: the base member (entry ``base``), the high-bit
+    plane (compact planes), then the correction (compact: the broadcast member's scales)."""
     f = X.form(ggml_type)
     per = X._specs()[ggml_type].elements // f.sub_block
-    slots = {"codes": Slot(base, 0, buffer_size(f.storage, X._specs()[ggml_type].elements)),
+    storage = f.base_storage if compact else f.storage
+    slots = {"codes": Slot(base, 0, buffer_size(storage, X._specs()[ggml_type].elements)),
              "scales": Slot(base, 1, per * element_type(f.scale).bits // 8)}
     if f.zero_point is not None:
         slots["zero_points"] = Slot(base, 2, per * _ZP.itemsize)
-    if f.overlay:
+    planes = int(compact and f.planes)
+    if planes:
+        slots["hi_codes"] = Slot(base + 1, 0, per * buffer_size(X.PLANE_HI_STORAGE, f.sub_block))
+        slots["hi_scales"] = Slot(base + 1, 1, per * 4)
+    if f.overlay and not compact:
         slots["corr_codes"] = Slot(base + 1, 0, per * buffer_size(_CORRECTION, f.sub_block))
-        slots["corr_scales"] = Slot(base + 1, 1, per * 4)
+    if f.overlay:
+        slots["corr_scales"] = Slot(base + 1 + planes, 1, per * 4)
     return slots
 
 
-def _finish(ggml_type: str, why: str, nbytes: int, elements: int, keeps: list[_Patches], report: Any) -> list[Any]:
+def _finish(ggml_type: str, compact: bool, why: str, nbytes: int, elements: int, keeps: list[_Keep],
+            report: Any) -> list[Any]:
     """The collector of an expanded tensor: the report's form, size (the record's header
     part on top) and reason; the record itself is spooled by the executor."""
+    f = X.form(ggml_type)
     n_patches = int(_gather(ggml_type, keeps)[0].size)
     rec = record_bytes(ggml_type, nbytes)
-    report.mapping = X.form(ggml_type).describe() + (
+    old = " (per-element form: a ±0 minimum that cannot be flipped)" if f.compact and not compact else ""
+    report.mapping = f.describe(compact) + old + (
         f", {n_patches} zero patch{'es' if n_patches > 1 else ''}" if n_patches else "")
     report.bytes_out += rec
     n = max(elements, 1)
     report.reason = (f"--fallback exact: {8 * report.bytes_in / n:.4g} → {8 * report.bytes_out / n:.4g} bits per "
-                     f"weight (record {8 * rec / n:.2g}); no native mapping: {why}")
+                     f"weight (data {f.hurray_bpw(compact):.4g}, record {8 * rec / n:.2g}); no native mapping: {why}")
     return []
 
 
 def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray, why: str,
-         patches: _Patches | None = None) -> Plan:
+         patches: _Patches | None = None, compact: bool | None = None) -> Plan:
     """The plan of ``name`` (``blocks``: its ``(n, block_bytes)`` GGML blocks) in its expanded
-    form, laid out for ``patches`` (default: none).  Written, each chunk is expanded once on
-    the workers; a tensor found to have zero patches is laid out again with them
-    (:attr:`~.gguf_pass.Plan.relayout`).  ``why``: why it has no native mapping."""
+    form, laid out for ``patches`` (default: none) in the compact form of § 11 where the
+    type has one (``compact``, default: the table's).  Written, each chunk is expanded once
+    on the workers; a tensor found to have zero patches, or to need the per-element form, is
+    laid out again (:attr:`~.gguf_pass.Plan.relayout`).  ``why``: why it has no native mapping."""
     f = X.form(ggml_type)
+    compact = f.compact if compact is None else compact
     found = _no_patches(ggml_type) if patches is None else patches
-    composite, head, members = _layout(name, ggml_type, shape, found[0])
-    reserved = 1 + f.overlay
+    composite, head, members = _layout(name, ggml_type, shape, found[0], compact)
+    reserved = 1 + f.overlay + int(compact and f.planes)
     entries = [Entry(name, head, ())] if composite else []
-    entries += [Entry(mn, md) for mn, md in members[:reserved]]
+    entries += [Entry(mn, md, fixed={0: C.broadcast_code().tobytes()} if C.is_broadcast(md) else {}) for mn, md in members[:reserved]]
     entries += [Entry(mn, md, [[p.astype("<f4").reshape(-1)]]) for (mn, md), p in zip(members[reserved:], found[1])]
-    again = None if patches is not None else functools.partial(_relayout, name, ggml_type, shape, blocks, why)
-    return Plan(tuple(entries), blocks, CHUNK_BLOCKS, _slots(ggml_type, int(composite)),
-                functools.partial(_chunk, name, ggml_type), functools.partial(_scan_chunk, name, ggml_type),
-                functools.partial(_finish, ggml_type, why, blocks.size, int(np.prod(shape, dtype=np.int64))), spool=(record_key(name), 2), relayout=again)
+    again = None if patches is not None else functools.partial(_relayout, name, ggml_type, shape, blocks, why, compact)
+    return Plan(tuple(entries), blocks, CHUNK_BLOCKS, _slots(ggml_type, int(composite), compact),
+                functools.partial(_chunk, name, ggml_type, compact), functools.partial(_scan_chunk, name, ggml_type, compact),
+                functools.partial(_finish, ggml_type, compact, why, blocks.size, int(np.prod(shape, dtype=np.int64))),
+                spool=(record_key(name), 2), relayout=again)
 
 
-def _relayout(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray, why: str,
-              keeps: list[_Patches]) -> Plan | None:
-    """The plan laid out with the zero patches the blocks have (None: they have none)."""
+def _relayout(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray, why: str, compact: bool,
+              keeps: list[_Keep]) -> Plan | None:
+    """The plan laid out with the zero patches the blocks have, in the per-element form
+    where a chunk needs it (None: this one stands)."""
     found = _gather(ggml_type, keeps)
-    return plan(name, ggml_type, shape, blocks, why, found) if found[0].size else None
+    old = compact and any(o for _, o in keeps)
+    return plan(name, ggml_type, shape, blocks, why, found, compact and not old) if found[0].size or old else None
 
 
-def _layout(name: str, ggml_type: str, shape: tuple[int, ...],
-            patch_index: np.ndarray) -> tuple[bool, Descriptor, list[tuple[str, Descriptor]]]:
+def _layout(name: str, ggml_type: str, shape: tuple[int, ...], patch_index: np.ndarray,
+            compact: bool = False) -> tuple[bool, Descriptor, list[tuple[str, Descriptor]]]:
     """Is the form a composite, its head, and its members (or the one plain tensor)."""
     f = X.form(ggml_type)
     composite = f.overlay or patch_index.size > 0
     sfx = _names()
-    base = _affine(shape, f, f.storage, f.scale, f.zero_point is not None, M.ROLE_BASE if composite else None)
+    storage = f.base_storage if compact else f.storage
+    base = _affine(shape, f, storage, f.scale, f.zero_point is not None, M.ROLE_BASE if composite else None)
     members: list[tuple[str, Descriptor]] = [(name + sfx["base"] if composite else name, base)]
-    if f.overlay:
+    if compact and f.planes:
+        members.append((name + sfx["hi"], _affine(shape, f, X.PLANE_HI_STORAGE, "float32", False, M.ROLE_CORRECTION)))
+    if f.overlay and compact:
+        members.append((name + sfx["min"], C.broadcast_member(shape, f.sub_block, "float32")))
+    elif f.overlay:
         members.append((name + sfx["min"], _affine(shape, f, _CORRECTION, "float32", False, M.ROLE_CORRECTION)))
     k = f.sub_block
     members += [(f"{name}{sfx['zero']}.{i}", _patch_desc(shape, int(p), k)) for i, p in enumerate(patch_index)]
@@ -270,23 +357,41 @@ def _bad(message: str, tensor: str, field: str) -> FormatError:
     return FormatError(f"--fallback exact form: {message}", tensor=tensor, field=field)
 
 
-def _parts(t: Tensor, f: X.Form) -> tuple[Tensor, Tensor | None, list[Tensor]]:
-    """``(base, correction, zero patches)`` of an expanded tensor; FormatError if it is not one."""
+@dataclass
+class _Members:
+    """The members of an expanded tensor as stored: the base, the high-bit plane (compact
+    planes), the minimum correction (``compact``: a broadcast member) and the zero patches."""
+
+    base: Tensor
+    hi: Tensor | None
+    corr: Tensor | None
+    patches: list[Tensor]
+    compact: bool
+
+
+def _parts(t: Tensor, f: X.Form) -> _Members:
+    """The members of an expanded tensor, its form (per-element or compact, § 11) told by
+    their structure; FormatError if it is not one."""
     d = t.descriptor
     if not d.is_composite:
         if f.overlay:
             raise _bad(f"{f.type} is stored as an overlay, found a plain tensor", t.name, "layout")
-        return t, None, []
+        return _Members(t, None, None, [], False)
     lay = d.layout
     assert isinstance(lay, M.CompositeHead)
     if lay.composition_rule != M.RULE_OVERLAY or lay.combine_op != M.OP_ADD or d.element_type.name != "float32":
         raise _bad("the head is not a float32 overlay (add)", t.name, "layout")
     members = list(t.members)
     base = members.pop(0)
-    corr = members.pop(0) if f.overlay and members else None
-    if f.overlay and corr is None:
+    if not f.overlay:
+        return _Members(base, None, None, members, False)
+    hi = None
+    if f.planes and len(members) > 1 and C.is_broadcast(members[1].descriptor) and not C.is_broadcast(members[0].descriptor):
+        hi = members.pop(0)
+    corr = members.pop(0) if members else None
+    if corr is None:
         raise _bad("the overlay has no correction member", t.name, "member_count")
-    return base, corr, members
+    return _Members(base, hi, corr, members, C.is_broadcast(corr.descriptor))
 
 
 def _check_desc(m: Tensor, shape: tuple[int, ...], f: X.Form, storage: str, scale: str, zp: bool) -> None:
@@ -296,6 +401,21 @@ def _check_desc(m: Tensor, shape: tuple[int, ...], f: X.Form, storage: str, scal
             storage, tuple(shape), want.quantization, M.RowMajor, 0) or (d.shard is not None and any(d.shard.offset)):
         raise _bad(f"member is not {storage} per-block affine K={f.sub_block} {scale} along the last axis "
                    f"over the whole tensor", m.name, "descriptor")
+
+
+def _check_broadcast(m: Tensor, shape: tuple[int, ...], f: X.Form) -> None:
+    """The compact form's minimum: :func:`~.gguf_compact.broadcast_member` over the tensor,
+    float32 scales per sub-block, its one code :data:`~.gguf_compact.BROADCAST_CODE`."""
+    want = C.broadcast_member(shape, f.sub_block, "float32")
+    d = m.descriptor
+    if (tuple(d.shape), d.quantization, d.layout) != (tuple(shape), want.quantization, want.layout) or \
+            (d.shard is not None and any(d.shard.offset)):
+        raise _bad(f"the broadcast minimum is not uint8 K={f.sub_block} float32 with strides all 0 over the "
+                   f"whole tensor", m.name, "descriptor")
+    code = np.frombuffer(memoryview(m.data[0]).cast("B")[:1], dtype=np.uint8)
+    if code.size != 1 or int(code[0]) != C.BROADCAST_CODE:
+        got = "no byte" if code.size == 0 else str(int(code[0]))
+        raise _bad(f"the broadcast minimum's code is {got}, not {C.BROADCAST_CODE}", m.name, "codes")
 
 
 def _patches(ps: list[Tensor], shape: tuple[int, ...], k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -326,11 +446,16 @@ def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> "_Rebuilt":
     if not shape or shape[-1] % spec.elements:
         raise _bad(f"shape {list(shape)} is not whole {ggml_type} blocks along the last axis", t.name, "shape")
     nb, per = n // spec.elements, spec.elements // f.sub_block
-    base, corr, patch_members = _parts(t, f)
-    _check_desc(base, shape, f, f.storage, f.scale, f.zero_point is not None)
-    if corr is not None:
-        _check_desc(corr, shape, f, _CORRECTION, "float32", False)
-    patch_index, patch = _patches(patch_members, shape, f.sub_block)
+    ms = _parts(t, f)
+    base = ms.base
+    _check_desc(base, shape, f, f.base_storage if ms.compact else f.storage, f.scale, f.zero_point is not None)
+    if ms.hi is not None:
+        _check_desc(ms.hi, shape, f, X.PLANE_HI_STORAGE, "float32", False)
+    if ms.corr is not None and ms.compact:
+        _check_broadcast(ms.corr, shape, f)
+    elif ms.corr is not None:
+        _check_desc(ms.corr, shape, f, _CORRECTION, "float32", False)
+    patch_index, patch = _patches(ms.patches, shape, f.sub_block)
     raw = kv[record_key(t.name)]
     if raw.type != "bytes":
         raise _bad("the record is not bytes", t.name, record_key(t.name))
@@ -338,7 +463,7 @@ def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> "_Rebuilt":
         record = X.Record.from_bytes(ggml_type, raw.view(), nb)  # mapped, read in windows
     except FormatError as e:
         raise _bad(f"record: {e.message}", t.name, record_key(t.name)) from None
-    data = _Stored(f, spec.elements, per, base, corr, patch_index, patch, record)
+    data = _Stored(f, spec.elements, per, base, ms.corr, patch_index, patch, record, ms.hi, ms.compact)
     if f.zero_point is not None:
         zp = base.data[2].view(_ZP)
         if np.any(zp != f.zero_point):
@@ -382,7 +507,9 @@ def _sub_block_codes(raw: np.ndarray, width: int) -> np.ndarray:
 
 @dataclass
 class _Stored:
-    """An expanded tensor as stored, sliced into :class:`~.gguf_expanded.Expanded` chunks."""
+    """An expanded tensor as stored, sliced into :class:`~.gguf_expanded.Expanded` chunks
+    (``compact``: the form of § 11, flipped sub-blocks told by their scales and un-flipped;
+    ``hi``: its high-bit plane)."""
 
     form: X.Form
     elements: int
@@ -392,36 +519,94 @@ class _Stored:
     patch_index: np.ndarray
     patch: np.ndarray
     record: X.Record
+    hi: Tensor | None = None
+    compact: bool = False
 
     def expanded(self, sl: slice) -> tuple[X.Expanded, np.ndarray | None]:
         """The chunk ``sl`` of blocks, and its codes as stored where :func:`~.gguf_expanded.rebuild`
         takes them so (then the expansion's ``codes`` is None)."""
         f, nb = self.form, sl.stop - sl.start
-        et = element_type(f.storage)
-        per_block = buffer_size(et, self.elements)
-        raw = self.base.data[0][sl.start * per_block : sl.stop * per_block]
-        packed = codes = None
-        flat = raw.reshape(-1).view(np.uint8) if isinstance(raw, np.ndarray) else np.frombuffer(raw, dtype=np.uint8)
-        if X.rebuilds_packed(f.type) and flat.size == nb * per_block:
-            packed = flat.reshape(nb, per_block)
-        else:
-            codes = unpack(raw, et, nb * self.elements)
-            if et.packed and et.kind == "int":
-                codes = sign_extend(codes, et.bits)
-            codes = np.ascontiguousarray(codes).view(f.code_dtype).reshape(nb, self.elements)
         s0, s1 = sl.start * self.per, sl.stop * self.per
         scales = self.base.data[1].view(f.scale_dtype.newbyteorder("<"))[s0:s1]
-        corr = ccodes = None
-        if self.corr is not None:
+        corr = ccodes = flip = None
+        if self.corr is not None and self.compact:
+            scales, corr, ccodes, flip = self._unflip(scales, s0, s1)
+        elif self.corr is not None:
             width = buffer_size(_CORRECTION, f.sub_block)
             ccodes = _sub_block_codes(self.corr.data[0][s0 * width : s1 * width], width)
-            corr = self.corr.data[1].view("<f4")[s0:s1].reshape(nb, self.per).astype(np.float32, copy=False)
-            ccodes = ccodes.reshape(nb, self.per)
+            corr = self.corr.data[1].view("<f4")[s0:s1].astype(np.float32, copy=False)
+        codes, packed = self._codes(sl, flip)
         lo, hi = np.searchsorted(self.patch_index, [s0, s1])
         r = self.record
         e0, e1 = np.searchsorted(r.exception_index, [sl.start, sl.stop])
         rec = X.Record(r.type, r.header[sl], r.exception_index[e0:e1], r.exception_blocks[e0:e1])
         scales = scales.reshape(nb, self.per).astype(f.scale_dtype, copy=False)  # (views: read only)
-        x = X.Expanded(f.type, codes, scales, corr, ccodes,  # type: ignore[arg-type]
-                       self.patch_index[lo:hi] - s0, self.patch[lo:hi], rec)
+        shaped = [a.reshape(nb, self.per) if a is not None else None for a in (corr, ccodes, flip)]
+        x = X.Expanded(f.type, codes, scales, shaped[0], shaped[1],  # type: ignore[arg-type]
+                       self.patch_index[lo:hi] - s0, self.patch[lo:hi], rec, shaped[2])
         return x, packed
+
+    def _unflip(self, b: np.ndarray, s0: int, s1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The compact form's sub-blocks ``s0:s1``: their logical scales, corrections and
+        correction codes, and which were stored flipped (base scale ``b < 0``, broadcast
+        scale ``qmax·(−b)``: there the logical scale is ``−b``, the correction a ±0 of
+        unknown sign, stand-in −1 with code 0).  The high-bit plane's scales must be
+        ``16·b`` exactly (FormatError naming the block)."""
+        f = self.form
+        assert self.corr is not None
+        v = self.corr.data[1].view("<f4")[s0:s1]
+        if self.hi is not None:
+            h = self.hi.data[1].view("<f4")[s0:s1]
+            want = (np.float32(1 << element_type(f.base_storage).bits) * b).astype(np.float32)
+            bad = h.view(np.uint32) != want.view(np.uint32)
+            if bad.any():
+                i = int(np.argmax(bad)) + s0
+                raise FormatError(f"--fallback exact form: block {i // self.per}: the high-bit plane's scale of "
+                                  f"sub-block {i % self.per} is not 16× the base scale", tensor=self.hi.name, field="scales")
+        neg = np.flatnonzero(b < 0)  # (a flipped base scale is < 0: ggml's scales almost never are)
+        fi = neg[C.flipped(b[neg], v[neg], f.qmax)] if neg.size else neg
+        flip = np.zeros(b.shape, dtype=bool)
+        ccodes = np.ones(v.shape, np.uint8)
+        if not fi.size:
+            return b, v, ccodes, flip
+        flip[fi] = True
+        b, v = b.copy(), v.copy()
+        b[fi], v[fi], ccodes[fi] = -b[fi], np.float32(-1), 0
+        return b, v, ccodes, flip
+
+    def _codes(self, sl: slice, flip: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """``(codes, packed)`` of the chunk: packed where :func:`~.gguf_expanded.rebuild` takes
+        them so, else the ``(n, elements)`` codes; flipped sub-blocks un-flipped, planes joined."""
+        f, nb = self.form, sl.stop - sl.start
+        storage = f.base_storage if self.compact else f.storage
+        et = element_type(storage)
+        raw = self._bytes(self.base, storage, sl, flip, 0xFF)
+        if self.hi is not None:
+            hi = self._bytes(self.hi, X.PLANE_HI_STORAGE, sl, flip, 0x55)
+            lo_w, hi_w = (buffer_size(s, self.elements) for s in (storage, X.PLANE_HI_STORAGE))
+            if raw.size != nb * lo_w or hi.size != nb * hi_w:  # (the reader checks the sizes: unpack raises)
+                return C.join_planes(raw, hi, nb * self.elements).reshape(nb, self.elements), None
+            # q = lo + 16·hi (hi codes 2, 3 give codes out of range: rebuild says so)
+            out = K.thread_buffer("gguf_exact.planes", (nb, self.elements), np.uint8)  # (used within the chunk)
+            return GK.q5k_join(raw.reshape(nb, lo_w), hi.reshape(nb, hi_w), out=out), None
+        per_block = buffer_size(et, self.elements)
+        if X.rebuilds_packed(f.type) and raw.size == nb * per_block:
+            return None, raw.reshape(nb, per_block)
+        codes = unpack(raw, et, nb * self.elements)
+        if et.packed and et.kind == "int":
+            codes = sign_extend(codes, et.bits)
+        return np.ascontiguousarray(codes).view(f.code_dtype).reshape(nb, self.elements), None
+
+    def _bytes(self, m: Tensor, storage: str, sl: slice, flip: np.ndarray | None, xor: int) -> np.ndarray:
+        """The code bytes of member ``m`` for the blocks ``sl`` (uint8), the sub-blocks
+        ``flip`` XOR-ed with ``xor`` (on a copy)."""
+        per_block = buffer_size(element_type(storage), self.elements)
+        raw = m.data[0][sl.start * per_block : sl.stop * per_block]
+        flat = raw.reshape(-1).view(np.uint8) if isinstance(raw, np.ndarray) else np.frombuffer(raw, dtype=np.uint8)
+        if flip is None or flat.size != flip.size * (per_block // self.per):
+            return flat
+        fi = np.flatnonzero(flip)
+        if fi.size:
+            flat = flat.copy()
+            flat.reshape(flip.size, -1)[fi] ^= np.uint8(xor)  # (gguf_compact.flip_codes, by index)
+        return flat

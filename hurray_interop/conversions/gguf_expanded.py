@@ -15,7 +15,10 @@ bit (docs/conversion-rules.md § 9, "Measured forms"; the form of each type is t
   / uint4 / uint8 (``q``), K = 16/32/32, float32 scale ``d·sc``; correction member storage
   uint2, every code 1, float32 scale ``−(dmin·m)``. ``d·sc·q + (−dmin·m)`` is the IEEE
   operation ggml performs (``a − b ≡ a + (−b)``). A correction that is ±0 is written as
-  codes 0 with scale ±1 (the sign of the scale carries the sign of the zero, § 3a).
+  codes 0 with scale ±1 (the sign of the scale carries the sign of the zero, § 3a). That is
+  the logical form (:class:`Expanded`); the import stores it compactly where it can (a
+  broadcast minimum, flipped sub-blocks, Q5_K's bit planes: § 11, :mod:`.gguf_exact`), the
+  planes moved straight from the blocks (:func:`expand_planes`).
 * **IQ4_NL** -- int8 codebook values, K = 32, float16 scale ``d`` (single level).
 * **TQ1_0, TQ2_0** -- storage uint2 codes ``q``, int32 zero point 1, K = 256, float16 ``d``
   (not int2 with −d: that turns +0 weights into −0).
@@ -103,6 +106,7 @@ __all__ = [
     "expand",
     "expand_scales",
     "expand_packed",
+    "expand_planes",
     "reference_expand",
     "rebuild",
     "rebuilds_packed",
@@ -132,6 +136,26 @@ class Form:
     ggml_bpw: float
     record_bytes: int
     codes: str
+    #: "broadcast": the import writes the minimum as a broadcast member (§ 11), else None
+    minimum: str | None = None
+    #: the 5-bit codes written as a uint4 base and a uint2 high-bit plane (§ 11)
+    planes: bool = False
+
+    @property
+    def compact(self) -> bool:
+        """Does the import write this type's compact form (§ 11) where the data allows it?"""
+        return self.minimum == "broadcast"
+
+    @property
+    def base_storage(self) -> str:
+        """The storage of the compact form's base member: the low plane where ``planes``."""
+        return PLANE_STORAGE if self.planes else self.storage
+
+    @property
+    def qmax(self) -> int:
+        """The largest code (``2^bits − 1``; planes: ``15 + 16·1``): a flipped code is ``qmax − q``."""
+        lo = (1 << element_type(self.base_storage).bits) - 1
+        return lo + (lo + 1 if self.planes else 0)
 
     @property
     def code_dtype(self) -> np.dtype:
@@ -144,15 +168,20 @@ class Form:
         """The numpy dtype of one scale (element_types.toml)."""
         return element_type(self.scale).dtype
 
-    @property
-    def hurray_bpw(self) -> float:
-        """Bits per weight of the Hurray form: codes, scales, zero points, and for an
-        overlay the correction's uint2 codes and float32 scales."""
-        bits = element_type(self.storage).bits + element_type(self.scale).bits / self.sub_block
+    def hurray_bpw(self, compact: bool | None = None) -> float:
+        """Bits per weight of the Hurray form's data: codes, scales, zero points, and for an
+        overlay the minimum -- a uint2 code per element and a float32 scale per sub-block,
+        or (``compact``, default: :attr:`compact`) the broadcast member's scale and, where
+        ``planes``, the uint2 high-bit plane with its scale (one code byte per tensor apart)."""
+        compact = self.compact if compact is None else compact
+        per_scale = element_type(self.scale).bits / self.sub_block
+        bits = element_type(self.base_storage if compact else self.storage).bits + per_scale
         if self.zero_point is not None:
             bits += 32 / self.sub_block
         if self.overlay:
-            bits += 2 + 32 / self.sub_block
+            bits += 32 / self.sub_block + (0 if compact else 2)
+        if compact and self.planes:
+            bits += element_type(PLANE_HI_STORAGE).bits + per_scale
         return bits
 
     @property
@@ -160,11 +189,22 @@ class Form:
         """Bits per weight of the record's header part (exception blocks come on top)."""
         return self.record_bytes * 8 / _specs()[self.type].elements
 
-    def describe(self) -> str:
-        """E.g. "overlay uint4+uint2, K=32, f32 scales, expanded from Q4_K"."""
-        kind = f"overlay {self.storage}+uint2" if self.overlay else self.storage
+    def describe(self, compact: bool | None = None) -> str:
+        """E.g. "overlay uint4 + broadcast minimum, K=32, f32 scales, expanded from Q4_K"
+        (``compact``: the form of § 11, default :attr:`compact`; else "overlay uint4+uint2")."""
+        compact = self.compact if compact is None else compact
+        if compact and self.overlay:
+            hi = f" + {PLANE_HI_STORAGE} high bit" if self.planes else ""
+            kind = f"overlay {self.base_storage}{hi} + broadcast minimum"
+        else:
+            kind = f"overlay {self.storage}+uint2" if self.overlay else self.storage
         zp = f", zero point {self.zero_point}" if self.zero_point is not None else ""
         return f"{kind}, K={self.sub_block}, f{self.scale[5:]} scales{zp}, expanded from {self.type}"
+
+
+#: the storages of the two planes of a 5-bit code (:attr:`Form.planes`; gguf_compact.split_planes)
+PLANE_STORAGE = "uint4"
+PLANE_HI_STORAGE = "uint2"
 
 
 @functools.cache
@@ -181,6 +221,8 @@ def _forms() -> dict[str, Form]:
             ggml_bpw=r["ggml_bpw"],
             record_bytes=r["record_bytes"],
             codes=r["codes"],
+            minimum=r.get("minimum"),
+            planes=r.get("planes", False),
         )
         for name, r in rows.items()
     }
@@ -835,6 +877,9 @@ class _Spec:
     direct: Callable[[np.ndarray], np.ndarray] | None = None
     #: the inverse: (storage bytes, zeroed blocks) -> the code fields written
     undirect: Callable[[np.ndarray, np.ndarray], None] | None = None
+    #: 5-bit codes (:attr:`Form.planes`): blocks -> the uint4 low plane's and the uint2
+    #: high plane's storage bytes, where the code fields are those bytes moved
+    planes: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
 
     @property
     def elements(self) -> int:
@@ -869,6 +914,17 @@ def _split_pairs_back(offset: int, groups: int, width: int) -> Callable[[np.ndar
             K.pairs_to_split(packed[:, g * width : (g + 1) * width], out=out[:, a : a + width])
 
     return undirect
+
+
+def _bit_plane(offset: int) -> Callable[[np.ndarray], np.ndarray]:
+    """The uint2 plane (element order, four codes a byte) of block_q5_K.qh at ``offset``
+    (element ``e``: bit ``e // 32`` of byte ``e % 32``; :func:`~.gguf_kernels.q5k_plane`)."""
+    return lambda blocks: GK.q5k_plane(blocks, offset)
+
+
+def _planes(lo: Callable[[np.ndarray], np.ndarray], hi: Callable[[np.ndarray], np.ndarray]
+            ) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    return lambda blocks: (lo(blocks), hi(blocks))
 
 
 _I8, _U8 = np.int8, np.uint8
@@ -922,7 +978,8 @@ def _specs() -> dict[str, _Spec]:
              direct=_split_pairs(q4k_qs, 4, 32), undirect=_split_pairs_back(q4k_qs, 4, 32)),
         _row("Q5_K", _Q5_K, header=("d", "dmin", "scales"),
              codes=_bit_lut(256, _q5k_code, values=_r(0, 32), dtype=_U8),
-             sc=_bits(8, _k4_sc(_Q5_K)), m=_bits(8, _k4_m(_Q5_K))),
+             sc=_bits(8, _k4_sc(_Q5_K)), m=_bits(8, _k4_m(_Q5_K)),
+             planes=_planes(_split_pairs(_Q5_K.at("qs"), 4, 32), _bit_plane(_Q5_K.at("qh")))),
         _row("Q6_K", _Q6_K, header=("scales", "d"),
              codes=_q6k_codec(),
              sc=_bits(16, _each_byte(_Q6_K, "scales")), sc_int8=True, zero_code=-32),
@@ -1163,6 +1220,11 @@ class Expanded:
     * ``zero_patch_index`` / ``zero_patch`` — sub-blocks (flat ``block·subs + sub`` index in
       the chunk) whose ±0 values are mixed, and their ``(m, K)`` float32 ±0 patterns (added).
     * ``record`` — the :class:`Record` that restores the GGUF bytes.
+    * ``unsigned_zero`` — read back from a compact form (docs/conversion-rules.md § 11):
+      ``(n, subs)`` bool, the sub-blocks stored *flipped*, whose correction is a ±0 the
+      storage does not keep the sign of (there ``correction`` is a stand-in −1 and code 0);
+      :func:`rebuild` then asks only that the header gives a ±0 correction and a scale > 0.
+      None: every correction's sign is known (an import's expansion, a per-element form).
     """
 
     type: str
@@ -1173,6 +1235,7 @@ class Expanded:
     zero_patch_index: np.ndarray
     zero_patch: np.ndarray
     record: Record
+    unsigned_zero: np.ndarray | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -1397,6 +1460,28 @@ def expand_packed(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> t
         packed[zb] = pack(x.codes, f.storage).reshape(zb.size, -1)
     return dataclasses.replace(x, codes=None), packed.reshape(-1)
 
+def expand_planes(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> tuple[Expanded, np.ndarray, np.ndarray]:
+    """:func:`expand_packed` for a type whose 5-bit codes are written as two planes
+    (:attr:`Form.planes`): the expansion without the codes, and the uint4 low plane's and
+    the uint2 high plane's bytes (uint8, block after block), moved straight from the blocks
+    where the row has ``planes`` (codes decoded only in the blocks with a zero-scale
+    sub-block), else split from the codes (:func:`~.gguf_compact.split_planes`)."""
+    from .gguf_compact import split_planes
+
+    spec = _specs()[ggml_type]
+    if spec.planes is None or not _dense(ggml_type):
+        x = expand(ggml_type, blocks, first_block)
+        lo, hi = split_planes(x.codes)
+        return dataclasses.replace(x, codes=None), lo, hi
+    _check_blocks(spec, ggml_type, blocks)
+    x, zb = _zero_rows(ggml_type, blocks, first_block, True)
+    lo, hi = spec.planes(blocks)
+    if zb.size:
+        zlo, zhi = split_planes(x.codes)
+        lo[zb], hi[zb] = zlo.reshape(zb.size, -1), zhi.reshape(zb.size, -1)
+    return dataclasses.replace(x, codes=None), lo.reshape(-1), hi.reshape(-1)
+
+
 # ---------------------------------------------------------------------------------------
 # The reference path: block by block, field by field, every block decoded and checked; no
 # compiled kernel, no fused scale pass and no subset of rows in the decoding (packing back,
@@ -1500,6 +1585,8 @@ def _shape_checks(x: Expanded, spec: _Spec, f: Form, packed: np.ndarray | None =
         want += [("correction", x.correction, (n, subs), np.float32), ("correction_codes", x.correction_codes, (n, subs), np.uint8)]
     elif x.correction is not None or x.correction_codes is not None:
         raise FormatError(f"{x.type} has no correction member", field="correction")
+    if x.unsigned_zero is not None:
+        want.append(("unsigned_zero", x.unsigned_zero, (n, subs), np.bool_))
     for name, arr, shape, dtype in want:
         if arr is None or arr.shape != shape or arr.dtype != dtype:
             got = "missing" if arr is None else f"{arr.shape} {arr.dtype}"
@@ -1536,10 +1623,11 @@ def _compare(x: Expanded, y: Expanded, first_block: int, rows: np.ndarray | None
     what = "code of element {j} differs from the record's block"
     if rows is not None:
         _compare_rows(x.codes[rows] if x_codes is None else x_codes, y.codes, rows, first_block, "codes", what)
+    x_corr, y_corr = _signed_corrections(x, y, first_block)
     pairs = [
         ("codes", x.codes, y.codes if rows is None else None, what),
         ("scales", x.scales, y.scales, "scale of sub-block {j} is not float32(d·sc) of the record"),
-        ("correction", x.correction, y.correction, "correction of sub-block {j} is not −dmin·m of the record"),
+        ("correction", x_corr, y_corr, "correction of sub-block {j} is not −dmin·m of the record"),
         ("correction_codes", x.correction_codes, y.correction_codes, "correction code of sub-block {j} is wrong"),
     ]
     for field, a, b, what in pairs:
@@ -1561,6 +1649,22 @@ def _compare(x: Expanded, y: Expanded, first_block: int, rows: np.ndarray | None
     exc[0, x.record.exception_index.astype(np.int64) - first_block] = True
     exc[1, y.record.exception_index.astype(np.int64) - first_block] = True
     _first_bad(exc[0] != exc[1], first_block, "record", "exception block listed wrongly")
+
+
+def _signed_corrections(x: Expanded, y: Expanded, first_block: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The corrections of ``x`` and ``y`` to compare as bits: where ``x`` was stored flipped
+    (:attr:`Expanded.unsigned_zero`) the header must give a ±0 correction and a scale > 0
+    (FormatError otherwise), and the sign of that zero, which the storage does not keep, is
+    not compared."""
+    u = x.unsigned_zero
+    if u is None or x.correction is None or y.correction is None or not u.any():
+        return x.correction, y.correction
+    assert y.correction_codes is not None
+    _first_bad(u & (y.correction_codes != 0), first_block, "correction",
+               "sub-block {j} is stored flipped (a ±0 minimum) but the record's header gives −dmin·m ≠ 0")
+    _first_bad(u & ~(y.scales > 0), first_block, "scales",
+               "sub-block {j} is stored flipped but the record's header gives a scale that is not > 0")
+    return np.where(u, np.float32(0), x.correction), np.where(u, np.float32(0), y.correction)
 
 
 def _rebuilt_rows(x: Expanded, sp: _Pass, exc: np.ndarray) -> np.ndarray | None:

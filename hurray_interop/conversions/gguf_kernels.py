@@ -25,6 +25,8 @@ __all__ = [
     "Q6K_BLOCK_BYTES",
     "q6k_codes",
     "q6k_pack",
+    "q5k_plane",
+    "q5k_join",
 ]
 
 
@@ -221,3 +223,58 @@ def q6k_pack(codes: np.ndarray, out: np.ndarray) -> int:
     if not n:
         return 0
     return int(K._lib.hk_q6k_pack(K._at(codes), codes.strides[0], n, K._at(out), out.strides[0]))
+
+
+# ---------------------------------------------------------------------------
+# Q5_K's compact form (docs/conversion-rules.md § 11): the high bits of block_q5_K.qh as a
+# Hurray uint2 plane, and the 5-bit codes joined back from the two planes
+
+
+def numpy_q5k_plane(blocks: np.ndarray, qh_off: int) -> np.ndarray:
+    """``(n, block)`` Q5_K blocks → ``(n, 64)`` uint2 plane bytes of the high bits (element
+    ``e``: bit ``e // 32`` of ``qh[e % 32]``; four elements a byte, LSB first): per bit ``j``
+    and four bytes (a uint32 ``w``), ``x = (w >> j) & 0x01010101`` and the low byte of
+    ``x | x >> 6 | x >> 12 | x >> 18`` holds their bits at 0, 2, 4, 6."""
+    w = np.ascontiguousarray(blocks[:, qh_off : qh_off + 32]).view("<u4")  # (n, 8)
+    x = (w[:, None, :] >> np.arange(8, dtype=np.uint32)[None, :, None]) & np.uint32(0x01010101)
+    x |= (x >> 6) | (x >> 12) | (x >> 18)
+    return x.astype(np.uint8).reshape(blocks.shape[0], 64)
+
+
+def numpy_q5k_join(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``(n, k/2)`` uint4 and ``(n, k/4)`` uint2 plane bytes → ``(n, k)`` codes ``lo + 16·hi``."""
+    n, k = lo.shape[0], 2 * lo.shape[1]
+    out = np.empty((n, k), dtype=np.uint8)
+    out[:, 0::2], out[:, 1::2] = lo & 15, lo >> 4
+    h = np.empty((n, k), dtype=np.uint8)
+    for t in range(4):
+        h[:, t::4] = (hi >> (2 * t)) & 3
+    out |= h << 4
+    return out
+
+
+def q5k_plane(blocks: np.ndarray, qh_off: int) -> np.ndarray:
+    """The uint2 high-bit plane of Q5_K blocks (:func:`numpy_q5k_plane`)."""
+    if K._lib is None or not K._rows(blocks) or blocks.dtype != np.uint8 or blocks.shape[1] < qh_off + 32:
+        return numpy_q5k_plane(blocks, qh_off)
+    out = np.empty((blocks.shape[0], 64), dtype=np.uint8)
+    if len(blocks):
+        K._lib.hk_q5_k_plane(K._at(blocks), blocks.strides[0], len(blocks), qh_off, K._at(out), out.strides[0])
+    return out
+
+
+def q5k_join(lo: np.ndarray, hi: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
+    """``(n, k)`` codes from the two planes (:func:`numpy_q5k_join`; ``k`` a multiple of 4),
+    into ``out`` (an ``(n, k)`` uint8 array with contiguous rows) when given."""
+    k = 2 * K._width(lo, 2)
+    if K._lib is None or k <= 0 or not (K._rows(hi, k // 4) and len(hi) == len(lo)) or \
+            (out is not None and not K._target(out, len(lo), k, lo, hi)):
+        codes = numpy_q5k_join(lo, hi)
+        if out is None:
+            return codes
+        out[...] = codes
+        return out
+    out = np.empty((lo.shape[0], k), dtype=np.uint8) if out is None else out
+    if len(lo):
+        K._lib.hk_q5_k_join(K._at(lo), lo.strides[0], K._at(hi), hi.strides[0], len(lo), k, K._at(out), out.strides[0])
+    return out
