@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 
@@ -57,9 +57,13 @@ from . import gguf_expanded as X
 from .gguf_pass import Entry, Piece, Plan, Refuse, Slot
 from .gguf_sources import ChunkedBlocks
 
-__all__ = ["RECORD_PREFIX", "record_key", "record_bytes", "has_form", "plan", "export"]
+__all__ = ["RECORD_PREFIX", "DERIVED_PREFIX", "record_key", "derived_key", "has_record", "stored_record_bytes",
+           "record_bytes", "has_form", "plan", "export"]
 
+#: the full record (every block's header; written by earlier versions, still read)
 RECORD_PREFIX = "hurray_interop.gguf.expanded."
+#: the derived record (:class:`~.gguf_expanded.DerivedRecord`), what the import writes
+DERIVED_PREFIX = "hurray_interop.gguf.derived."
 #: GGML blocks per chunk (2 Mi elements of 256-element blocks: bounded temporaries)
 CHUNK_BLOCKS = 1 << 13
 _ZP = np.dtype("<i4")
@@ -71,9 +75,33 @@ def record_key(tensor: str) -> str:
     return RECORD_PREFIX + tensor
 
 
+def derived_key(tensor: str) -> str:
+    return DERIVED_PREFIX + tensor
+
+
+def _record_of(kv: dict[str, Any], tensor: str) -> tuple[str, Any] | None:
+    """``(key, value)`` of the tensor's restore record, derived or full; None: it has none."""
+    for key in (derived_key(tensor), record_key(tensor)):
+        if key in kv:
+            return key, kv[key]
+    return None
+
+
+def has_record(kv: dict[str, Any], tensor: str) -> bool:
+    """Does ``tensor`` have a restore record (derived, or full from an earlier version)?"""
+    return _record_of(kv, tensor) is not None
+
+
+def stored_record_bytes(kv: dict[str, Any], tensor: str) -> int:
+    """The size of the tensor's restore record as stored (0 without one): what an export's
+    report counts with the tensor, as the import counted it."""
+    rec = _record_of(kv, tensor)
+    return 0 if rec is None or rec[1].type != "bytes" else rec[1].view().nbytes
+
+
 def record_bytes(ggml_type: str, nbytes: int) -> int:
-    """The header part of the restore record of a ``ggml_type`` tensor of ``nbytes`` GGML bytes:
-    what the report counts with the tensor's expanded form, on import and on export alike."""
+    """The full record's header part of a ``ggml_type`` tensor of ``nbytes`` GGML bytes (every
+    block's header): what the derived record saves, and its worst case but for the index words."""
     return nbytes // X._specs()[ggml_type].block_bytes * X.form(ggml_type).record_bytes
 
 
@@ -131,16 +159,23 @@ def _patch_desc(shape: tuple[int, ...], sub: int, k: int) -> Descriptor:
 _Patches = tuple[np.ndarray, np.ndarray]  # zero patches: absolute sub-block indices, patterns
 
 
+class _Keep(NamedTuple):
+    """A chunk's keep: its zero patches and the bytes of its part of the derived record."""
+
+    patches: _Patches
+    record: int
+
+
 def _no_patches(ggml_type: str) -> _Patches:
     return np.zeros(0, np.int64), np.zeros((0, X.form(ggml_type).sub_block), np.float32)
 
 
-def _gather(ggml_type: str, keeps: Iterable[_Patches]) -> _Patches:
+def _gather(ggml_type: str, keeps: Iterable[_Keep]) -> _Patches:
     """The zero patches of the chunks (each already absolute), in order."""
-    idx = [i for i, _ in keeps if i.size]
-    if not idx:
+    found = [k.patches for k in keeps if k.patches[0].size]
+    if not found:
         return _no_patches(ggml_type)
-    return np.concatenate(idx), np.concatenate([p for i, p in keeps if i.size])
+    return np.concatenate([i for i, _ in found]), np.concatenate([p for _, p in found])
 
 
 def _patches_of(ggml_type: str, x: X.Expanded, start: int) -> _Patches:
@@ -157,14 +192,25 @@ def _expanded(name: str, expand: Callable[..., Any], ggml_type: str, rows: np.nd
         raise Refuse(f"{e.message} (tensor {name!r})") from None
 
 
+def _derived(ggml_type: str, x: X.Expanded, packed: np.ndarray, start: int) -> X.DerivedRecord:
+    """The chunk's derived record (:class:`~.gguf_expanded.DerivedRecord`)."""
+    per_block = buffer_size(X.form(ggml_type).storage, X._specs()[ggml_type].elements)
+    zero = X.stand_ins(ggml_type, x.scales, packed=packed.reshape(-1, per_block))
+    return X.DerivedRecord.of(x, zero, start)
+
+
 def _scan_chunk(name: str, ggml_type: str, rows: np.ndarray, start: int) -> Piece:
-    """A dry run's chunk: only the zero patches (:func:`~.gguf_expanded.expand_scales`)."""
-    return Piece(_patches_of(ggml_type, _expanded(name, X.expand_scales, ggml_type, rows, start), start))
+    """A dry run's chunk: the zero patches and the size of the derived record, from the
+    expansion the import makes (nothing kept but those)."""
+    x, packed = _expanded(name, X.expand_packed, ggml_type, rows, start)
+    rec = _derived(ggml_type, x, packed, start)
+    return Piece(_Keep(_patches_of(ggml_type, x, start), sum(len(p) for p in rec.parts())))
 
 
 def _chunk(name: str, ggml_type: str, rows: np.ndarray, start: int) -> Piece:
     """Expand the blocks once: their codes, scales (zero points) and correction as named
-    buffers, the record's parts (headers, exception blocks) and the zero patches."""
+    buffers, the derived record's parts (headers the factorization misses, exception
+    blocks) and the zero patches."""
     f = X.form(ggml_type)
     x, packed = _expanded(name, X.expand_packed, ggml_type, rows, start)
     scales = np.ascontiguousarray(x.scales).reshape(-1)
@@ -175,10 +221,8 @@ def _chunk(name: str, ggml_type: str, rows: np.ndarray, start: int) -> Piece:
         assert x.correction_codes is not None and x.correction is not None
         bufs["corr_codes"] = _correction_bytes(x.correction_codes.reshape(-1), buffer_size(_CORRECTION, f.sub_block))
         bufs["corr_scales"] = np.ascontiguousarray(x.correction, dtype="<f4").reshape(-1)
-    r = x.record
-    assert r is not None
-    exceptions = dataclasses.replace(r, header=r.header[:0]).to_bytes() if r.exception_index.size else b""
-    return Piece(_patches_of(ggml_type, x, start), bufs, (np.ascontiguousarray(r.header).data, exceptions))
+    parts = _derived(ggml_type, x, packed, start).parts()
+    return Piece(_Keep(_patches_of(ggml_type, x, start), sum(len(p) for p in parts)), bufs, parts)
 
 
 def _slots(ggml_type: str, base: int) -> dict[str, Slot]:
@@ -195,11 +239,12 @@ def _slots(ggml_type: str, base: int) -> dict[str, Slot]:
     return slots
 
 
-def _finish(ggml_type: str, why: str, nbytes: int, elements: int, keeps: list[_Patches], report: Any) -> list[Any]:
-    """The collector of an expanded tensor: the report's form, size (the record's header
-    part on top) and reason; the record itself is spooled by the executor."""
+def _finish(ggml_type: str, why: str, keeps: list[_Keep], elements: int, report: Any) -> list[Any]:
+    """The collector of an expanded tensor: the report's form, size (the derived record's
+    real size on top, summed over the chunks: a dry run computes it as the import does) and
+    reason; the record itself is spooled by the executor."""
     n_patches = int(_gather(ggml_type, keeps)[0].size)
-    rec = record_bytes(ggml_type, nbytes)
+    rec = sum(k.record for k in keeps)
     report.mapping = X.form(ggml_type).describe() + (
         f", {n_patches} zero patch{'es' if n_patches > 1 else ''}" if n_patches else "")
     report.bytes_out += rec
@@ -225,11 +270,15 @@ def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray, 
     again = None if patches is not None else functools.partial(_relayout, name, ggml_type, shape, blocks, why)
     return Plan(tuple(entries), blocks, CHUNK_BLOCKS, _slots(ggml_type, int(composite)),
                 functools.partial(_chunk, name, ggml_type), functools.partial(_scan_chunk, name, ggml_type),
-                functools.partial(_finish, ggml_type, why, blocks.size, int(np.prod(shape, dtype=np.int64))), spool=(record_key(name), 2), relayout=again)
+                _collector(ggml_type, why, int(np.prod(shape, dtype=np.int64))), spool=(derived_key(name), 2), relayout=again)
+
+
+def _collector(ggml_type: str, why: str, elements: int) -> Callable[[list[Any], Any], list[Any]]:
+    return lambda keeps, report: _finish(ggml_type, why, keeps, elements, report)
 
 
 def _relayout(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray, why: str,
-              keeps: list[_Patches]) -> Plan | None:
+              keeps: list[_Keep]) -> Plan | None:
     """The plan laid out with the zero patches the blocks have (None: they have none)."""
     found = _gather(ggml_type, keeps)
     return plan(name, ggml_type, shape, blocks, why, found) if found[0].size else None
@@ -331,13 +380,7 @@ def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> "_Rebuilt":
     if corr is not None:
         _check_desc(corr, shape, f, _CORRECTION, "float32", False)
     patch_index, patch = _patches(patch_members, shape, f.sub_block)
-    raw = kv[record_key(t.name)]
-    if raw.type != "bytes":
-        raise _bad("the record is not bytes", t.name, record_key(t.name))
-    try:
-        record = X.Record.from_bytes(ggml_type, raw.view(), nb)  # mapped, read in windows
-    except FormatError as e:
-        raise _bad(f"record: {e.message}", t.name, record_key(t.name)) from None
+    record = _read_record(kv, t.name, ggml_type, nb)
     data = _Stored(f, spec.elements, per, base, corr, patch_index, patch, record)
     if f.zero_point is not None:
         zp = base.data[2].view(_ZP)
@@ -345,6 +388,20 @@ def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> "_Rebuilt":
             b = int(np.argmax(zp != f.zero_point)) // per
             raise _bad(f"block {b}: zero point is not {f.zero_point}", t.name, "zero_point")
     return _Rebuilt(t.name, data, nb, spec.block_bytes)
+
+
+def _read_record(kv: dict[str, Any], name: str, ggml_type: str, nb: int) -> "X.Record | X.DerivedRecord":
+    """The tensor's record: derived, else (an earlier version's file) full; checked."""
+    found = _record_of(kv, name)
+    assert found is not None  # (the caller asked has_record)
+    key, raw = found
+    if raw.type != "bytes":
+        raise _bad("the record is not bytes", name, key)
+    kind = X.DerivedRecord if key == derived_key(name) else X.Record
+    try:
+        return kind.from_bytes(ggml_type, raw.view(), nb)  # mapped, read in windows
+    except FormatError as e:
+        raise _bad(f"record: {e.message}", name, key) from None
 
 
 class _Rebuilt(ChunkedBlocks):
@@ -391,7 +448,7 @@ class _Stored:
     corr: Tensor | None
     patch_index: np.ndarray
     patch: np.ndarray
-    record: X.Record
+    record: "X.Record | X.DerivedRecord"
 
     def expanded(self, sl: slice) -> tuple[X.Expanded, np.ndarray | None]:
         """The chunk ``sl`` of blocks, and its codes as stored where :func:`~.gguf_expanded.rebuild`
@@ -418,10 +475,17 @@ class _Stored:
             corr = self.corr.data[1].view("<f4")[s0:s1].reshape(nb, self.per).astype(np.float32, copy=False)
             ccodes = ccodes.reshape(nb, self.per)
         lo, hi = np.searchsorted(self.patch_index, [s0, s1])
-        r = self.record
-        e0, e1 = np.searchsorted(r.exception_index, [sl.start, sl.stop])
-        rec = X.Record(r.type, r.header[sl], r.exception_index[e0:e1], r.exception_blocks[e0:e1])
         scales = scales.reshape(nb, self.per).astype(f.scale_dtype, copy=False)  # (views: read only)
         x = X.Expanded(f.type, codes, scales, corr, ccodes,  # type: ignore[arg-type]
-                       self.patch_index[lo:hi] - s0, self.patch[lo:hi], rec)
+                       self.patch_index[lo:hi] - s0, self.patch[lo:hi], None)  # type: ignore[arg-type]
+        x.record = self._record(sl, x, packed)
         return x, packed
+
+    def _record(self, sl: slice, x: X.Expanded, packed: np.ndarray | None) -> X.Record:
+        """The full record of the chunk ``sl``: a derived record's headers come from the stored
+        values ``x`` (codes or ``packed``), a full record's are sliced."""
+        r = self.record
+        if isinstance(r, X.DerivedRecord):
+            return r.chunk(sl, x, X.stand_ins(r.type, x.scales, x.codes, packed))
+        e0, e1 = np.searchsorted(r.exception_index, [sl.start, sl.stop])
+        return X.Record(r.type, r.header[sl], r.exception_index[e0:e1], r.exception_blocks[e0:e1])
