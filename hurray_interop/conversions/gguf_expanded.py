@@ -1685,52 +1685,108 @@ def stand_ins(ggml_type: str, scales: np.ndarray, codes: np.ndarray | None = Non
     return one
 
 
-def _factor(target: np.ndarray, zero: np.ndarray, raws: np.ndarray, v: np.ndarray, post: float,
+#: candidates tried together by :func:`_factor` after the first
+_GROUP = 8
+
+
+class _Field(NamedTuple):
+    """A sub-scale field for :func:`_factor`: its raw values and multipliers ``v`` in
+    canonical order, ``v = raw·mul + add``, the raw value of ``v = 0`` (None: there is none)."""
+
+    raws: np.ndarray
+    v: np.ndarray
+    mul: np.float32
+    add: np.float32
+    zraw: int | None
+
+
+def _field(raws: np.ndarray, v: np.ndarray) -> _Field:
+    mul, add = np.float32(v[raws == 1][0] - v[raws == 0][0]), np.float32(v[raws == 0][0])
+    return _Field(raws, v, mul, add, int(raws[v == 0][0]) if (v == 0).any() else None)
+
+
+def _factor(target: np.ndarray, zero: np.ndarray, field: _Field, post: float,
             rule: Callable[[np.ndarray, np.ndarray], np.ndarray],
             empty: tuple[float, int] = (0.0, 0)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Factor the stored ``target`` (``(n, subs)`` float32 ``rule(d, raw)``: ``float32(d)·v(raw)·post``;
     ``zero``: its ±1 stand-ins of ±0) into an f16 ``d`` per block and a raw field value per
-    sub-block. The block's largest ``|target|`` takes the first candidate of ``raws`` that
-    works: ``d = target/(post·v)`` an f16 exactly, every other ``target/(post·d)`` a ``v`` of
-    the field, and ``rule(d, raw)`` giving back ``target`` as bits. Zero sub-blocks take the
-    raw value of ``v = 0`` (undefined if there is none); a block of zeros only is ``empty``
-    (``d``, raw: ggml's memset, +0 and 0, unless the row says otherwise). Returns ``(d, raw, defined)``; vectorised over the blocks, one
-    round per candidate for the blocks still undefined."""
+    sub-block. The block's largest ``|target|`` (its anchor) takes the first candidate ``v``
+    of the field's canonical order that works: ``d = target/(post·v)`` rounded to f16, every
+    other raw value the nearest to ``target/(post·d)``, and ``rule(d, raw)`` giving back
+    ``target`` as bits (the one test that decides; float32 quotients of exact products are
+    exact). Zero sub-blocks take the raw value of ``v = 0`` (undefined if there is none); a
+    block of zeros only is ``empty`` (``d``, raw: ggml's memset, +0 and 0, unless the row
+    says otherwise). Returns ``(d, raw, defined)``. Vectorised: the first candidate for
+    every block (on ggml's output it nearly always works), then every other one at once
+    for the blocks left, the anchor alone tested before the whole block."""
     n, subs = target.shape
     ok = zero.all(axis=1)
     d = np.where(ok, np.float16(empty[0]), np.float16(0))
-    raw = np.where(ok[:, None], empty[1], np.zeros((n, subs), dtype=np.int64))
-    t = target.astype(np.float64) / post
-    anchor = np.argmax(np.where(zero, 0, np.abs(t)), axis=1)
-    zraw = raws[v == 0]
-    keys, first = np.unique(v.astype(np.float64)[::-1], return_index=True)
-    vals = raws[::-1][first]  # (the raw value of each v; the canonical one of duplicates)
-    todo = np.flatnonzero(~ok)
-    for c in range(len(raws)):
-        if not todo.size:
+    raw = np.where(ok[:, None], np.float32(empty[1]), np.zeros((n, subs), dtype=np.float32))
+    t = target.astype(np.float32, copy=False) / np.float32(post) if post != 1 else target.astype(np.float32, copy=False)
+    any_zero = bool(zero.any())
+    anchor = np.argmax(np.where(zero, np.float32(0), np.abs(t)) if any_zero else np.abs(t), axis=1)
+    cands = np.flatnonzero(field.v != 0)
+    for part in [cands[:1]] + [cands[i : i + _GROUP] for i in range(1, len(cands), _GROUP)]:
+        rows = np.flatnonzero(~ok)
+        if not rows.size:
             break
-        if v[c] == 0:
+        ta = t[rows, anchor[rows]]
+        vc = field.v[part]
+        with np.errstate(all="ignore"):
+            dd = (ta[:, None] / vc[None, :]).astype(np.float16)
+            pre = (dd.astype(np.float32) * vc[None, :] == ta[:, None]) & (dd != 0) & np.isfinite(dd)
+        bi, ci = np.nonzero(pre)  # (per block, the candidates in order)
+        if not bi.size:
             continue
-        tt, zz = t[todo], zero[todo]
-        dd = (tt[np.arange(todo.size), anchor[todo]] / np.float64(v[c])).astype(np.float16)
-        with np.errstate(all="ignore"):
-            r = tt / np.where(dd == 0, np.inf, dd.astype(np.float64))[:, None]
-        pos = np.minimum(np.searchsorted(keys, r), len(keys) - 1)
-        rr = np.where(zz, zraw[0] if zraw.size else 0, vals[pos])
-        good = np.isfinite(dd) & (dd != 0) & ((keys[pos] == r) | zz).all(axis=1)
-        if not zraw.size:
-            good &= ~zz.any(axis=1)
-        with np.errstate(all="ignore"):
-            good &= ((_bits_of(rule(dd, rr)) == _bits_of(target[todo])) | zz).all(axis=1)
-        d[todo[good]], raw[todo[good]] = dd[good], rr[good]
-        ok[todo[good]] = True
-        todo = todo[~good]
-    return d, raw, ok
+        pd = dd[bi, ci]
+        every = part.size == 1 and bi.size == n
+        sel = slice(None) if every else rows[bi]
+        rr, good = _trial(t[sel], target[sel], (zero[sel] if any_zero else None), pd, field, rule)
+        pick = np.flatnonzero(good)
+        if part.size > 1:
+            pick = pick[np.unique(bi[pick], return_index=True)[1]]
+        won = rows[bi[pick]]
+        d[won], raw[won], ok[won] = pd[pick], rr[pick], True
+    return d, raw.astype(np.int64), ok
+
+
+def _trial(t: np.ndarray, target: np.ndarray, zero: np.ndarray | None, d: np.ndarray, field: _Field,
+           rule: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """One candidate ``d`` per row of ``t`` (``target / post``): the nearest raw values, and
+    whether ``rule`` gives back ``target`` as bits with them (:func:`_factor`)."""
+    with np.errstate(all="ignore"):
+        q = t / d.astype(np.float32)[:, None]
+        if field.add:
+            q -= field.add
+        if field.mul != 1:
+            q /= field.mul
+        rr = np.clip(np.rint(q, out=q), np.float32(field.raws.min()), np.float32(field.raws.max()), out=q)
+        got = rule(d, rr)
+    if zero is not None:
+        rr[zero] = field.zraw or 0
+        got[zero] = target[zero]  # (decided by the raw value of v = 0 alone)
+    good = _rows_equal(got, target)
+    if zero is not None and field.zraw is None:
+        good &= ~zero.any(axis=1)
+    return rr, good
+
+
+def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row, are the rows of two same-shaped 2-D arrays equal byte for byte (compared as
+    the widest unsigned words the row width allows)?"""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    width = a.shape[1] * a.itemsize
+    word = next(w for w in (8, 4, 2, 1) if width % w == 0)
+    if a.shape[0] == 0 or width == 0:
+        return np.ones(a.shape[0], dtype=bool)
+    wa, wb = a.view(f"<u{word}").reshape(a.shape[0], -1), b.view(f"<u{word}").reshape(a.shape[0], -1)
+    return (wa == wb)[:, 0] if wa.shape[1] == 1 else (wa == wb).all(axis=1)
 
 
 def _rule(spec: _Spec, d: np.ndarray, raw: np.ndarray) -> np.ndarray:
     """The scale rule of :func:`_scales` on an f16 ``d`` and raw ``sc`` values, in float32."""
-    f = raw.astype(np.float32)
+    f = raw.astype(np.float32, copy=False)
     if spec.mul != 1.0:
         f = f * np.float32(spec.mul)
     if spec.add:
@@ -1741,7 +1797,7 @@ def _rule(spec: _Spec, d: np.ndarray, raw: np.ndarray) -> np.ndarray:
 
 def _minimum(dmin: np.ndarray, m: np.ndarray) -> np.ndarray:
     """The correction ``−(float32(dmin)·m)`` of :func:`_scales`."""
-    return -(dmin.astype(np.float32)[:, None] * m.astype(np.float32))
+    return -(dmin.astype(np.float32)[:, None] * m.astype(np.float32, copy=False))
 
 
 @functools.cache
@@ -1783,15 +1839,14 @@ def derive_header(ggml_type: str, scales: np.ndarray, correction: np.ndarray | N
         _pack(_f16_bits(np.where(zero[:, 0], np.float16(0), scales[:, 0])), spec.d, out)
         return _header(spec, out), np.ones(n, dtype=bool)
     assert spec.sc is not None
-    raws, v = _raw_values(ggml_type)
-    empty = (spec.zero_d, int(raws[v == 0][0]) if spec.zero_v else 0)
-    d, raw, ok = _factor(scales, zero, raws, v, spec.post, functools.partial(_rule, spec), empty)
+    sc = _field(*_raw_values(ggml_type))
+    empty = (spec.zero_d, sc.zraw if spec.zero_v and sc.zraw is not None else 0)
+    d, raw, ok = _factor(scales, zero, sc, spec.post, functools.partial(_rule, spec), empty)
     _pack(_f16_bits(d), spec.d, out)
     _pack(raw.astype(np.uint8) if spec.sc_int8 else raw, spec.sc, out)
     if spec.dmin is not None:
         assert spec.m is not None and correction is not None and correction_codes is not None
-        mraws, mv = _raw_values(ggml_type, "m")
-        dmin, m, mok = _factor(correction, correction_codes == 0, mraws, mv, -1.0, _minimum)
+        dmin, m, mok = _factor(correction, correction_codes == 0, _field(*_raw_values(ggml_type, "m")), -1.0, _minimum)
         _pack(_f16_bits(dmin), spec.dmin, out)
         _pack(m, spec.m, out)
         ok &= mok
@@ -1826,7 +1881,7 @@ class DerivedRecord:
         ``zero`` its :func:`stand_ins`: the headers the factorization misses, the exceptions."""
         r = x.record
         derived, ok = derive_header(x.type, x.scales, x.correction, x.correction_codes, zero)
-        miss = ~ok | (derived != r.header).any(axis=1)
+        miss = ~ok | ~_rows_equal(derived, r.header)
         miss[r.exception_index.astype(np.int64) - first_block] = False
         keep = np.flatnonzero(miss)
         return cls(x.type, (keep + first_block).astype(np.uint32), r.header[keep], r.exception_index,
