@@ -14,10 +14,13 @@ records, for the generic converter :mod:`.gguf` (which calls :func:`plan` on imp
   tensor, role base), ``<name>.min`` (overlay types: uint2 codes 1 or 0, K, float32 scale
   ``−dmin·m``, role correction), then one ``<name>.zero.<i>`` per zero patch: a float32
   shard of shape ``(1, …, 1, K)`` over its sub-block holding the ±0 pattern (role correction).
-* The restore record, KV ``hurray_interop.gguf.expanded.<name>`` (bytes): the
-  :class:`~.gguf_expanded.Record` of the whole tensor -- every block's header bytes, then the
-  exception blocks with their absolute block indices (``Record.to_bytes``). The records
-  take ~10 % of a K-quant model, so they are never held whole: the import's executor spools them,
+* The restore record, KV ``hurray_interop.gguf.derived.<name>`` (bytes): the
+  :class:`~.gguf_expanded.DerivedRecord` of the whole tensor -- the headers of the blocks
+  whose header :func:`~.gguf_expanded.derive_header` does not factor back out of the stored
+  scales (on ggml's output: almost none), then the exception blocks, each entry after its
+  block index (``DerivedRecord.to_bytes``). Files of earlier versions hold the full
+  :class:`~.gguf_expanded.Record` (every header) under ``hurray_interop.gguf.expanded.<name>``
+  instead; the export reads either. Records are never held whole: the import's executor spools them,
   chunk by chunk, to a scratch file of the writer and streams them into the KV section
   (:class:`~hurray_interop.core.kv.StreamedBytes`); the export reads them from the mapped
   file in windows (:meth:`~hurray_interop.core.kv.KVValue.view`).

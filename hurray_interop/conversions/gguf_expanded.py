@@ -44,7 +44,15 @@ per block in the table) and, verbatim, every *exception block*: a block that pac
 codes and header back would not reproduce (zero-scale sub-blocks with stale codes, NVFP4's
 −0 code 8, TQ1_0 bytes that are not ggml's canonical base-3 encoding). Zero-scale sub-blocks
 are packed with the code ggml's quantizer writes into all-zero blocks (``_Spec.zero_code``),
-so ggml's all-zero rows need no exception block. :func:`rebuild` packs
+so ggml's all-zero rows need no exception block.
+
+**The derived record** (what the import writes): :func:`derive_header` factors the stored
+scales back into the header ggml's quantizer would have written -- per block the largest
+sub-scale takes the field's top multiplier first (Q4_K: 63, 62, …; Q3_K/IQ4_XS: −32, …;
+Q6_K: −128, …), ``d`` must come out an f16 exactly and every other scale an in-range
+multiple, checked as bits through the scale rule -- so :class:`DerivedRecord` keeps only the
+headers where that does not give the real bytes, and the exception blocks.  The export
+derives the others (:meth:`DerivedRecord.chunk`) and rebuilds as below. :func:`rebuild` packs
 the codes with the header, puts the exception blocks back, and proves consistency by
 expanding the result again: codes, scales (as bits), corrections and zero patches must all
 equal the ones given, else a :class:`~hurray_interop.errors.FormatError` names the block.
@@ -1700,6 +1708,11 @@ class _Field(NamedTuple):
     zraw: int | None
 
 
+@functools.cache
+def _field_of(ggml_type: str, name: str) -> _Field:
+    return _field(*_raw_values(ggml_type, name))
+
+
 def _field(raws: np.ndarray, v: np.ndarray) -> _Field:
     mul, add = np.float32(v[raws == 1][0] - v[raws == 0][0]), np.float32(v[raws == 0][0])
     return _Field(raws, v, mul, add, int(raws[v == 0][0]) if (v == 0).any() else None)
@@ -1720,11 +1733,13 @@ def _factor(target: np.ndarray, zero: np.ndarray, field: _Field, post: float,
     every block (on ggml's output it nearly always works), then every other one at once
     for the blocks left, the anchor alone tested before the whole block."""
     n, subs = target.shape
-    ok = zero.all(axis=1)
-    d = np.where(ok, np.float16(empty[0]), np.float16(0))
-    raw = np.where(ok[:, None], np.float32(empty[1]), np.zeros((n, subs), dtype=np.float32))
-    t = target.astype(np.float32, copy=False) / np.float32(post) if post != 1 else target.astype(np.float32, copy=False)
     any_zero = bool(zero.any())
+    ok = zero.all(axis=1) if any_zero else np.zeros(n, dtype=bool)
+    d = np.zeros(n, dtype=np.float16)
+    raw = np.zeros((n, subs), dtype=np.float32)
+    if ok.any():
+        d[ok], raw[ok] = empty
+    t = target.astype(np.float32, copy=False) / np.float32(post) if post != 1 else target.astype(np.float32, copy=False)
     anchor = np.argmax(np.where(zero, np.float32(0), np.abs(t)) if any_zero else np.abs(t), axis=1)
     cands = np.flatnonzero(field.v != 0)
     for part in [cands[:1]] + [cands[i : i + _GROUP] for i in range(1, len(cands), _GROUP)]:
@@ -1839,14 +1854,14 @@ def derive_header(ggml_type: str, scales: np.ndarray, correction: np.ndarray | N
         _pack(_f16_bits(np.where(zero[:, 0], np.float16(0), scales[:, 0])), spec.d, out)
         return _header(spec, out), np.ones(n, dtype=bool)
     assert spec.sc is not None
-    sc = _field(*_raw_values(ggml_type))
+    sc = _field_of(ggml_type, "sc")
     empty = (spec.zero_d, sc.zraw if spec.zero_v and sc.zraw is not None else 0)
     d, raw, ok = _factor(scales, zero, sc, spec.post, functools.partial(_rule, spec), empty)
     _pack(_f16_bits(d), spec.d, out)
     _pack(raw.astype(np.uint8) if spec.sc_int8 else raw, spec.sc, out)
     if spec.dmin is not None:
         assert spec.m is not None and correction is not None and correction_codes is not None
-        dmin, m, mok = _factor(correction, correction_codes == 0, _field(*_raw_values(ggml_type, "m")), -1.0, _minimum)
+        dmin, m, mok = _factor(correction, correction_codes == 0, _field_of(ggml_type, "m"), -1.0, _minimum)
         _pack(_f16_bits(dmin), spec.dmin, out)
         _pack(m, spec.m, out)
         ok &= mok
