@@ -44,7 +44,6 @@ corrections and patches are those of the rebuilt blocks; any mismatch is a
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, NamedTuple
