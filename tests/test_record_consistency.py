@@ -335,7 +335,7 @@ def _expanded_names(path: Path) -> list[tuple[str, str]]:
     with HrryFile(path) as hf:
         out = []
         for n in hf.top_level_names():
-            if gguf_exact.record_key(n) in hf.kv:
+            if gguf_exact.has_record(hf.kv, n):
                 t = hf.tensor(n)
                 out.append((n, (t.members[0] if t.members else t).name))
         return out
