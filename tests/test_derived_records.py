@@ -116,16 +116,18 @@ def test_factorization_on_the_fixture_edge_rows() -> None:
 
 def test_factorization_is_vectorised_candidate_search() -> None:
     """A block whose largest sub-scale is not the field's top value still factors (Q4_K: max
-    sc 40, the search goes 63, 62, … down to it); one whose scales are not d·sc of any f16 d
-    is undefined; an all-stand-in block is ggml's memset header (IQ4_XS: d = −0, ls = 32)."""
+    sc 55, the ninth candidate: 63, 62, … 55), one whose largest is 54 (the tenth) is left to
+    the record, as is one whose scales are not d·sc of any f16 d; an all-stand-in block is
+    ggml's memset header (IQ4_XS: d = −0, ls = 32)."""
     spec = X._specs()["Q4_K"]
     d = np.float16(0.001)
-    sc = np.array([40, 3, 17, 1, 39, 22, 8, 5], dtype=np.float32)
-    scales = np.stack([np.float32(d) * sc, np.float32(d) * sc])
+    sc = np.array([55, 3, 17, 1, 39, 22, 8, 5], dtype=np.float32)
+    sc54 = np.where(sc == 55, 54, sc).astype(np.float32)
+    scales = np.stack([np.float32(d) * sc, np.float32(d) * sc, np.float32(d) * sc54])
     scales[1, 2] = np.nextafter(scales[1, 2], np.float32(1))  # one ulp off
-    corr = -(np.float32(np.float16(0.002)) * np.array([[63, 1, 2, 3, 4, 5, 6, 7]] * 2, dtype=np.float32))
-    header, ok = X.derive_header("Q4_K", scales, corr, np.ones((2, 8), np.uint8))
-    assert ok.tolist() == [True, False]
+    corr = -(np.float32(np.float16(0.002)) * np.array([[63, 1, 2, 3, 4, 5, 6, 7]] * 3, dtype=np.float32))
+    header, ok = X.derive_header("Q4_K", scales, corr, np.ones((3, 8), np.uint8))
+    assert ok.tolist() == [True, False, False]
     blk = np.zeros((1, spec.block_bytes), np.uint8)
     blk[:, : header.shape[1]] = header[:1]
     assert np.array_equal(X._unpack(blk, spec.sc)[0], sc.astype(np.uint8))

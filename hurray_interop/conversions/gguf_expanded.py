@@ -1693,8 +1693,11 @@ def stand_ins(ggml_type: str, scales: np.ndarray, codes: np.ndarray | None = Non
     return one
 
 
-#: candidates tried together by :func:`_factor` after the first
-_GROUP = 8
+#: the multipliers :func:`_factor` tries for a block's largest sub-scale, in canonical order:
+#: the first for every block, then the next ones together (ggml's output takes the first, or
+#: the second or third where a sign is ambiguous; a header that needs a smaller one, never
+#: ggml's, is recorded instead -- this bounds the cost on arbitrary headers)
+_CANDIDATES = 9
 
 
 class _Field(NamedTuple):
@@ -1730,8 +1733,9 @@ def _factor(target: np.ndarray, zero: np.ndarray, field: _Field, post: float,
     exact). Zero sub-blocks take the raw value of ``v = 0`` (undefined if there is none); a
     block of zeros only is ``empty`` (``d``, raw: ggml's memset, +0 and 0, unless the row
     says otherwise). Returns ``(d, raw, defined)``. Vectorised: the first candidate for
-    every block (on ggml's output it nearly always works), then every other one at once
-    for the blocks left, the anchor alone tested before the whole block."""
+    every block (on ggml's output it nearly always works), then the next ones of the
+    first :data:`_CANDIDATES` at once for the blocks left, the anchor alone tested before
+    the whole block; a block none of them factors is undefined (its header is recorded)."""
     n, subs = target.shape
     any_zero = bool(zero.any())
     ok = zero.all(axis=1) if any_zero else np.zeros(n, dtype=bool)
@@ -1742,7 +1746,7 @@ def _factor(target: np.ndarray, zero: np.ndarray, field: _Field, post: float,
     t = target.astype(np.float32, copy=False) / np.float32(post) if post != 1 else target.astype(np.float32, copy=False)
     anchor = np.argmax(np.where(zero, np.float32(0), np.abs(t)) if any_zero else np.abs(t), axis=1)
     cands = np.flatnonzero(field.v != 0)
-    for part in [cands[:1]] + [cands[i : i + _GROUP] for i in range(1, len(cands), _GROUP)]:
+    for part in (cands[:1], cands[1:_CANDIDATES]):
         rows = np.flatnonzero(~ok)
         if not rows.size:
             break
