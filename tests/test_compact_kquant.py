@@ -353,14 +353,17 @@ def test_a_flipped_sub_block_whose_header_gives_a_minimum_is_a_located_error(com
                                                                             capsys) -> None:
     with HrryFile(compact_hrry) as hf:  # w.Q5_K has dmin = +0: every sub-block flipped
         assert (hf.tensor("w.Q5_K").members[0].data[1].view("<f4") < 0).all()
-    key = gguf_exact.record_key("w.Q5_K")
+    key = gguf_exact.derived_key("w.Q5_K")
     spec = X._specs()["Q5_K"]
     block = int(np.flatnonzero(X._unpack(_craft("Q5_K", "dmin +0"), spec.m).any(axis=1))[0])  # a minimum m ≠ 0
 
-    def edit(kv: dict) -> None:
+    def edit(kv: dict) -> None:  # the derived record keeps that block's header (dmin +0 with m ≠ 0 does not factor)
         rec = np.frombuffer(kv[key].value, dtype=np.uint8).copy()
         h = X.form("Q5_K").record_bytes
-        at = block * h + [b for b, _ in spec.header].index(spec.struct.at("dmin"))
+        entries = rec[: rec.size - rec.size % (4 + h)].reshape(-1, 4 + h)
+        index = entries[:, :4].copy().view("<u4").reshape(-1)
+        assert block in index.tolist(), "the derived record keeps the crafted block's header"
+        at = int(np.flatnonzero(index == block)[0]) * (4 + h) + 4 + [b for b, _ in spec.header].index(spec.struct.at("dmin"))
         rec[at : at + 2] = np.array([1.0], dtype="<f2").view(np.uint8)  # dmin 1: −dmin·m ≠ 0
         kv[key] = KVValue("bytes", rec.tobytes())
 

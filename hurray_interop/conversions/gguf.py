@@ -41,8 +41,9 @@ GGUF's own keys are stored first, under their own names, in file order):
                                       recorded layout writes them back, one to a new layout
                                       says it does not (docs/conversion-rules.md § 7)
 ``hurray_interop.scale_substitutions.<tensor>``  see :mod:`hurray_interop.core.records`
-``hurray_interop.gguf.expanded.<tensor>``         ``--fallback exact``: the restore record
+``hurray_interop.gguf.derived.<tensor>``          ``--fallback exact``: the restore record
                                       of an expanded tensor, see :mod:`.gguf_exact`
+``hurray_interop.gguf.expanded.<tensor>``         the same in full, as earlier versions wrote it
 
 GGUF values map to Hurray KV types naturally: unsigned integers → uint64,
 signed → int64, FLOAT32/FLOAT64 → float64 (float32 widened exactly), BOOL →
@@ -1441,7 +1442,7 @@ def _export_match(t: Tensor, kv: dict[str, KVValue], recorded: str | None) -> _M
     if recorded is not None and all(c.name != recorded for c in codecs()):  # not a native type
         from . import gguf_exact
 
-        if gguf_exact.has_form(recorded) and gguf_exact.record_key(t.name) in kv:
+        if gguf_exact.has_form(recorded) and gguf_exact.has_record(kv, t.name):
             return _Match(recorded, gguf_exact.export(t, kv, recorded))  # --fallback exact: rebuilt from the record
     if d.is_composite:
         return _export_compact(t, kv, recorded) if _is_compact(t) else _export_overlay(t, kv, recorded)
@@ -1491,9 +1492,9 @@ def _record_bytes(kv: dict[str, KVValue], name: str, gtype: str | None, nbytes: 
     counted with the tensor's data, as the import counted it (0 for any other tensor)."""
     from . import gguf_exact
 
-    if gtype is None or not gguf_exact.has_form(gtype) or gguf_exact.record_key(name) not in kv:
+    if gtype is None or not gguf_exact.has_form(gtype):
         return 0
-    return gguf_exact.record_bytes(gtype, nbytes)
+    return gguf_exact.stored_record_bytes(kv, name)
 
 
 def _layout_name(d: Descriptor) -> str:

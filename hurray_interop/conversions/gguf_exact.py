@@ -22,10 +22,13 @@ records, for the generic converter :mod:`.gguf` (which calls :func:`plan` on imp
   compact form holds (:func:`_flips`); where it does not, the tensor is laid out again in
   the per-element form.  :class:`~.gguf_expanded.Expanded` stays the logical form: the
   compaction is this module's storage layer (:func:`_compact_buffers`, :class:`_Stored`).
-* The restore record, KV ``hurray_interop.gguf.expanded.<name>`` (bytes): the
-  :class:`~.gguf_expanded.Record` of the whole tensor -- every block's header bytes, then the
-  exception blocks with their absolute block indices (``Record.to_bytes``). The records
-  take ~10 % of a K-quant model, so they are never held whole: the import's executor spools them,
+* The restore record, KV ``hurray_interop.gguf.derived.<name>`` (bytes): the
+  :class:`~.gguf_expanded.DerivedRecord` of the whole tensor -- the headers of the blocks
+  whose header :func:`~.gguf_expanded.derive_header` does not factor back out of the stored
+  scales (on ggml's output: almost none), then the exception blocks, each entry after its
+  block index (``DerivedRecord.to_bytes``). Files of earlier versions hold the full
+  :class:`~.gguf_expanded.Record` (every header) under ``hurray_interop.gguf.expanded.<name>``
+  instead; the export reads either. Records are never held whole: the import's executor spools them,
   chunk by chunk, to a scratch file of the writer and streams them into the KV section
   (:class:`~hurray_interop.core.kv.StreamedBytes`); the export reads them from the mapped
   file in windows (:meth:`~hurray_interop.core.kv.KVValue.view`).
@@ -52,10 +55,9 @@ sub-blocks marked :attr:`~.gguf_expanded.Expanded.unsigned_zero`); any mismatch 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 
@@ -71,9 +73,13 @@ from . import gguf_kernels as GK
 from .gguf_pass import Entry, Piece, Plan, Refuse, Slot
 from .gguf_sources import ChunkedBlocks
 
-__all__ = ["RECORD_PREFIX", "record_key", "record_bytes", "has_form", "plan", "export"]
+__all__ = ["RECORD_PREFIX", "DERIVED_PREFIX", "record_key", "derived_key", "has_record", "stored_record_bytes",
+           "record_bytes", "has_form", "plan", "export"]
 
+#: the full record (every block's header; written by earlier versions, still read)
 RECORD_PREFIX = "hurray_interop.gguf.expanded."
+#: the derived record (:class:`~.gguf_expanded.DerivedRecord`), what the import writes
+DERIVED_PREFIX = "hurray_interop.gguf.derived."
 #: GGML blocks per chunk (2 Mi elements of 256-element blocks: bounded temporaries)
 CHUNK_BLOCKS = 1 << 13
 _ZP = np.dtype("<i4")
@@ -85,9 +91,33 @@ def record_key(tensor: str) -> str:
     return RECORD_PREFIX + tensor
 
 
+def derived_key(tensor: str) -> str:
+    return DERIVED_PREFIX + tensor
+
+
+def _record_of(kv: dict[str, Any], tensor: str) -> tuple[str, Any] | None:
+    """``(key, value)`` of the tensor's restore record, derived or full; None: it has none."""
+    for key in (derived_key(tensor), record_key(tensor)):
+        if key in kv:
+            return key, kv[key]
+    return None
+
+
+def has_record(kv: dict[str, Any], tensor: str) -> bool:
+    """Does ``tensor`` have a restore record (derived, or full from an earlier version)?"""
+    return _record_of(kv, tensor) is not None
+
+
+def stored_record_bytes(kv: dict[str, Any], tensor: str) -> int:
+    """The size of the tensor's restore record as stored (0 without one): what an export's
+    report counts with the tensor, as the import counted it."""
+    rec = _record_of(kv, tensor)
+    return 0 if rec is None or rec[1].type != "bytes" else rec[1].view().nbytes
+
+
 def record_bytes(ggml_type: str, nbytes: int) -> int:
-    """The header part of the restore record of a ``ggml_type`` tensor of ``nbytes`` GGML bytes:
-    what the report counts with the tensor's expanded form, on import and on export alike."""
+    """The full record's header part of a ``ggml_type`` tensor of ``nbytes`` GGML bytes (every
+    block's header): what the derived record saves, and its worst case but for the index words."""
     return nbytes // X._specs()[ggml_type].block_bytes * X.form(ggml_type).record_bytes
 
 
@@ -144,7 +174,15 @@ def _patch_desc(shape: tuple[int, ...], sub: int, k: int) -> Descriptor:
 
 
 _Patches = tuple[np.ndarray, np.ndarray]  # zero patches: absolute sub-block indices, patterns
-_Keep = tuple[_Patches, bool]  # a chunk's zero patches, and whether it needs the per-element form
+
+
+class _Keep(NamedTuple):
+    """A chunk's keep: its zero patches, whether it needs the per-element form, and the bytes
+    of its part of the derived record."""
+
+    patches: _Patches
+    old: bool
+    record: int
 
 
 def _no_patches(ggml_type: str) -> _Patches:
@@ -153,10 +191,10 @@ def _no_patches(ggml_type: str) -> _Patches:
 
 def _gather(ggml_type: str, keeps: Iterable[_Keep]) -> _Patches:
     """The zero patches of the chunks (each already absolute), in order."""
-    idx = [i for (i, _), _ in keeps if i.size]
-    if not idx:
+    found = [k.patches for k in keeps if k.patches[0].size]
+    if not found:
         return _no_patches(ggml_type)
-    return np.concatenate(idx), np.concatenate([p for (i, p), _ in keeps if i.size])
+    return np.concatenate([i for i, _ in found]), np.concatenate([p for _, p in found])
 
 
 def _patches_of(ggml_type: str, x: X.Expanded, start: int) -> _Patches:
@@ -190,22 +228,36 @@ def _flips(f: X.Form, x: X.Expanded) -> tuple[np.ndarray, bool]:
     return flip, old
 
 
+def _derived(ggml_type: str, x: X.Expanded, start: int, packed: np.ndarray, hi: np.ndarray | None) -> X.DerivedRecord:
+    """The chunk's derived record (:class:`~.gguf_expanded.DerivedRecord`), from the logical
+    ``x`` and its codes as stored before any flip (``packed``; the compact planes: ``packed``
+    the low plane, ``hi`` the high one) -- what the export will see: a flipped sub-block's
+    minimum is a ±0 whose sign is not kept, and the factorization does not read that sign."""
+    f = X.form(ggml_type)
+    per_block = buffer_size(f.storage if hi is None else f.base_storage, X._specs()[ggml_type].elements)
+    lo = packed.reshape(-1, per_block)
+    zero = X.stand_ins(ggml_type, x.scales, packed=lo, hi=None if hi is None else hi.reshape(lo.shape[0], -1))
+    return X.DerivedRecord.of(x, zero, start)
+
+
 def _scan_chunk(name: str, ggml_type: str, compact: bool, rows: np.ndarray, start: int) -> Piece:
-    """A dry run's chunk: the zero patches and whether the compact form stands
-    (:func:`~.gguf_expanded.expand_scales`: no codes)."""
-    x = _expanded(name, X.expand_scales, ggml_type, rows, start)
-    return Piece((_patches_of(ggml_type, x, start), compact and _flips(X.form(ggml_type), x)[1]))
+    """A dry run's chunk: what the import's chunk keeps (zero patches, whether the compact
+    form stands, the derived record's size), computed as the import does; nothing written."""
+    return Piece(_chunk(name, ggml_type, compact, rows, start).keep)
 
 
 def _chunk(name: str, ggml_type: str, compact: bool, rows: np.ndarray, start: int) -> Piece:
     """Expand the blocks once: their codes, scales (zero points) and correction as named
-    buffers (``compact``: the form of § 11), the record's parts (headers, exception blocks),
-    the zero patches and whether the chunk needs the per-element form."""
+    buffers (``compact``: the form of § 11), the derived record's parts (headers the
+    factorization misses, exception blocks), the zero patches and whether the chunk needs
+    the per-element form."""
     f = X.form(ggml_type)
+    hi = None
     if compact and f.planes:
         x, packed, hi = _expanded(name, X.expand_planes, ggml_type, rows, start)
     else:
         x, packed = _expanded(name, X.expand_packed, ggml_type, rows, start)
+    parts = _derived(ggml_type, x, start, packed, hi).parts()  # (before the flips change packed)
     scales = np.ascontiguousarray(x.scales).reshape(-1)
     bufs = {"codes": packed, "scales": scales}
     if compact and f.planes:
@@ -219,10 +271,7 @@ def _chunk(name: str, ggml_type: str, compact: bool, rows: np.ndarray, start: in
         assert x.correction_codes is not None and x.correction is not None
         bufs["corr_codes"] = _correction_bytes(x.correction_codes.reshape(-1), buffer_size(_CORRECTION, f.sub_block))
         bufs["corr_scales"] = np.ascontiguousarray(x.correction, dtype="<f4").reshape(-1)
-    r = x.record
-    assert r is not None
-    exceptions = dataclasses.replace(r, header=r.header[:0]).to_bytes() if r.exception_index.size else b""
-    return Piece((_patches_of(ggml_type, x, start), old), bufs, (np.ascontiguousarray(r.header).data, exceptions))
+    return Piece(_Keep(_patches_of(ggml_type, x, start), old, sum(len(p) for p in parts)), bufs, parts)
 
 
 def _compact_buffers(f: X.Form, x: X.Expanded, packed: np.ndarray, bufs: dict[str, np.ndarray]) -> bool:
@@ -269,13 +318,13 @@ def _slots(ggml_type: str, base: int, compact: bool) -> dict[str, Slot]:
     return slots
 
 
-def _finish(ggml_type: str, compact: bool, why: str, nbytes: int, elements: int, keeps: list[_Keep],
-            report: Any) -> list[Any]:
-    """The collector of an expanded tensor: the report's form, size (the record's header
-    part on top) and reason; the record itself is spooled by the executor."""
+def _finish(ggml_type: str, compact: bool, why: str, elements: int, keeps: list[_Keep], report: Any) -> list[Any]:
+    """The collector of an expanded tensor: the report's form, size (the derived record's
+    real size on top, summed over the chunks: a dry run computes it as the import does) and
+    reason; the record itself is spooled by the executor."""
     f = X.form(ggml_type)
     n_patches = int(_gather(ggml_type, keeps)[0].size)
-    rec = record_bytes(ggml_type, nbytes)
+    rec = sum(k.record for k in keeps)
     old = " (per-element form: a ±0 minimum that cannot be flipped)" if f.compact and not compact else ""
     report.mapping = f.describe(compact) + old + (
         f", {n_patches} zero patch{'es' if n_patches > 1 else ''}" if n_patches else "")
@@ -304,8 +353,8 @@ def plan(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray, 
     again = None if patches is not None else functools.partial(_relayout, name, ggml_type, shape, blocks, why, compact)
     return Plan(tuple(entries), blocks, CHUNK_BLOCKS, _slots(ggml_type, int(composite), compact),
                 functools.partial(_chunk, name, ggml_type, compact), functools.partial(_scan_chunk, name, ggml_type, compact),
-                functools.partial(_finish, ggml_type, compact, why, blocks.size, int(np.prod(shape, dtype=np.int64))),
-                spool=(record_key(name), 2), relayout=again)
+                functools.partial(_finish, ggml_type, compact, why, int(np.prod(shape, dtype=np.int64))),
+                spool=(derived_key(name), 2), relayout=again)
 
 
 def _relayout(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndarray, why: str, compact: bool,
@@ -313,7 +362,7 @@ def _relayout(name: str, ggml_type: str, shape: tuple[int, ...], blocks: np.ndar
     """The plan laid out with the zero patches the blocks have, in the per-element form
     where a chunk needs it (None: this one stands)."""
     found = _gather(ggml_type, keeps)
-    old = compact and any(o for _, o in keeps)
+    old = compact and any(k.old for k in keeps)
     return plan(name, ggml_type, shape, blocks, why, found, compact and not old) if found[0].size or old else None
 
 
@@ -456,13 +505,7 @@ def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> "_Rebuilt":
     elif ms.corr is not None:
         _check_desc(ms.corr, shape, f, _CORRECTION, "float32", False)
     patch_index, patch = _patches(ms.patches, shape, f.sub_block)
-    raw = kv[record_key(t.name)]
-    if raw.type != "bytes":
-        raise _bad("the record is not bytes", t.name, record_key(t.name))
-    try:
-        record = X.Record.from_bytes(ggml_type, raw.view(), nb)  # mapped, read in windows
-    except FormatError as e:
-        raise _bad(f"record: {e.message}", t.name, record_key(t.name)) from None
+    record = _read_record(kv, t.name, ggml_type, nb)
     data = _Stored(f, spec.elements, per, base, ms.corr, patch_index, patch, record, ms.hi, ms.compact)
     if f.zero_point is not None:
         zp = base.data[2].view(_ZP)
@@ -470,6 +513,20 @@ def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> "_Rebuilt":
             b = int(np.argmax(zp != f.zero_point)) // per
             raise _bad(f"block {b}: zero point is not {f.zero_point}", t.name, "zero_point")
     return _Rebuilt(t.name, data, nb, spec.block_bytes)
+
+
+def _read_record(kv: dict[str, Any], name: str, ggml_type: str, nb: int) -> "X.Record | X.DerivedRecord":
+    """The tensor's record: derived, else (an earlier version's file) full; checked."""
+    found = _record_of(kv, name)
+    assert found is not None  # (the caller asked has_record)
+    key, raw = found
+    if raw.type != "bytes":
+        raise _bad("the record is not bytes", name, key)
+    kind = X.DerivedRecord if key == derived_key(name) else X.Record
+    try:
+        return kind.from_bytes(ggml_type, raw.view(), nb)  # mapped, read in windows
+    except FormatError as e:
+        raise _bad(f"record: {e.message}", name, key) from None
 
 
 class _Rebuilt(ChunkedBlocks):
@@ -518,7 +575,7 @@ class _Stored:
     corr: Tensor | None
     patch_index: np.ndarray
     patch: np.ndarray
-    record: X.Record
+    record: "X.Record | X.DerivedRecord"
     hi: Tensor | None = None
     compact: bool = False
 
@@ -537,14 +594,21 @@ class _Stored:
             corr = self.corr.data[1].view("<f4")[s0:s1].astype(np.float32, copy=False)
         codes, packed = self._codes(sl, flip)
         lo, hi = np.searchsorted(self.patch_index, [s0, s1])
-        r = self.record
-        e0, e1 = np.searchsorted(r.exception_index, [sl.start, sl.stop])
-        rec = X.Record(r.type, r.header[sl], r.exception_index[e0:e1], r.exception_blocks[e0:e1])
         scales = scales.reshape(nb, self.per).astype(f.scale_dtype, copy=False)  # (views: read only)
         shaped = [a.reshape(nb, self.per) if a is not None else None for a in (corr, ccodes, flip)]
         x = X.Expanded(f.type, codes, scales, shaped[0], shaped[1],  # type: ignore[arg-type]
-                       self.patch_index[lo:hi] - s0, self.patch[lo:hi], rec, shaped[2])
+                       self.patch_index[lo:hi] - s0, self.patch[lo:hi], None, shaped[2])  # type: ignore[arg-type]
+        x.record = self._record(sl, x, packed)
         return x, packed
+
+    def _record(self, sl: slice, x: X.Expanded, packed: np.ndarray | None) -> X.Record:
+        """The full record of the chunk ``sl``: a derived record's headers come from the stored
+        values ``x`` (codes or ``packed``), a full record's are sliced."""
+        r = self.record
+        if isinstance(r, X.DerivedRecord):
+            return r.chunk(sl, x, X.stand_ins(r.type, x.scales, x.codes, packed))
+        e0, e1 = np.searchsorted(r.exception_index, [sl.start, sl.stop])
+        return X.Record(r.type, r.header[sl], r.exception_index[e0:e1], r.exception_blocks[e0:e1])
 
     def _unflip(self, b: np.ndarray, s0: int, s1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The compact form's sub-blocks ``s0:s1``: their logical scales, corrections and

@@ -47,7 +47,15 @@ per block in the table) and, verbatim, every *exception block*: a block that pac
 codes and header back would not reproduce (zero-scale sub-blocks with stale codes, NVFP4's
 −0 code 8, TQ1_0 bytes that are not ggml's canonical base-3 encoding). Zero-scale sub-blocks
 are packed with the code ggml's quantizer writes into all-zero blocks (``_Spec.zero_code``),
-so ggml's all-zero rows need no exception block. :func:`rebuild` packs
+so ggml's all-zero rows need no exception block.
+
+**The derived record** (what the import writes): :func:`derive_header` factors the stored
+scales back into the header ggml's quantizer would have written -- per block the largest
+sub-scale takes the field's top multiplier first (Q4_K: 63, 62, …; Q3_K/IQ4_XS: −32, …;
+Q6_K: −128, …), ``d`` must come out an f16 exactly and every other scale an in-range
+multiple, checked as bits through the scale rule -- so :class:`DerivedRecord` keeps only the
+headers where that does not give the real bytes, and the exception blocks.  The export
+derives the others (:meth:`DerivedRecord.chunk`) and rebuilds as below. :func:`rebuild` packs
 the codes with the header, puts the exception blocks back, and proves consistency by
 expanding the result again: codes, scales (as bits), corrections and zero patches must all
 equal the ones given, else a :class:`~hurray_interop.errors.FormatError` names the block.
@@ -92,7 +100,7 @@ import numpy as np
 
 from .. import kernels as K
 from . import gguf_kernels as GK
-from ..core.elements import element_type, pack, unpack
+from ..core.elements import element_type, pack, sign_extend, unpack
 from ..errors import ConversionRefused, FormatError
 from ..tables import load_table
 
@@ -101,6 +109,9 @@ __all__ = [
     "Form",
     "form",
     "Record",
+    "DerivedRecord",
+    "derive_header",
+    "stand_ins",
     "Expanded",
     "NonFiniteScale",
     "expand",
@@ -873,6 +884,11 @@ class _Spec:
     m: _Bits | None = None  # overlay types: the minimum's multiplier (correction −dmin·m)
     zero_code: int | None = None  # the code ggml's quantizer leaves in all-zero blocks, packed
     # in zero-scale sub-blocks instead of the zero point (fewer exception blocks)
+    #: the header ggml's quantizer writes into an all-zero block, for the derived record
+    #: (:func:`derive_header`): ``d`` (+0 or −0) and the sub-scales raw 0 (a memset) or, with
+    #: ``zero_v``, the raw value of a zero sub-scale (IQ4_XS: d = −0, ls = 32)
+    zero_d: float = 0.0
+    zero_v: bool = False
     #: blocks -> their codes' storage bytes, where the code fields are those bytes moved
     direct: Callable[[np.ndarray], np.ndarray] | None = None
     #: the inverse: (storage bytes, zeroed blocks) -> the code fields written
@@ -988,7 +1004,7 @@ def _specs() -> dict[str, _Spec]:
              zero_code=1),
         _row("IQ4_XS", _IQ4_XS, header=("d", "scales_h", "scales_l"),
              codes=_bit_lut(256, _nibbles(_IQ4_XS, "qs", 16), values=_IQ4NL_VALUES, dtype=_I8),
-             sc=_bits(8, _iq4xs_sc), add=-32.0, zero_code=1),
+             sc=_bits(8, _iq4xs_sc), add=-32.0, zero_code=1, zero_d=-0.0, zero_v=True),
         _row("TQ1_0", _TQ1_0, header=("d",), scale="d",
              codes=dataclasses.replace(_lut_codec(_r(0, 3), _U8, 1, _tq1_unpack, _tq1_pack), reference=_tq1_reference)),
         _row("TQ2_0", _TQ2_0, header=("d",), scale="d",
@@ -1729,3 +1745,343 @@ def rebuild(x: Expanded, first_block: int = 0, packed: np.ndarray | None = None)
         x_codes = unpack(packed[rows], f.storage, rows.size * spec.elements).reshape(rows.size, spec.elements)
     _compare(x, y, first_block, rows, x_codes)
     return blocks
+
+
+# ---------------------------------------------------------------------------------------
+# The derived record (docs/conversion-rules.md § 9): the header of a block factored back out
+# of its stored (logical) scales, so that only the blocks where that does not give the real
+# header bytes need recording.
+
+
+@functools.cache
+def _raw_values(ggml_type: str, field: str = "sc") -> tuple[np.ndarray, np.ndarray]:
+    """``(raw values, their multiplier v)`` of the type's ``sc`` field (``v = raw·mul + add``)
+    or ``m`` field (``v = raw``), in the canonical order ggml's quantizers give the block's
+    largest scale: ``|v|`` descending, the negative one first (Q4_K: 63, 62, …; Q3_K/IQ4_XS:
+    −32, 31, −31, …; Q6_K: −128, 127, …; IQ: the field's top value)."""
+    spec = _specs()[ggml_type]
+    b = spec.sc if field == "sc" else spec.m
+    assert b is not None
+    width = max(int(p.mask.max()).bit_length() + int(p.dst.max()) for p in b.unpack)
+    signed = spec.sc_int8 and field == "sc"
+    raw = np.arange(-128, 128) if signed else np.arange(1 << width)
+    mul, add = (spec.mul, spec.add) if field == "sc" else (1.0, 0.0)
+    v = np.float32(add) + raw.astype(np.float32) * np.float32(mul)
+    order = np.lexsort((v, -np.abs(v)))
+    return raw[order], v[order]
+
+
+def stand_ins(ggml_type: str, scales: np.ndarray, codes: np.ndarray | None = None,
+              packed: np.ndarray | None = None, hi: np.ndarray | None = None) -> np.ndarray:
+    """``(n, subs)``: the sub-blocks whose stored scale is the ±1 stand-in of a ±0 scale --
+    scale ±1 and every code the zero point, from the logical ``codes`` or the codes as
+    stored (``packed``, ``(n, bytes per block)``; with ``hi``, ``(n, bytes per block)`` of
+    the high-bit plane, ``packed`` is the low plane of the compact form; only the blocks with
+    a ±1 scale are unpacked). Without either, every ±1 scale."""
+    one = np.abs(scales.astype(np.float32)) == 1
+    if codes is None and packed is None:
+        return one
+    f, spec = form(ggml_type), _specs()[ggml_type]
+    rows = np.flatnonzero(one.any(axis=1))
+    if not rows.size:
+        return one
+    if codes is not None:
+        c = codes[rows]
+    elif hi is not None:
+        from .gguf_compact import join_planes
+
+        assert packed is not None
+        c = join_planes(np.ascontiguousarray(packed[rows]), np.ascontiguousarray(hi[rows]), rows.size * spec.elements)
+        c = c.view(f.code_dtype).reshape(rows.size, spec.elements)
+    else:
+        assert packed is not None
+        c = unpack(np.ascontiguousarray(packed[rows]), f.storage, rows.size * spec.elements)
+        if element_type(f.storage).packed and element_type(f.storage).kind == "int":
+            c = sign_extend(c, element_type(f.storage).bits)
+        c = np.ascontiguousarray(c).view(f.code_dtype).reshape(rows.size, spec.elements)
+    at_zp = (c.reshape(rows.size, one.shape[1], -1) == np.asarray(f.zero_point or 0, dtype=f.code_dtype)).all(axis=2)
+    one[rows] &= at_zp
+    return one
+
+
+#: the multipliers :func:`_factor` tries for a block's largest sub-scale, in canonical order:
+#: the first for every block, then the next ones together (ggml's output takes the first, or
+#: the second or third where a sign is ambiguous; a header that needs a smaller one, never
+#: ggml's, is recorded instead -- this bounds the cost on arbitrary headers)
+_CANDIDATES = 9
+
+
+class _Field(NamedTuple):
+    """A sub-scale field for :func:`_factor`: its raw values and multipliers ``v`` in
+    canonical order, ``v = raw·mul + add``, the raw value of ``v = 0`` (None: there is none)."""
+
+    raws: np.ndarray
+    v: np.ndarray
+    mul: np.float32
+    add: np.float32
+    zraw: int | None
+
+
+@functools.cache
+def _field_of(ggml_type: str, name: str) -> _Field:
+    return _field(*_raw_values(ggml_type, name))
+
+
+def _field(raws: np.ndarray, v: np.ndarray) -> _Field:
+    mul, add = np.float32(v[raws == 1][0] - v[raws == 0][0]), np.float32(v[raws == 0][0])
+    return _Field(raws, v, mul, add, int(raws[v == 0][0]) if (v == 0).any() else None)
+
+
+def _factor(target: np.ndarray, zero: np.ndarray, field: _Field, post: float,
+            rule: Callable[[np.ndarray, np.ndarray], np.ndarray],
+            empty: tuple[float, int] = (0.0, 0)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Factor the stored ``target`` (``(n, subs)`` float32 ``rule(d, raw)``: ``float32(d)·v(raw)·post``;
+    ``zero``: its ±1 stand-ins of ±0) into an f16 ``d`` per block and a raw field value per
+    sub-block. The block's largest ``|target|`` (its anchor) takes the first candidate ``v``
+    of the field's canonical order that works: ``d = target/(post·v)`` rounded to f16, every
+    other raw value the nearest to ``target/(post·d)``, and ``rule(d, raw)`` giving back
+    ``target`` as bits (the one test that decides; float32 quotients of exact products are
+    exact). Zero sub-blocks take the raw value of ``v = 0`` (undefined if there is none); a
+    block of zeros only is ``empty`` (``d``, raw: ggml's memset, +0 and 0, unless the row
+    says otherwise). Returns ``(d, raw, defined)``. Vectorised: the first candidate for
+    every block (on ggml's output it nearly always works), then the next ones of the
+    first :data:`_CANDIDATES` at once for the blocks left, the anchor alone tested before
+    the whole block; a block none of them factors is undefined (its header is recorded)."""
+    n, subs = target.shape
+    any_zero = bool(zero.any())
+    ok = zero.all(axis=1) if any_zero else np.zeros(n, dtype=bool)
+    d = np.zeros(n, dtype=np.float16)
+    raw = np.zeros((n, subs), dtype=np.float32)
+    if ok.any():
+        d[ok], raw[ok] = empty
+    t = target.astype(np.float32, copy=False) / np.float32(post) if post != 1 else target.astype(np.float32, copy=False)
+    anchor = np.argmax(np.where(zero, np.float32(0), np.abs(t)) if any_zero else np.abs(t), axis=1)
+    cands = np.flatnonzero(field.v != 0)
+    for part in (cands[:1], cands[1:_CANDIDATES]):
+        rows = np.flatnonzero(~ok)
+        if not rows.size:
+            break
+        ta = t[rows, anchor[rows]]
+        vc = field.v[part]
+        with np.errstate(all="ignore"):
+            dd = (ta[:, None] / vc[None, :]).astype(np.float16)
+            pre = (dd.astype(np.float32) * vc[None, :] == ta[:, None]) & (dd != 0) & np.isfinite(dd)
+        bi, ci = np.nonzero(pre)  # (per block, the candidates in order)
+        if not bi.size:
+            continue
+        pd = dd[bi, ci]
+        every = part.size == 1 and bi.size == n
+        sel = slice(None) if every else rows[bi]
+        rr, good = _trial(t[sel], target[sel], (zero[sel] if any_zero else None), pd, field, rule)
+        pick = np.flatnonzero(good)
+        if part.size > 1:
+            pick = pick[np.unique(bi[pick], return_index=True)[1]]
+        won = rows[bi[pick]]
+        d[won], raw[won], ok[won] = pd[pick], rr[pick], True
+    return d, raw.astype(np.int64), ok
+
+
+def _trial(t: np.ndarray, target: np.ndarray, zero: np.ndarray | None, d: np.ndarray, field: _Field,
+           rule: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """One candidate ``d`` per row of ``t`` (``target / post``): the nearest raw values, and
+    whether ``rule`` gives back ``target`` as bits with them (:func:`_factor`)."""
+    with np.errstate(all="ignore"):
+        q = t / d.astype(np.float32)[:, None]
+        if field.add:
+            q -= field.add
+        if field.mul != 1:
+            q /= field.mul
+        rr = np.clip(np.rint(q, out=q), np.float32(field.raws.min()), np.float32(field.raws.max()), out=q)
+        got = rule(d, rr)
+    if zero is not None:
+        rr[zero] = field.zraw or 0
+        got[zero] = target[zero]  # (decided by the raw value of v = 0 alone)
+    good = _rows_equal(got, target)
+    if zero is not None and field.zraw is None:
+        good &= ~zero.any(axis=1)
+    return rr, good
+
+
+def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row, are the rows of two same-shaped 2-D arrays equal byte for byte (compared as
+    the widest unsigned words the row width allows)?"""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    width = a.shape[1] * a.itemsize
+    word = next(w for w in (8, 4, 2, 1) if width % w == 0)
+    if a.shape[0] == 0 or width == 0:
+        return np.ones(a.shape[0], dtype=bool)
+    wa, wb = a.view(f"<u{word}").reshape(a.shape[0], -1), b.view(f"<u{word}").reshape(a.shape[0], -1)
+    return (wa == wb)[:, 0] if wa.shape[1] == 1 else (wa == wb).all(axis=1)
+
+
+def _rule(spec: _Spec, d: np.ndarray, raw: np.ndarray) -> np.ndarray:
+    """The scale rule of :func:`_scales` on an f16 ``d`` and raw ``sc`` values, in float32."""
+    f = raw.astype(np.float32, copy=False)
+    if spec.mul != 1.0:
+        f = f * np.float32(spec.mul)
+    if spec.add:
+        f = np.float32(spec.add) + f
+    s = d.astype(np.float32)[:, None] * f
+    return s * np.float32(spec.post) if spec.post != 1.0 else s
+
+
+def _minimum(dmin: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """The correction ``−(float32(dmin)·m)`` of :func:`_scales`."""
+    return -(dmin.astype(np.float32)[:, None] * m.astype(np.float32, copy=False))
+
+
+@functools.cache
+def _ue4m3_inverse() -> np.ndarray:
+    """float16 bits of UE4M3 × ½ -> the smallest UE4M3 byte giving it (−1: none)."""
+    inv = np.full(1 << 16, -1, dtype=np.int16)
+    halves = _ue4m3_half(np.arange(256, dtype=np.uint8)).view(np.uint16)
+    for byte in range(255, -1, -1):
+        inv[halves[byte]] = byte
+    return inv
+
+
+def _f16_bits(d: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(d.astype(np.float16)).view(np.uint16).reshape(-1, 1)
+
+
+def derive_header(ggml_type: str, scales: np.ndarray, correction: np.ndarray | None = None,
+                  correction_codes: np.ndarray | None = None,
+                  zero: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The canonical header bytes (``(n, record_bytes)`` uint8, as :class:`Record` keeps them)
+    of blocks with the given *logical* stored values (:class:`Expanded`: scales with their ±1
+    stand-ins, marked by ``zero`` -- :func:`stand_ins` --, for overlay types the correction
+    and its codes), and per block whether the
+    factorization is defined. ``d·(sc·mul + add)·post`` factors by :func:`_factor`, and
+    ``−dmin·m`` likewise (``m`` from the field's top value down; a code 0 is ``m = 0``); a
+    float16 ``d`` is the stored scale; NVFP4's UE4M3 bytes invert ×½. The bits are packed
+    with the row's own fields. Where ggml's quantizer made its usual choice these are the
+    real header bytes; elsewhere :class:`DerivedRecord` keeps the real ones."""
+    spec = _specs()[ggml_type]
+    n = scales.shape[0]
+    out = np.zeros((n, spec.block_bytes), dtype=np.uint8)
+    zero = stand_ins(ggml_type, scales) if zero is None else zero
+    if spec.scale == "ue4m3":
+        b = _ue4m3_inverse()[np.ascontiguousarray(np.where(zero, np.float16(0), scales.astype(np.float16))).view(np.uint16)]
+        out[:, :4] = np.maximum(b, 0).astype(np.uint8)
+        return _header(spec, out), (b >= 0).all(axis=1)
+    assert spec.d is not None
+    if spec.scale == "d":
+        _pack(_f16_bits(np.where(zero[:, 0], np.float16(0), scales[:, 0])), spec.d, out)
+        return _header(spec, out), np.ones(n, dtype=bool)
+    assert spec.sc is not None
+    sc = _field_of(ggml_type, "sc")
+    empty = (spec.zero_d, sc.zraw if spec.zero_v and sc.zraw is not None else 0)
+    d, raw, ok = _factor(scales, zero, sc, spec.post, functools.partial(_rule, spec), empty)
+    _pack(_f16_bits(d), spec.d, out)
+    _pack(raw.astype(np.uint8) if spec.sc_int8 else raw, spec.sc, out)
+    if spec.dmin is not None:
+        assert spec.m is not None and correction is not None and correction_codes is not None
+        dmin, m, mok = _factor(correction, correction_codes == 0, _field_of(ggml_type, "m"), -1.0, _minimum)
+        _pack(_f16_bits(dmin), spec.dmin, out)
+        _pack(m, spec.m, out)
+        ok &= mok
+    return _header(spec, out), ok
+
+
+#: bit 31 of an entry's index word: an exception block follows (else a header)
+EXCEPTION_FLAG = 1 << 31
+
+
+@dataclass
+class DerivedRecord:
+    """The derived restore record (docs/conversion-rules.md § 9): the blocks whose header
+    :func:`derive_header` does not give back from the stored values -- ``index`` (absolute
+    block indices, ascending, uint32) and their real ``header`` bytes (``(k, record_bytes)``)
+    -- and the exception blocks verbatim, as in :class:`Record`.
+
+    Serialised (:meth:`to_bytes`): the header entries, each a little-endian uint32 block
+    index then the block's ``record_bytes`` header bytes; then the exception entries, each a
+    uint32 ``index | 2**31`` then the block's bytes. The first index word with bit 31 set
+    starts the exceptions (header entries have it clear: blocks < 2**31)."""
+
+    type: str
+    index: np.ndarray
+    header: np.ndarray
+    exception_index: np.ndarray
+    exception_blocks: np.ndarray
+
+    @classmethod
+    def of(cls, x: Expanded, zero: np.ndarray, first_block: int = 0) -> "DerivedRecord":
+        """The derived record of the chunk ``x`` (its :class:`Record` holding every header),
+        ``zero`` its :func:`stand_ins`: the headers the factorization misses, the exceptions."""
+        r = x.record
+        derived, ok = derive_header(x.type, x.scales, x.correction, x.correction_codes, zero)
+        miss = ~ok | ~_rows_equal(derived, r.header)
+        miss[r.exception_index.astype(np.int64) - first_block] = False
+        keep = np.flatnonzero(miss)
+        return cls(x.type, (keep + first_block).astype(np.uint32), r.header[keep], r.exception_index,
+                   r.exception_blocks)
+
+    def parts(self) -> tuple[bytes, bytes]:
+        """The serialised header entries and exception entries (concatenated: :meth:`to_bytes`)."""
+        return (_entries(self.index, self.header, 0), _entries(self.exception_index, self.exception_blocks, EXCEPTION_FLAG))
+
+    def to_bytes(self) -> bytes:
+        return b"".join(self.parts())
+
+    @classmethod
+    def from_bytes(cls, ggml_type: str, data: bytes, n_blocks: int) -> "DerivedRecord":
+        """Parse the derived record of a tensor of ``n_blocks`` blocks; a FormatError (field
+        ``record``) if its length, an index, their order or a flag is wrong."""
+        spec, h = _specs()[ggml_type], form(ggml_type).record_bytes
+        raw = np.frombuffer(data, dtype=np.uint8)
+        step, k = 4 + h, raw.size // (4 + h)
+        words = np.ascontiguousarray(raw[: k * step].reshape(k, step)[:, :4]).view("<u4").reshape(-1)
+        flagged = (words & np.uint32(EXCEPTION_FLAG)) != 0
+        split = int(np.argmax(flagged)) if flagged.any() else k
+        rest = raw.size - split * step
+        if rest % (4 + spec.block_bytes) or (not flagged.any() and rest):
+            raise FormatError(f"{raw.size} bytes: {split} header entries of {step} bytes, then {rest} bytes that are "
+                              f"not whole exception entries of {4 + spec.block_bytes}", field="record")
+        head = raw[: split * step].reshape(split, step)
+        exc = raw[split * step :].reshape(-1, 4 + spec.block_bytes)
+        ei = np.ascontiguousarray(exc[:, :4]).view("<u4").reshape(-1)
+        if ((ei & np.uint32(EXCEPTION_FLAG)) == 0).any():
+            raise FormatError("an exception entry's index word has bit 31 clear", field="record")
+        rec = cls(ggml_type, words[:split].astype(np.uint32), head[:, 4:], (ei & np.uint32(EXCEPTION_FLAG - 1)).astype(np.uint32),
+                  exc[:, 4:])
+        rec.check(n_blocks)
+        return rec
+
+    def check(self, n_blocks: int) -> None:
+        """Both index lists ascending and inside the tensor's ``n_blocks`` blocks."""
+        for what, idx in (("header", self.index), ("exception block", self.exception_index)):
+            i = idx.astype(np.int64)
+            bad = i >= n_blocks
+            bad[1:] |= np.diff(i) <= 0
+            if bad.any():
+                raise FormatError(f"{what} index {int(i[np.argmax(bad)])} out of order or outside blocks "
+                                  f"0..{n_blocks - 1}", field="record")
+
+    def chunk(self, sl: slice, x: Expanded, zero: np.ndarray) -> Record:
+        """The full :class:`Record` of the blocks ``sl`` (``x``: their stored values, ``zero``
+        their :func:`stand_ins`): every header derived, the recorded ones and the exception
+        blocks' own put over them; a block with neither is a FormatError naming it."""
+        spec = _specs()[self.type]
+        header, ok = derive_header(self.type, x.scales, x.correction, x.correction_codes, zero)
+        h0, h1 = np.searchsorted(self.index, [sl.start, sl.stop])
+        e0, e1 = np.searchsorted(self.exception_index, [sl.start, sl.stop])
+        at = self.index[h0:h1].astype(np.int64) - sl.start
+        header[at], ok[at] = self.header[h0:h1], True
+        exc = self.exception_index[e0:e1]
+        if exc.size:
+            header[exc.astype(np.int64) - sl.start] = _header(spec, np.ascontiguousarray(self.exception_blocks[e0:e1]))
+            ok[exc.astype(np.int64) - sl.start] = True
+        if not ok.all():
+            b = sl.start + int(np.argmin(ok))
+            raise FormatError(f"block {b}: the stored scales do not factor into a {self.type} header and the "
+                              "record has none for it", field="record")
+        return Record(self.type, header, exc, self.exception_blocks[e0:e1])
+
+
+def _entries(index: np.ndarray, rows: np.ndarray, flag: int) -> bytes:
+    """Entries ``uint32 (index | flag)`` + the row's bytes, one per index."""
+    out = np.empty((len(index), 4 + rows.shape[1]), dtype=np.uint8)
+    out[:, :4] = (index.astype(np.uint32) | np.uint32(flag)).astype("<u4").reshape(-1, 1).view(np.uint8)
+    out[:, 4:] = rows
+    return out.tobytes()
