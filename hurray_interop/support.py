@@ -38,6 +38,9 @@ def _compact_text(m: dict, per_element: str) -> str:
 def _expanded_text(f: dict) -> str:
     """The exact expanded form of a ``gguf_expanded.toml`` row (``--fallback exact``)."""
     kind = f"overlay {f['storage']} + uint2 minimum" if f["overlay"] else f["storage"]
+    if f.get("minimum") == "broadcast":  # the compact form (docs/conversion-rules.md § 11)
+        base = "uint4 low bits + uint2 high-bit plane" if f.get("planes") else f["storage"]
+        kind = f"compact overlay {base} + broadcast minimum (where a sub-block needs it: {kind})"
     zp = f", int32 zero point {f['zero_point']}" if "zero_point" in f else ""
     return f"`--fallback exact`: {kind}, K={f['sub_block']}, {f['scale'].replace('float', 'f')} scales{zp}"
 
