@@ -16,6 +16,7 @@
  *   GGML:   element j low nibble, element j+16 high nibble of byte j (j < 16);
  *   Hurray: element 2k low nibble, element 2k+1 high nibble of byte k.
  */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,7 +35,7 @@
 typedef ptrdiff_t hk_stride;
 
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
-HK_API int hk_abi_version(void) { return 5; }
+HK_API int hk_abi_version(void) { return 6; }
 
 /* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -576,5 +577,107 @@ HK_API void hk_q5_k_join(const uint8_t *lo, hk_stride ls, const uint8_t *hi, hk_
         }
         for (; g < k; g++)
             o[g] = (uint8_t)((a[g / 2] >> (4 * (g & 1)) & 15) | (b[g / 4] >> (2 * (g & 3)) & 3) << 4);
+    }
+}
+
+/* float -> IEEE half bits, round to nearest even (numpy's astype(float16)). */
+static uint16_t float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, mag = x & 0x7FFFFFFFu;
+    if (mag >= 0x7F800000u) /* inf or NaN */
+        return (uint16_t)(sign | 0x7C00u | (mag > 0x7F800000u ? 0x200u | (mag >> 13 & 0x3FFu) : 0));
+    if (mag >= 0x477FF000u) /* rounds to >= 65520: inf */
+        return (uint16_t)(sign | 0x7C00u);
+    if (mag < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
+        if (mag < 0x33000000u) /* < 2^-25: rounds to 0 (2^-25 exactly is a tie to even: 0) */
+            return (uint16_t)sign;
+        /* value = m24·2^(e−150); in units of the half subnormal step 2^-24: m24·2^(e−126) */
+        uint32_t e = mag >> 23, m24 = (mag & 0x7FFFFFu) | 0x800000u, shift = 126 - e; /* 14..24 */
+        uint32_t q = m24 >> shift, rest = m24 & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rest > half || (rest == half && (q & 1u)))
+            q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t r = mag - 0x38000000u; /* rebias 127 -> 15 */
+    uint32_t q = r >> 13, rest = r & 0x1FFFu;
+    if (rest > 0x1000u || (rest == 0x1000u && (q & 1u)))
+        q++;
+    return (uint16_t)(sign | q);
+}
+
+/* numpy's rint: nearest integer, ties to even, the sign of zero kept, NaN/inf/large as they are
+ * (adding and removing 2^23 rounds in the default rounding mode; no libm needed). */
+static float rint_even(float q) {
+    float a = fabsf(q);
+    if (!(a < 8388608.0f))
+        return q;
+    return copysignf((a + 8388608.0f) - 8388608.0f, q);
+}
+
+/* The first candidate of the derived record's factorization (conversions/gguf_expanded.py
+ * _factor, numpy twin: its first round). Per row r not marked in `skip`: t (n, subs) float32
+ * (the target divided by post), tg (n, subs) the target, z (n, subs) the zero sub-blocks (or
+ * NULL). The anchor is the first sub-block of largest |t| among the non-zero ones; d = half(t_a
+ * / v0) must be nonzero, finite and float(d)·v0 == t_a; then each non-zero sub-block's raw value
+ * is clip(rint((t/d − add)/mul)) and rule(d, raw) = (d·(add + raw·mul))·post must give tg back
+ * as bits (zero sub-blocks take zraw; without one (has_zraw 0) a row with a zero sub-block
+ * fails). Writes per row d's half bits, the raw values (float32) and ok. */
+HK_API void hk_factor_first(const float *t, const float *tg, const uint8_t *z, size_t n, size_t subs, float v0,
+                            float add, float mul, float post, float rmin, float rmax, float zraw, int has_zraw,
+                            const uint8_t *skip, uint16_t *d_out, float *raw_out, uint8_t *ok_out) {
+    for (size_t r = 0; r < n; r++) {
+        const float *tr = t + r * subs, *gr = tg + r * subs;
+        const uint8_t *zr = z ? z + r * subs : NULL;
+        float *rr = raw_out + r * subs;
+        ok_out[r] = 0;
+        if (skip[r])
+            continue;
+        size_t a = 0;
+        float best = -1.0f;
+        for (size_t j = 0; j < subs; j++) {
+            float v = (zr && zr[j]) ? 0.0f : fabsf(tr[j]);
+            if (v > best)
+                best = v, a = j;
+        }
+        float ta = tr[a], q0 = ta / v0;
+        uint16_t h = float_to_half(q0);
+        d_out[r] = h;
+        float d = half_to_float(h);
+        if ((h & 0x7FFFu) == 0 || (h & 0x7C00u) == 0x7C00u || d * v0 != ta)
+            continue;
+        int good = 1;
+        for (size_t j = 0; j < subs; j++) {
+            if (zr && zr[j]) {
+                rr[j] = zraw;
+                if (!has_zraw)
+                    good = 0;
+                continue;
+            }
+            float q = tr[j] / d;
+            if (add != 0.0f)
+                q -= add;
+            if (mul != 1.0f)
+                q /= mul;
+            q = rint_even(q);
+            if (q < rmin)
+                q = rmin;
+            else if (q > rmax)
+                q = rmax;
+            rr[j] = q;
+            float f = q;
+            if (mul != 1.0f)
+                f = f * mul;
+            if (add != 0.0f)
+                f = add + f;
+            float s = d * f;
+            if (post != 1.0f)
+                s = s * post;
+            uint32_t sb, gb;
+            memcpy(&sb, &s, 4), memcpy(&gb, gr + j, 4);
+            if (sb != gb)
+                good = 0;
+        }
+        ok_out[r] = (uint8_t)good;
     }
 }

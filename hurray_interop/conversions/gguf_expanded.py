@@ -1832,9 +1832,22 @@ def _field(raws: np.ndarray, v: np.ndarray) -> _Field:
     return _Field(raws, v, mul, add, int(raws[v == 0][0]) if (v == 0).any() else None)
 
 
+def _first_compiled(t: np.ndarray, target: np.ndarray, zero: np.ndarray | None, ok: np.ndarray, field: _Field,
+                    post: float, kernel: tuple[float, float] | None,
+                    cands: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The first round of :func:`_factor` by the compiled kernel (:func:`~.gguf_kernels.factor_first`)
+    where the rule is ``d·(add + raw·mul)·post`` with the field's own ``add``/``mul``
+    (``kernel``); None: the numpy round runs."""
+    if kernel is None or not cands.size or kernel != (float(field.add), float(field.mul)) or ok.all():
+        return None
+    return GK.factor_first(t, target, zero, ok, float(field.v[cands[0]]), kernel[0], kernel[1], post,
+                           float(field.raws.min()), float(field.raws.max()), field.zraw)
+
+
 def _factor(target: np.ndarray, zero: np.ndarray, field: _Field, post: float,
             rule: Callable[[np.ndarray, np.ndarray], np.ndarray],
-            empty: tuple[float, int] = (0.0, 0)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            empty: tuple[float, int] = (0.0, 0),
+            kernel: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Factor the stored ``target`` (``(n, subs)`` float32 ``rule(d, raw)``: ``float32(d)·v(raw)·post``;
     ``zero``: its ±1 stand-ins of ±0) into an f16 ``d`` per block and a raw field value per
     sub-block. The block's largest ``|target|`` (its anchor) takes the first candidate ``v``
@@ -1855,12 +1868,20 @@ def _factor(target: np.ndarray, zero: np.ndarray, field: _Field, post: float,
     if ok.any():
         d[ok], raw[ok] = empty
     t = target.astype(np.float32, copy=False) / np.float32(post) if post != 1 else target.astype(np.float32, copy=False)
-    anchor = np.argmax(np.where(zero, np.float32(0), np.abs(t)) if any_zero else np.abs(t), axis=1)
     cands = np.flatnonzero(field.v != 0)
-    for part in (cands[:1], cands[1:_CANDIDATES]):
+    parts = (cands[:1], cands[1:_CANDIDATES])
+    first = _first_compiled(t, target, zero if any_zero else None, ok, field, post, kernel, cands)
+    if first is not None:  # the first candidate compiled; the numpy round below is its twin
+        fd, fraw, fok = first
+        d[fok], raw[fok], ok[fok] = fd[fok], fraw[fok], True
+        parts = parts[1:]
+    anchor = None
+    for part in parts:
         rows = np.flatnonzero(~ok)
         if not rows.size:
             break
+        if anchor is None:  # (of every block: the rows left shrink only between the rounds)
+            anchor = np.argmax(np.where(zero, np.float32(0), np.abs(t)) if any_zero else np.abs(t), axis=1)
         ta = t[rows, anchor[rows]]
         vc = field.v[part]
         with np.errstate(all="ignore"):
@@ -1971,12 +1992,13 @@ def derive_header(ggml_type: str, scales: np.ndarray, correction: np.ndarray | N
     assert spec.sc is not None
     sc = _field_of(ggml_type, "sc")
     empty = (spec.zero_d, sc.zraw if spec.zero_v and sc.zraw is not None else 0)
-    d, raw, ok = _factor(scales, zero, sc, spec.post, functools.partial(_rule, spec), empty)
+    d, raw, ok = _factor(scales, zero, sc, spec.post, functools.partial(_rule, spec), empty, (spec.add, spec.mul))
     _pack(_f16_bits(d), spec.d, out)
     _pack(raw.astype(np.uint8) if spec.sc_int8 else raw, spec.sc, out)
     if spec.dmin is not None:
         assert spec.m is not None and correction is not None and correction_codes is not None
-        dmin, m, mok = _factor(correction, correction_codes == 0, _field_of(ggml_type, "m"), -1.0, _minimum)
+        dmin, m, mok = _factor(correction, correction_codes == 0, _field_of(ggml_type, "m"), -1.0, _minimum,
+                               kernel=(0.0, 1.0))  # (−(dmin·m) = (dmin·m)·(−1), exactly)
         _pack(_f16_bits(dmin), spec.dmin, out)
         _pack(m, spec.m, out)
         ok &= mok

@@ -27,6 +27,7 @@ __all__ = [
     "q6k_pack",
     "q5k_plane",
     "q5k_join",
+    "factor_first",
 ]
 
 
@@ -278,3 +279,30 @@ def q5k_join(lo: np.ndarray, hi: np.ndarray, *, out: np.ndarray | None = None) -
     if len(lo):
         K._lib.hk_q5_k_join(K._at(lo), lo.strides[0], K._at(hi), hi.strides[0], len(lo), k, K._at(out), out.strides[0])
     return out
+
+
+# ---------------------------------------------------------------------------
+# The derived record's factorization, first candidate (gguf_expanded._factor; its numpy twin
+# is _factor's own first round, gguf_expanded._first_round)
+
+
+def factor_first(t: np.ndarray, target: np.ndarray, zero: np.ndarray | None, skip: np.ndarray, v0: float,
+                 add: float, mul: float, post: float, rmin: float, rmax: float,
+                 zraw: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The compiled first round of :func:`~.gguf_expanded._factor` over the rows not in ``skip``:
+    ``(d as float16, raw values (float32), ok)``, only meaningful where ok; None without the
+    compiled library (the caller runs the numpy round)."""
+    if K._lib is None:
+        return None
+    n, subs = t.shape
+    t, target = np.ascontiguousarray(t, dtype=np.float32), np.ascontiguousarray(target, dtype=np.float32)
+    z = None if zero is None else np.ascontiguousarray(zero, dtype=np.uint8)
+    sk = np.ascontiguousarray(skip, dtype=np.uint8)
+    d = np.zeros(n, dtype=np.uint16)
+    raw = np.zeros((n, subs), dtype=np.float32)
+    ok = np.zeros(n, dtype=np.uint8)
+    if n and subs:
+        K._lib.hk_factor_first(K._at(t), K._at(target), None if z is None else K._at(z), n, subs, v0, add, mul, post,
+                               rmin, rmax, float(zraw or 0), int(zraw is not None), K._at(sk), K._at(d), K._at(raw),
+                               K._at(ok))
+    return d.view(np.float16), raw, ok.astype(bool)
