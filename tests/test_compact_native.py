@@ -26,7 +26,8 @@ from hurray_interop.cli import main
 from hurray_interop.conversions.gguf import COMPACT_TEXT, gguf_to_hurray, hurray_to_gguf, plan_gguf
 from hurray_interop.core.hrry import HrryFile, HrryWriter
 from hurray_interop.core.model import BufferHandle, Tensor
-from hurray_interop.core.records import scale_record_key
+from hurray_interop.core.kv import KVValue
+from hurray_interop.core.records import encode_scale_record, scale_record_key
 
 QMAX = {"Q4_1": 15, "Q5_1": 31}
 NATIVE = ("Q4_1", "Q5_1", "Q5_0")
@@ -164,9 +165,13 @@ def test_all_zero_rows_of_tiny_llama_are_flipped_not_the_old_form(fixtures_dir: 
         for name in ("blk.0.attn_v.weight", "blk.0.ffn_gate.weight"):  # Q4_1, Q5_1: row 0 is d = m = 0
             t = hf.tensor(name)
             assert t.members[-1].descriptor.layout.strides == (0, 0)
-            flipped = hf.kv[scale_record_key(name + ".min")].value
-            count = struct.unpack_from("<IQ", flipped)[1]
-            assert count >= t.descriptor.shape[-1] // 32  # at least the blocks of the zero row
+            base, mn = t.members[0], t.members[-1]
+            b, v = base.data[1].view("<f2"), mn.data[1].view("<f2")
+            qmax = 15 if "attn_v" in name else 31
+            flipped = (b < 0) & (v == -b * np.float16(qmax))  # told by the scales (gguf_compact.flipped)
+            row = t.descriptor.shape[-1] // 32
+            assert flipped[:row].all() and flipped.sum() >= row  # at least the blocks of the zero row
+            assert scale_record_key(name + ".min") not in hf.kv  # their minimums are +0: nothing to record
 
 
 @pytest.mark.parametrize("which", ["edge", "tiny-llama", "tiny-llama-kquant"])
@@ -345,21 +350,50 @@ def test_a_hostile_compact_member_is_one_located_error(case: str, fixtures_dir: 
     assert "Traceback" not in err and not out.exists()
 
 
-def test_a_flipped_block_without_its_record_is_a_located_error(fixtures_dir: Path, imported: dict[Path, Path],
-                                                               tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The minimum's record names exactly the blocks whose scales read as flipped."""
+@pytest.mark.parametrize("block, minimum, says", [
+    (5, -0.0, "is recorded as flipped but its scales are not"),  # a block of row 2: not flipped
+    (0, 0.0, "recorded minimum is +0"),
+    (0, 0.5, "is not ±0"),
+])
+def test_a_minimum_record_that_contradicts_the_scales_is_a_located_error(
+        fixtures_dir: Path, imported: dict[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        block: int, minimum: float, says: str) -> None:
+    """A flipped block is told by its scales; the minimum's record names the flipped blocks whose
+    minimum is −0 (ggml's all-zero blocks have +0: no record), and nothing else."""
     src = imported[fixtures_dir / "tiny-llama.gguf"]
     key = scale_record_key("blk.0.attn_v.weight.min")
+    with HrryFile(src) as hf:
+        t = hf.tensor("blk.0.attn_v.weight")
+        assert block >= t.descriptor.shape[-1] // 32 or not says.startswith("is recorded")  # (not of the zero row)
+        assert t.members[0].data[1].view("<f2")[block] > 0 or not says.startswith("is recorded")
+    rec = KVValue("bytes", encode_scale_record(np.array([block]), np.array([minimum], np.float16)))
     with HrryFile(src) as hf, HrryWriter(tmp_path / "bad.hrry") as w:
         for n in hf.top_level_names():
             w.write_tensor(hf.tensor(n))
-        w.finish({k: v for k, v in hf.kv.items() if k != key})
+        w.finish({**hf.kv, key: rec})
     out = tmp_path / "o.gguf"
     capsys.readouterr()
     assert main(["convert", str(tmp_path / "bad.hrry"), str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "reads as flipped but is not recorded" in err and key in err, err
+    assert len(err.splitlines()) == 1 and says in err and key in err and f"block {block}" in err, err
     assert not out.exists()
+
+
+def test_a_flipped_block_with_a_minus_zero_minimum_round_trips(tmp_path: Path) -> None:
+    """A block d = +0, m = −0 is flipped and its −0 recorded; the export writes it back."""
+    blocks = np.zeros((4, 20), np.uint8)
+    blocks[:, 0:2] = np.array([0.0, 0.5, 0.25, 0.0], np.float16).view(np.uint8).reshape(4, 2)
+    blocks[:, 2:4] = np.array([-0.0, -1.0, -2.0, 0.0], np.float16).view(np.uint8).reshape(4, 2)
+    blocks[1:3, 4:] = 0x5A
+    src = write_gguf_raw(tmp_path / "m.gguf", [("w", "Q4_1", (2, 64), blocks)])
+    out = tmp_path / "m.hrry"
+    gguf_to_hurray(src, out)
+    with HrryFile(out) as hf:
+        from hurray_interop.core.records import decode_scale_record
+        idx, orig = decode_scale_record(hf.kv[scale_record_key("w.min")].value, key="k")
+        assert idx.tolist() == [0] and np.signbit(orig.view(np.float16)).all()
+    hurray_to_gguf(out, tmp_path / "back.gguf")
+    assert (tmp_path / "back.gguf").read_bytes() == Path(src).read_bytes()
 
 
 def test_members_out_of_order_are_refused(fixtures_dir: Path, imported: dict[Path, Path], tmp_path: Path) -> None:

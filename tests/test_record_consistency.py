@@ -227,17 +227,16 @@ def recorded(hf: HrryFile, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 STAND_IN = "stored scale .* is not the stand-in"
-#: the compact forms' all-zero Q4_1/Q5_1 blocks are flipped too (stand-in d = +1 stored as −1 with the
-#: broadcast scale qmax): a changed base scale no longer reads as flipped, which the minimum's record says it is
-FLIPPED = "is recorded as flipped but its scales are not"
+#: (the compact forms' all-zero Q4_1/Q5_1 blocks are flipped too: stand-in d = +1 stored as −1 with the
+#: broadcast scale qmax; a changed base scale no longer reads as flipped, and is then not the stand-in)
 #: (recorded tensor or member, a stored scale that is not the stand-in, what the export says)
 NATIVE = {
     "Q8_0 f16 1.0 -> 7.0": ("token_embd.weight", 7.0, STAND_IN),
     "Q8_0 f16 +1.0 -> -1.0": ("blk.0.attn_q.weight", -1.0, STAND_IN),
     "Q4_0 f16 -1.0 (for -0) -> +1.0": ("blk.0.attn_k.weight", 1.0, STAND_IN),
     "Q5_0 base f16 -1.0 -> 7.0": ("blk.0.attn_output.weight.base", 7.0, STAND_IN),
-    "Q4_1 overlay base f16 -> 7.0": ("blk.0.attn_v.weight.base", 7.0, FLIPPED),
-    "Q5_1 overlay base f16 -> 0.5": ("blk.0.ffn_gate.weight.base", 0.5, FLIPPED),
+    "Q4_1 overlay base f16 -> 7.0": ("blk.0.attn_v.weight.base", 7.0, STAND_IN),
+    "Q5_1 overlay base f16 -> 0.5": ("blk.0.ffn_gate.weight.base", 0.5, STAND_IN),
     "MXFP4 E8M0 0x7F -> 0x7B": ("blk.0.ffn_up.weight", 0x7B, STAND_IN),
     "MXFP4 E8M0 0x7F -> 0x80": ("extra.experts_mxfp4", 0x80, STAND_IN),
 }

@@ -734,7 +734,8 @@ def _compact_minimum(rows: np.ndarray, start: int, c: BlockCodec, s: np.ndarray,
     where = np.flatnonzero(flip)
     orig = m[where].copy()
     m[where] = v[flip[at]]
-    return m, flip, (where + start, orig)
+    neg = np.signbit(orig)  # (the record keeps only the −0 minimums: a flipped block's is +0 otherwise)
+    return m, flip, (where[neg] + start, orig[neg])
 
 
 def _compact_checks(rows: np.ndarray, start: int, c: BlockCodec) -> _CompactChunk:
@@ -1678,8 +1679,9 @@ def _check_plane(hi: Tensor, c: BlockCodec, bs: np.ndarray, nb: int) -> np.ndarr
 
 
 def _flips(mn: Tensor, kv: dict[str, KVValue], bs: np.ndarray, v: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """The flipped blocks (mask) and their original minimums ±0, from the broadcast minimum's
-    record, which must name exactly the blocks whose scales read as flipped."""
+    """The flipped blocks (mask: those whose scales read as flipped, :func:`~.gguf_compact.flipped`)
+    and their original minimums: +0, or −0 where the broadcast minimum's record names the block
+    (it may name only flipped blocks)."""
     key = scale_record_key(mn.name)
     rec = kv.get(key)
     idx, orig = decode_scale_record(rec.value, key=key) if rec is not None else (_NO_BLOCKS, np.zeros((0, 2), np.uint8))
@@ -1690,15 +1692,19 @@ def _flips(mn: Tensor, kv: dict[str, KVValue], bs: np.ndarray, v: np.ndarray, qm
         raise FormatError(f"block {int(idx[np.argmax(m0 != 0)])}: recorded minimum {float(m0[m0 != 0][0])!r} is not ±0",
                           tensor=mn.name, field=key)
     mask = np.zeros(v.size, bool)
-    mask[idx.astype(np.intp)] = True
     for sl in _chunks(v.size):
-        odd = C.flipped(bs[sl], v[sl], qmax) != mask[sl]
-        if odd.any():
-            b = sl.start + int(np.argmax(odd))
-            how = "is recorded as flipped but its scales are not" if mask[b] else "reads as flipped but is not recorded"
-            raise FormatError(f"block {b}: {how} (base scale {float(bs[b])!r}, minimum scale {float(v[b])!r}): "
-                              "the data contradicts the record", tensor=mn.name, field=key)
-    return mask, m0
+        mask[sl] = C.flipped(bs[sl], v[sl], qmax)
+    if idx.size and not mask[idx.astype(np.intp)].all():
+        b = int(idx[np.argmin(mask[idx.astype(np.intp)])])
+        raise FormatError(f"block {b}: is recorded as flipped but its scales are not (base scale {float(bs[b])!r}, "
+                          f"minimum scale {float(v[b])!r}): the data contradicts the record", tensor=mn.name, field=key)
+    if (~np.signbit(m0)).any():
+        b = int(idx[np.argmax(~np.signbit(m0))])
+        raise FormatError(f"block {b}: recorded minimum is +0 (the record keeps only −0 minimums)", tensor=mn.name, field=key)
+    zeros = np.zeros(int(mask.sum()), dtype=v.dtype)
+    flipped_at = np.flatnonzero(mask)
+    zeros[np.searchsorted(flipped_at, idx.astype(np.intp))] = m0
+    return mask, zeros
 
 
 def _check_zero_codes(t: Tensor, codes: np.ndarray, blocks: np.ndarray, flip: np.ndarray | None, xor: int) -> None:
