@@ -357,6 +357,11 @@ def _unpack(blocks: np.ndarray, b: _Bits) -> np.ndarray:
 def _pack(values: np.ndarray, b: _Bits, out: np.ndarray) -> None:
     """OR the items ``values`` (``(n, items)``) into ``out`` (``(n, block_bytes)``, uint8)."""
     v = values.astype(b.dtype, copy=False)
+    if b.runs is not None and len(b.runs) == 2 and b.runs[0][:3] == (0, b.runs[0][1], 1) and \
+            b.runs == ((0, b.runs[0][1], 1, 0, 255, 0), (0, b.runs[0][1] + 1, 1, 0, 255, 8)) and v.shape[1] == 1:
+        at = b.runs[0][1]  # one little-endian 16-bit field (an f16 d): its two bytes moved
+        out[:, at : at + 2] |= np.ascontiguousarray(v, dtype="<u2").view(np.uint8).reshape(-1, 2)
+        return
     if b.runs is not None:
         K.pack_runs(v, b.runs, out)
         return
@@ -1873,6 +1878,8 @@ def _factor(target: np.ndarray, zero: np.ndarray, field: _Field, post: float,
     first = _first_compiled(t, target, zero if any_zero else None, ok, field, post, kernel, cands)
     if first is not None:  # the first candidate compiled; the numpy round below is its twin
         fd, fraw, fok = first
+        if fok.all():  # (ggml's output: every block at the first candidate)
+            return fd, fraw.astype(np.int16), fok
         d[fok], raw[fok], ok[fok] = fd[fok], fraw[fok], True
         parts = parts[1:]
     anchor = None
@@ -1899,7 +1906,7 @@ def _factor(target: np.ndarray, zero: np.ndarray, field: _Field, post: float,
             pick = pick[np.unique(bi[pick], return_index=True)[1]]
         won = rows[bi[pick]]
         d[won], raw[won], ok[won] = pd[pick], rr[pick], True
-    return d, raw.astype(np.int64), ok
+    return d, raw.astype(np.int16), ok
 
 
 def _trial(t: np.ndarray, target: np.ndarray, zero: np.ndarray | None, d: np.ndarray, field: _Field,

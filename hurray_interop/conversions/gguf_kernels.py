@@ -296,13 +296,13 @@ def factor_first(t: np.ndarray, target: np.ndarray, zero: np.ndarray | None, ski
         return None
     n, subs = t.shape
     t, target = np.ascontiguousarray(t, dtype=np.float32), np.ascontiguousarray(target, dtype=np.float32)
-    z = None if zero is None else np.ascontiguousarray(zero, dtype=np.uint8)
-    sk = np.ascontiguousarray(skip, dtype=np.uint8)
-    d = np.zeros(n, dtype=np.uint16)
-    raw = np.zeros((n, subs), dtype=np.float32)
+    z = None if zero is None else np.ascontiguousarray(zero).view(np.uint8)  # (bool: one byte each)
+    sk = np.ascontiguousarray(skip).view(np.uint8)
+    d = np.empty(n, dtype=np.uint16)
+    raw = np.empty((n, subs), dtype=np.float32)  # (written for every row the kernel does not skip)
     ok = np.zeros(n, dtype=np.uint8)
     if n and subs:
         K._lib.hk_factor_first(K._at(t), K._at(target), None if z is None else K._at(z), n, subs, v0, add, mul, post,
                                rmin, rmax, float(zraw or 0), int(zraw is not None), K._at(sk), K._at(d), K._at(raw),
                                K._at(ok))
-    return d.view(np.float16), raw, ok.astype(bool)
+    return d.view(np.float16), raw, ok.view(bool)
