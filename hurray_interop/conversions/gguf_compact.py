@@ -124,12 +124,13 @@ def flip_mask(s: np.ndarray, minimum_is_zero: np.ndarray) -> np.ndarray:
     return minimum_is_zero & (s > 0)
 
 
-def flip_codes(packed: np.ndarray, mask: np.ndarray, xor: int) -> None:
-    """Flip, in place, the codes of the blocks ``mask`` of ``packed`` (``(blocks, bytes)``
-    uint8, each block's codes in whole bytes): ``byte ^ xor`` (0xFF for uint4/uint2 codes
-    ``qmax − q``; 0x55 for a uint2 plane of bits ``1 − hi``; 0x1F for uint8 5-bit codes)."""
-    if mask.any():
-        packed[mask] ^= np.uint8(xor)
+def flip_codes(packed: np.ndarray, which: np.ndarray, xor: int) -> None:
+    """Flip, in place, the codes of the blocks ``which`` (a mask, or block indices: few blocks
+    are flipped) of ``packed`` (``(blocks, bytes)`` uint8, each block's codes in whole bytes):
+    ``byte ^ xor`` (0xFF for uint4/uint2 codes ``qmax − q``; 0x55 for a uint2 plane of bits
+    ``1 − hi``; 0x1F for uint8 5-bit codes)."""
+    if which.size and (which.dtype != bool or which.any()):
+        packed[which] ^= np.uint8(xor)
 
 
 def flipped(base_scale: np.ndarray, broadcast_scale: np.ndarray, qmax: int) -> np.ndarray:

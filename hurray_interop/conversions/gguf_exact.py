@@ -282,11 +282,11 @@ def _compact_buffers(f: X.Form, x: X.Expanded, packed: np.ndarray, bufs: dict[st
     flip, old = _flips(f, x)
     s = bufs["scales"]
     bcast = x.correction.reshape(-1)
-    if flip.size:  # (the planes are the expansion's own arrays; gguf_compact.flip_codes by index)
+    if flip.size:  # (the planes are the expansion's own arrays)
         subs = s.size
-        packed.reshape(subs, -1)[flip] ^= np.uint8(0xFF)
+        C.flip_codes(packed.reshape(subs, -1), flip, 0xFF)
         if f.planes:
-            bufs["hi_codes"].reshape(subs, -1)[flip] ^= np.uint8(0x55)
+            C.flip_codes(bufs["hi_codes"].reshape(subs, -1), flip, 0x55)
         bcast, s = bcast.copy(), s.copy()
         bcast[flip] = np.float32(f.qmax) * s[flip]
         s[flip] = -s[flip]
@@ -309,7 +309,7 @@ def _slots(ggml_type: str, base: int, compact: bool) -> dict[str, Slot]:
         slots["zero_points"] = Slot(base, 2, per * _ZP.itemsize)
     planes = int(compact and f.planes)
     if planes:
-        slots["hi_codes"] = Slot(base + 1, 0, per * buffer_size(X.PLANE_HI_STORAGE, f.sub_block))
+        slots["hi_codes"] = Slot(base + 1, 0, per * buffer_size(C.HI_STORAGE[False], f.sub_block))
         slots["hi_scales"] = Slot(base + 1, 1, per * 4)
     if f.overlay and not compact:
         slots["corr_codes"] = Slot(base + 1, 0, per * buffer_size(_CORRECTION, f.sub_block))
@@ -376,7 +376,7 @@ def _layout(name: str, ggml_type: str, shape: tuple[int, ...], patch_index: np.n
     base = _affine(shape, f, storage, f.scale, f.zero_point is not None, M.ROLE_BASE if composite else None)
     members: list[tuple[str, Descriptor]] = [(name + sfx["base"] if composite else name, base)]
     if compact and f.planes:
-        members.append((name + sfx["hi"], _affine(shape, f, X.PLANE_HI_STORAGE, "float32", False, M.ROLE_CORRECTION)))
+        members.append((name + sfx["hi"], _affine(shape, f, C.HI_STORAGE[False], "float32", False, M.ROLE_CORRECTION)))
     if f.overlay and compact:
         members.append((name + sfx["min"], C.broadcast_member(shape, f.sub_block, "float32")))
     elif f.overlay:
@@ -499,7 +499,7 @@ def export(t: Tensor, kv: dict[str, Any], ggml_type: str) -> "_Rebuilt":
     base = ms.base
     _check_desc(base, shape, f, f.base_storage if ms.compact else f.storage, f.scale, f.zero_point is not None)
     if ms.hi is not None:
-        _check_desc(ms.hi, shape, f, X.PLANE_HI_STORAGE, "float32", False)
+        _check_desc(ms.hi, shape, f, C.HI_STORAGE[False], "float32", False)
     if ms.corr is not None and ms.compact:
         _check_broadcast(ms.corr, shape, f)
     elif ms.corr is not None:
@@ -646,8 +646,8 @@ class _Stored:
         et = element_type(storage)
         raw = self._bytes(self.base, storage, sl, flip, 0xFF)
         if self.hi is not None:
-            hi = self._bytes(self.hi, X.PLANE_HI_STORAGE, sl, flip, 0x55)
-            lo_w, hi_w = (buffer_size(s, self.elements) for s in (storage, X.PLANE_HI_STORAGE))
+            hi = self._bytes(self.hi, C.HI_STORAGE[False], sl, flip, 0x55)
+            lo_w, hi_w = (buffer_size(s, self.elements) for s in (storage, C.HI_STORAGE[False]))
             if raw.size != nb * lo_w or hi.size != nb * hi_w:  # (the reader checks the sizes: unpack raises)
                 return C.join_planes(raw, hi, nb * self.elements).reshape(nb, self.elements), None
             # q = lo + 16·hi (hi codes 2, 3 give codes out of range: rebuild says so)
@@ -672,5 +672,5 @@ class _Stored:
         fi = np.flatnonzero(flip)
         if fi.size:
             flat = flat.copy()
-            flat.reshape(flip.size, -1)[fi] ^= np.uint8(xor)  # (gguf_compact.flip_codes, by index)
+            C.flip_codes(flat.reshape(flip.size, -1), fi, xor)
         return flat

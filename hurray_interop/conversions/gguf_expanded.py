@@ -99,6 +99,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .. import kernels as K
+from . import gguf_compact as C
 from . import gguf_kernels as GK
 from ..core.elements import element_type, pack, sign_extend, unpack
 from ..errors import ConversionRefused, FormatError
@@ -160,7 +161,7 @@ class Form:
     @property
     def base_storage(self) -> str:
         """The storage of the compact form's base member: the low plane where ``planes``."""
-        return PLANE_STORAGE if self.planes else self.storage
+        return C.LO_STORAGE if self.planes else self.storage
 
     @property
     def qmax(self) -> int:
@@ -192,7 +193,7 @@ class Form:
         if self.overlay:
             bits += 32 / self.sub_block + (0 if compact else 2)
         if compact and self.planes:
-            bits += element_type(PLANE_HI_STORAGE).bits + per_scale
+            bits += element_type(C.HI_STORAGE[False]).bits + per_scale
         return bits
 
     @property
@@ -205,7 +206,7 @@ class Form:
         (``compact``: the form of § 11, default :attr:`compact`; else "overlay uint4+uint2")."""
         compact = self.compact if compact is None else compact
         if compact and self.overlay:
-            hi = f" + {PLANE_HI_STORAGE} high bit" if self.planes else ""
+            hi = f" + {C.HI_STORAGE[False]} high bit" if self.planes else ""
             kind = f"overlay {self.base_storage}{hi} + broadcast minimum"
         else:
             kind = f"overlay {self.storage}+uint2" if self.overlay else self.storage
@@ -213,9 +214,6 @@ class Form:
         return f"{kind}, K={self.sub_block}, f{self.scale[5:]} scales{zp}, expanded from {self.type}"
 
 
-#: the storages of the two planes of a 5-bit code (:attr:`Form.planes`; gguf_compact.split_planes)
-PLANE_STORAGE = "uint4"
-PLANE_HI_STORAGE = "uint2"
 
 
 @functools.cache
@@ -354,12 +352,21 @@ def _unpack(blocks: np.ndarray, b: _Bits) -> np.ndarray:
     return out
 
 
+def _u16_field(runs: tuple[tuple[int, int, int, int, int, int], ...] | None) -> int | None:
+    """The byte offset of a field that is one little-endian 16-bit item in two whole bytes
+    (as :func:`_f16_field` makes them), else None: the generic run packer would take it
+    apart byte by byte."""
+    if runs is None or len(runs) != 2:
+        return None
+    at = runs[0][1]
+    return at if runs == ((0, at, 1, 0, 255, 0), (0, at + 1, 1, 0, 255, 8)) else None
+
+
 def _pack(values: np.ndarray, b: _Bits, out: np.ndarray) -> None:
     """OR the items ``values`` (``(n, items)``) into ``out`` (``(n, block_bytes)``, uint8)."""
     v = values.astype(b.dtype, copy=False)
-    if b.runs is not None and len(b.runs) == 2 and b.runs[0][:3] == (0, b.runs[0][1], 1) and \
-            b.runs == ((0, b.runs[0][1], 1, 0, 255, 0), (0, b.runs[0][1] + 1, 1, 0, 255, 8)) and v.shape[1] == 1:
-        at = b.runs[0][1]  # one little-endian 16-bit field (an f16 d): its two bytes moved
+    at = _u16_field(b.runs)
+    if at is not None and v.shape[1] == 1:  # (an f16 d: its two bytes moved)
         out[:, at : at + 2] |= np.ascontiguousarray(v, dtype="<u2").view(np.uint8).reshape(-1, 2)
         return
     if b.runs is not None:
@@ -1487,18 +1494,16 @@ def expand_planes(ggml_type: str, blocks: np.ndarray, first_block: int = 0) -> t
     the uint2 high plane's bytes (uint8, block after block), moved straight from the blocks
     where the row has ``planes`` (codes decoded only in the blocks with a zero-scale
     sub-block), else split from the codes (:func:`~.gguf_compact.split_planes`)."""
-    from .gguf_compact import split_planes
-
     spec = _specs()[ggml_type]
     if spec.planes is None or not _dense(ggml_type):
         x = expand(ggml_type, blocks, first_block)
-        lo, hi = split_planes(x.codes)
+        lo, hi = C.split_planes(x.codes)
         return dataclasses.replace(x, codes=None), lo, hi
     _check_blocks(spec, ggml_type, blocks)
     x, zb = _zero_rows(ggml_type, blocks, first_block, True)
     lo, hi = spec.planes(blocks)
     if zb.size:
-        zlo, zhi = split_planes(x.codes)
+        zlo, zhi = C.split_planes(x.codes)
         lo[zb], hi[zb] = zlo.reshape(zb.size, -1), zhi.reshape(zb.size, -1)
     return dataclasses.replace(x, codes=None), lo.reshape(-1), hi.reshape(-1)
 
@@ -1793,10 +1798,8 @@ def stand_ins(ggml_type: str, scales: np.ndarray, codes: np.ndarray | None = Non
     if codes is not None:
         c = codes[rows]
     elif hi is not None:
-        from .gguf_compact import join_planes
-
         assert packed is not None
-        c = join_planes(np.ascontiguousarray(packed[rows]), np.ascontiguousarray(hi[rows]), rows.size * spec.elements)
+        c = C.join_planes(np.ascontiguousarray(packed[rows]), np.ascontiguousarray(hi[rows]), rows.size * spec.elements)
         c = c.view(f.code_dtype).reshape(rows.size, spec.elements)
     else:
         assert packed is not None
