@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from test_dequant import pack  # the test-local packer (element-types.md, LSB-first)
+
 import hurray_interop.dequant as dq
 from hurray_interop.core.elements import element_type
 from hurray_interop.core.hrry import HrryFile, HrryWriter
@@ -52,16 +54,11 @@ STORAGES = ("int2", "uint2", "int4", "uint4", "int8", "uint8")
 
 
 def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Codes (any ints, flattened) as Hurray bytes: byte types as themselves, sub-byte LSB-first."""
-    c = (np.asarray(codes).reshape(-1).astype(np.int64) & ((1 << bits) - 1)).astype(np.uint8)
-    if bits == 8:
-        return c
-    per = 8 // bits
-    c = np.concatenate([c, np.zeros(-c.size % per, np.uint8)]).reshape(-1, per)
-    out = np.zeros(c.shape[0], np.uint8)
-    for j in range(per):
-        out |= c[:, j] << (bits * j)
-    return out
+    """Codes (any ints, flattened) as Hurray bytes: byte types as themselves, sub-byte ones by
+    test_dequant's test-local packer (LSB-first)."""
+    if bits < 8:
+        return pack(codes, bits)
+    return (np.asarray(codes).reshape(-1).astype(np.int64) & 0xFF).astype(np.uint8)
 
 
 def _unpacked(buf: np.ndarray, storage: str) -> np.ndarray:

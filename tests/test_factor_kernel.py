@@ -63,11 +63,13 @@ def test_compiled_first_candidate_equals_numpy_on_random_headers(ggml_type: str)
     bits[64:128] = 0x7BFF - np.arange(64)  # near the float16 maximum
     d = bits.view(np.float16) * np.where(rng.random(n) < 0.3, -1, 1).astype(np.float16)
     raw = rng.choice(sc.raws, (n, subs)).astype(np.float32)
-    raw[::2] = np.where(rng.random((n // 2, subs)) < 0.5, sc.raws[0], raw[::2])  # the first candidate often present
+    first = sc.raws[np.flatnonzero(sc.v != 0)[0]]  # the raw value of the first candidate (the top |v|)
+    raw[np.arange(0, n, 2), rng.integers(0, subs, n // 2)] = first  # half the rows: ggml's usual anchor
     scales = X._rule(spec, d, raw).astype(np.float32)
     scales += np.where(rng.random((n, subs)) < 0.05, np.float32(1e-3), np.float32(0)) * scales  # some do not factor
     zero = rng.random((n, subs)) < 0.02
     zero[:8] = True
     out = _both(ggml_type, scales, zero)
     _same(out[0], out[1])
-    assert out[0][2].any() and not out[0][2].all()
+    ok = out[0][2][8:]  # (the first 8 rows are all zero: "empty", defined without any factorization)
+    assert 0.05 < ok.mean() < 0.95, ok.mean()  # both outcomes compared, many of each
