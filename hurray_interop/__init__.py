@@ -61,7 +61,7 @@ def convert(src: str | _os.PathLike[str], dst: str | _os.PathLike[str], **option
 
 def verify(
     path: str | _os.PathLike[str], other: str | _os.PathLike[str] | None = None, *, jobs: int | None = None,
-    **options: Any,
+    oracle: str | None = None, **options: Any,
 ) -> "VerifyResult":
     """Prove that nothing changes: with one file, convert it to Hurray and back in a temporary
     directory and compare bytes, and values against the source ecosystem's own decoder; with
@@ -70,20 +70,22 @@ def verify(
     (:func:`hurray_interop.registry.conversion_options`: ``src_format``, ``dst_format``,
     ``fallback``, ``q4_1``, ``merge``, ``split_max_tensors``, ``split_max_size``, ``convention``;
     see ``verify SRC DST`` in the README); a round trip takes ``fallback="exact"``.
-    Failures are in the result (``ok``, ``tensors``, ``problems``, ``error``), not raised.
+    ``oracle``: the reference decoder of GGUF values, ``"ggml"`` (llama.cpp's own C
+    dequantizers, from ``hurray-interop[ggml]``; the default where they load) or ``"gguf-py"``;
+    ``result.oracle`` names the one that ran.  Failures are in the result (``ok``, ``tensors``, ``problems``, ``error``), not raised.
 
     >>> import hurray_interop
     >>> result = hurray_interop.verify("fixtures/tiny-llama.gguf")
     >>> result.ok, result.file_bytes_equal, len(result.tensors)
     (True, True, 27)
     >>> print(result.summary_line())
-    OK     fixtures/tiny-llama.gguf: round-trip, files byte-identical, 27 tensors exact (bytes and values)
+    OK     fixtures/tiny-llama.gguf: round-trip (oracle ggml), files byte-identical, 27 tensors exact (bytes and values)
     """
     from ._verify import verify_pair, verify_roundtrip
 
     if other is None:
-        return verify_roundtrip(path, jobs=jobs, **options)
-    return verify_pair(path, other, jobs=jobs, **options)
+        return verify_roundtrip(path, jobs=jobs, oracle=oracle, **options)
+    return verify_pair(path, other, jobs=jobs, oracle=oracle, **options)
 
 
 def inspect(path: str | _os.PathLike[str], *, fallback: str | None = None, max_items: int | None = 16) -> dict[str, Any]:

@@ -23,14 +23,15 @@ from ._convert import import_to_intermediate
 from .registry import (FALLBACK_EXACT, HURRAY, Format, conversion_options, detect_format, format_options, get_format,
                        group_models, option_defaults, output_in_directory)
 from .report import LOSSY, VALUE_EXACT
-from .verification.common import TensorCheck, VerifyResult, reporting, scratch_dir
+from .verification.common import ORACLES, TensorCheck, VerifyResult, check_oracle, reporting, scratch_dir, using_oracle
 
-__all__ = ["resolve_output", "TensorCheck", "VerifyResult", "verify_roundtrip", "verify_pair", "plan_checks", "verify_check", "verify_files"]
+__all__ = ["ORACLES", "resolve_output", "TensorCheck", "VerifyResult", "verify_roundtrip", "verify_pair", "plan_checks", "verify_check", "verify_files"]
 
 
-def _run(result: VerifyResult, fn: Callable[[], None], jobs: int | None = None) -> VerifyResult:
+def _run(result: VerifyResult, fn: Callable[[], None], jobs: int | None = None,
+         oracle: str | None = None) -> VerifyResult:
     check_jobs(jobs, "--jobs")
-    with use_jobs(jobs):
+    with use_jobs(jobs), using_oracle(check_oracle(oracle)):
         try:
             fn()
         except HurrayInteropError as exc:
@@ -89,10 +90,13 @@ def _check_roundtrip_options(opts: dict[str, Any]) -> None:
 
 
 def verify_roundtrip(
-    path: str | os.PathLike[str], *, jobs: int | None = None, fallback: str | None = None, **options: Any,
+    path: str | os.PathLike[str], *, jobs: int | None = None, fallback: str | None = None,
+    oracle: str | None = None, **options: Any,
 ) -> VerifyResult:
     """Round-trip one source file through Hurray and back; compare bytes and values.
     ``jobs``: threads for the conversions and the dequantizer (default: up to two).
+    ``oracle``: the reference decoder of GGUF tensors, one of :data:`ORACLES` ("ggml", ggml's
+    own C dequantizers, the default where its library loads; "gguf-py").
     ``fallback="exact"``: the import stores types without a native mapping in their exact
     expanded form (docs/conversion-rules.md § 9), so they are checked too; ``src_format``
     forces the format.  The other conversion options are a :class:`UsageError` here."""
@@ -109,11 +113,11 @@ def verify_roundtrip(
             fmt = dataclasses.replace(fmt, to_hurray=functools.partial(fmt.to_hurray, fallback=fallback))
         fmt.verifier().roundtrip(p, result, fmt)
 
-    return _run(result, go, jobs)
+    return _run(result, go, jobs, oracle)
 
 
 def verify_pair(a: str | os.PathLike[str], b: str | os.PathLike[str], *, jobs: int | None = None,
-                **options: Any) -> VerifyResult:
+                oracle: str | None = None, **options: Any) -> VerifyResult:
     """Compare two files of any supported pair: two of one format, or a foreign file with a .hrry
     (or with a file of another foreign format, through a .hrry made in a temporary directory).
 
@@ -121,7 +125,8 @@ def verify_pair(a: str | os.PathLike[str], b: str | os.PathLike[str], *, jobs: i
     from ``a`` with them: the check then repeats that conversion's export (``--merge``,
     ``--split-max-*``, ``--convention``, ``--fallback``) or import (``--fallback``, ``--q4-1``), and
     tensors its report calls lossy or value-exact pass "as reported" when ``b`` is byte for byte
-    what that conversion writes.  Without options the order of ``a`` and ``b`` does not matter."""
+    what that conversion writes.  Without options the order of ``a`` and ``b`` does not matter.
+    ``oracle`` as for :func:`verify_roundtrip`."""
     opts = _options(options)
     pa, pb = os.fspath(a), os.fspath(b)
     result = VerifyResult(kind="pair", source=pa, other=pb)
@@ -142,7 +147,7 @@ def verify_pair(a: str | os.PathLike[str], b: str | os.PathLike[str], *, jobs: i
         else:
             _through_hurray(pa, fa, b_path, fb, result, opts)
 
-    return _run(result, go, jobs)
+    return _run(result, go, jobs, oracle)
 
 
 def _check_same_format_pair(fmt: Format, opts: dict[str, Any]) -> None:
@@ -291,20 +296,23 @@ def plan_checks(
 
 
 def verify_check(files: Sequence[str], *, jobs: int | None = None,
-                 progress: Callable[[int, int], None] | None = None, **options: Any) -> VerifyResult:
+                 progress: Callable[[int, int], None] | None = None, oracle: str | None = None,
+                 **options: Any) -> VerifyResult:
     """Run one check of :func:`plan_checks`: two files compared, or one round-tripped;
     ``progress(done, total)`` is called per tensor whose values were compared."""
     with reporting(progress):
         if len(files) == 2:
-            return verify_pair(files[0], files[1], jobs=jobs, **options)
-        return verify_roundtrip(files[0], jobs=jobs, **options)
+            return verify_pair(files[0], files[1], jobs=jobs, oracle=oracle, **options)
+        return verify_roundtrip(files[0], jobs=jobs, oracle=oracle, **options)
 
 
 def verify_files(
-    files: Sequence[str], *, pair: bool = False, each: bool = False, jobs: int | None = None, **options: Any,
+    files: Sequence[str], *, pair: bool = False, each: bool = False, jobs: int | None = None,
+    oracle: str | None = None, **options: Any,
 ) -> list[VerifyResult]:
     """What ``hurray-interop verify`` runs: every check of :func:`plan_checks`, in order
     (``options``: see :func:`verify_pair`; for round trips ``fallback="exact"``, see
-    :func:`verify_roundtrip`)."""
+    :func:`verify_roundtrip`; ``oracle``, ibid.)."""
     checks = plan_checks(files, pair=pair, each=each, **options)
-    return [verify_check(c, jobs=jobs, **options) for c in checks]
+    check_oracle(oracle)
+    return [verify_check(c, jobs=jobs, oracle=oracle, **options) for c in checks]

@@ -116,7 +116,7 @@ def verify_check(files: Sequence[str], options: "VerifyOptions") -> "VerifyResul
     """Run one check of :func:`plan_checks` (two files: a pair; one: a round trip)."""
     from ._verify import verify_check as check
 
-    return check(list(files), jobs=options.jobs, **options.conversion())
+    return check(list(files), jobs=options.jobs, oracle=options.oracle, **options.conversion())
 
 
 def output_paths(src: str, dst: str, options: "ConvertOptions") -> list[str]:
@@ -213,11 +213,11 @@ class ConvertOptions(_Options):
 
 class VerifyOptions(_Options):
     """The options of ``hurray-interop verify`` (as :func:`hurray_interop._verify.verify_files`
-    takes them): ``pair``, ``each``, ``jobs`` and the options of the conversion that made the
+    takes them): ``pair``, ``each``, ``jobs``, ``oracle`` and the options of the conversion that made the
     second file of a pair from the first (:func:`hurray_interop.registry.conversion_options`)."""
 
     __slots__ = ()
-    OWN = {"pair": False, "each": False, "jobs": None}
+    OWN = {"pair": False, "each": False, "jobs": None, "oracle": None}
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -579,7 +579,7 @@ def convert_many(
 
 def plan_verify(
     files: Sequence[str | os.PathLike[str]], *, pair: bool = False, each: bool = False, jobs: int | None = None,
-    fallback: str | None = None, **conversion: Any,
+    fallback: str | None = None, oracle: str | None = None, **conversion: Any,
 ) -> Batch:
     """The checked :class:`Batch` of :func:`verify_many`: one task per check that
     ``hurray-interop verify`` runs for ``files`` (:func:`hurray_interop._verify.plan_checks`:
@@ -588,7 +588,9 @@ def plan_verify(
     from ._verify import resolve_output
 
     paths = [os.path.abspath(os.fspath(f)) for f in files]
-    options = VerifyOptions(pair=pair, each=each, jobs=jobs, fallback=fallback, **conversion)
+    from .verification.common import check_oracle
+
+    options = VerifyOptions(pair=pair, each=each, jobs=jobs, fallback=fallback, oracle=check_oracle(oracle), **conversion)
     if len(paths) == 2:  # DST as convert named it (a set's PREFIX.gguf)
         paths[1] = resolve_output(paths[0], paths[1], **options.conversion())
     check_inputs([tuple(paths)])
@@ -603,6 +605,7 @@ def verify_many(
     each: bool = False,
     jobs: int | None = None,
     fallback: str | None = None,
+    oracle: str | None = None,
     **conversion: Any,
 ) -> Iterator[FileResult]:
     """Verify like ``hurray-interop verify FILE ...``, one task per file; yield a result per file as each finishes.
@@ -614,7 +617,8 @@ def verify_many(
     :func:`hurray_interop._verify.verify_pair`) pass through.  Checks every path and option first.  Paths in
     the results are absolute.
     """
-    return plan_verify(files, pair=pair, each=each, jobs=jobs, fallback=fallback, **conversion).run(executor)
+    return plan_verify(files, pair=pair, each=each, jobs=jobs, fallback=fallback, oracle=oracle,
+                       **conversion).run(executor)
 
 
 # ---------------------------------------------------------------------------

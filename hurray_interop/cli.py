@@ -5,8 +5,8 @@
                                    [--merge | --split-max-tensors N | --split-max-size SIZE]
                                    [--dry-run] [--force] [--json] [--quiet] [--jobs N]
     hurray-interop convert --to F --out-dir DIR SRC [SRC ...] [convert options] [--workers N | --scheduler ADDRESS]
-    hurray-interop verify FILE [FILE ...] [--pair | --each] [--fallback exact] [--json] [--quiet] [--jobs N]
-                                          [--workers N | --scheduler ADDRESS]
+    hurray-interop verify FILE [FILE ...] [--pair | --each] [--fallback exact] [--oracle ggml|gguf-py]
+                                          [--json] [--quiet] [--jobs N] [--workers N | --scheduler ADDRESS]
     hurray-interop verify SRC DST [the options of the convert SRC DST that wrote DST]
     hurray-interop inspect FILE [--fallback F] [--json | --markdown] [--full | --max-items N]
 
@@ -219,9 +219,16 @@ def _add_conversion_options(c: argparse.ArgumentParser, *, verify: bool = False)
 
 
 def _verify_arguments(v: argparse.ArgumentParser) -> None:
+    from ._verify import ORACLES
+
     v.add_argument("files", nargs="+", metavar="FILE")
     v.add_argument("--pair", action="store_true", help="compare exactly two files with each other")
     v.add_argument("--each", action="store_true", help="round-trip every file, even two of different formats")
+    v.add_argument(
+        "--oracle", choices=ORACLES, default=None,
+        help="the reference decoder GGUF values are held to, bit for bit: ggml (llama.cpp's own C dequantizers, "
+        "from hurray-interop[ggml]; the default where they load) or gguf-py (its numpy ones; the default otherwise)",
+    )
     _add_conversion_options(v, verify=True)
     v.add_argument("--force", action="store_true", help="accepted as convert takes it, and ignored: verify writes nothing")
     _add_run_options(v, quiet="print summary lines only")
@@ -356,6 +363,8 @@ def _render_verify(result: Any, out: TextIO, quiet: bool) -> None:
         _table(rows, out)
         for p in result.problems:
             out.write(f"difference: {p}\n")
+        if result.oracle:
+            out.write(f"values held to {result.oracle}: {result.oracle_version}\n")
     out.write(result.summary_line() + "\n")
 
 
@@ -406,7 +415,7 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     checks = plan_checks(args.files, pair=args.pair, each=args.each, **options)
     # one check: a bar over the tensors compared, on a terminal (several: one line each as before)
     with _progress(len(checks) == 1 and not (args.quiet or args.json), "verify", unit="tensor") as progress:
-        results = [verify_check(c, jobs=args.jobs, progress=progress, **options) for c in checks]
+        results = [verify_check(c, jobs=args.jobs, progress=progress, oracle=args.oracle, **options) for c in checks]
     status = EXIT_OK
     if args.json:
         out.write(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
@@ -502,7 +511,8 @@ def _cmd_verify_any(args: argparse.Namespace, out: TextIO) -> int:
         return _cmd_verify(args, out)
     from .batch import plan_verify
 
-    batch = plan_verify(args.files, pair=args.pair, each=args.each, jobs=args.jobs, **_verify_options(args))
+    batch = plan_verify(args.files, pair=args.pair, each=args.each, jobs=args.jobs, oracle=args.oracle,
+                        **_verify_options(args))
     # pairs of a lossy conversion pass "as reported" (float32 is value-exact: its values are equal)
     lossy = bool(lossy_options(vars(args)))
     return _run_batch(batch, args, out, "verified (lossy as reported)" if lossy else "verified exact")

@@ -565,7 +565,24 @@ def _parse_safetensors(m: bytes, path: Path) -> None:
         detect_pairs(f)
 
 
-_DRIVERS = {"gguf": (_parse_gguf, ".gguf"), "hrry": (_parse_hrry, ".hrry"), "safetensors": (_parse_safetensors, ".safetensors")}
+def _decode_gguf_ggml(m: bytes, path: Path) -> None:
+    """Parse, then hand every tensor ggml decodes to its C ``to_float`` through verify's
+    oracle (``verification/gguf._reference``): whatever the reader accepts must be safe to
+    give to C (a crash kills the campaign's child, a failure of its own)."""
+    from hurray_interop.formats.gguf import GGUFFile
+    from hurray_interop.verification.gguf import _reference
+
+    g = GGUFFile(m, path=os.fspath(path))
+    for t in g.tensors:
+        rows = _reference(t, "ggml")
+        if rows is None:
+            continue
+        n = t.data.size // max(t.ggml_type.block_bytes, 1) if t.ggml_type.block_elements > 1 else t.data.size
+        rows(0, n)
+
+
+_DRIVERS = {"gguf": (_parse_gguf, ".gguf"), "hrry": (_parse_hrry, ".hrry"), "safetensors": (_parse_safetensors, ".safetensors"),
+            "gguf-ggml": (_decode_gguf_ggml, ".gguf")}
 
 
 class _Hang(Exception):
@@ -591,6 +608,7 @@ def _campaign(fmt: str, src: Path, n: int, seed: int, budget: int, per_mutant_ti
     if family is not None:
         fmt = family[0]
     parse, ext = _DRIVERS[fmt]
+    fmt = fmt.split("-")[0]  # a driver of a format's family ("gguf-ggml") mutates as the format
     data = src.read_bytes()
     regions = {"gguf": lambda: gguf_regions(data), "hrry": lambda: hrry_regions(src), "safetensors": lambda: safetensors_regions(data)}[fmt]()
     fixup = hrry_fix_crc if fmt == "hrry" else None

@@ -62,7 +62,7 @@ def test_comparison_memory_does_not_grow_with_the_tensor(tmp_path: Path, monkeyp
 
 
 def test_a_long_row_is_decoded_one_chunk_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 1-D tensor of 2 Mi values (one row) reaches gguf-py's decoder in chunk-sized pieces."""
+    """A 1-D tensor of 2 Mi values (one row) reaches either oracle's decoder in chunk-sized pieces."""
     monkeypatch.setattr(C, "CHUNK_ROWS_ELEMENTS", 1 << 16)
     seen: list[int] = []
     real = VG.reference_dequantizer
@@ -72,10 +72,23 @@ def test_a_long_row_is_decoded_one_chunk_at_a_time(tmp_path: Path, monkeypatch: 
         return None if decode is None else (lambda raw: (seen.append(raw.size // 34 * 32), decode(raw))[1])
 
     monkeypatch.setattr(VG, "reference_dequantizer", counting)
+    real_c = VG.ggml.decode_blocks
+
+    def counting_c(type_id, k, nbytes, blocks, out=None):  # type: ignore[no-untyped-def]
+        seen_c.append(blocks.shape[0] * k)
+        return real_c(type_id, k, nbytes, blocks, out)
+
+    seen_c: list[int] = []
+    monkeypatch.setattr(VG.ggml, "decode_blocks", counting_c)
     src = _q8_0(tmp_path / "row.gguf", (1 << 21,))
-    res = hurray_interop.verify(src)
-    assert res.ok and res.tensors[0].values_equal
-    assert sum(seen) == 1 << 21 and max(seen) <= 1 << 16
+    res = hurray_interop.verify(src, oracle="gguf-py")
+    assert res.ok and res.tensors[0].values_equal and res.oracle == "gguf-py"
+    assert sum(seen) == 1 << 21 and max(seen) <= 1 << 16 and not seen_c
+    if VG.ggml.available():  # ggml's decoder is given the same chunks
+        seen.clear()
+        res = hurray_interop.verify(src, oracle="ggml")
+        assert res.ok and res.tensors[0].values_equal and res.oracle == "ggml"
+        assert sum(seen_c) == 1 << 21 and max(seen_c) <= 1 << 16 and not seen
 
 
 def test_a_difference_past_the_first_byte_chunk_is_located(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

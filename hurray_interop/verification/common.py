@@ -32,7 +32,7 @@ import numpy as np
 from ..core.hrry import HrryFile
 from ..core.model import Tensor
 from ..dequant import iter_dequantize
-from ..errors import ConversionRefused, HurrayInteropError
+from ..errors import ConversionRefused, HurrayInteropError, UsageError
 from ..files.atomic import transient
 from ..parallel import in_background, pmap_items, prefetch_chunks
 
@@ -49,6 +49,9 @@ __all__ = [
     "run_roundtrip",
     "scratch_dir",
     "reporting",
+    "ORACLES",
+    "using_oracle",
+    "requested_oracle",
 ]
 
 #: the ``progress(done, total)`` callback of the check running in this context (tensors
@@ -64,6 +67,36 @@ def reporting(progress: Callable[[int, int], None] | None) -> Iterator[None]:
         yield
     finally:
         _PROGRESS.reset(token)
+
+#: the reference decoders ``verify --oracle`` chooses from for GGUF tensors (the first is the
+#: default where it loads): ggml's own C dequantizers, gguf-py's numpy ones
+ORACLES = ("ggml", "gguf-py")
+
+#: the oracle asked for in this context (None: the default), set by :func:`using_oracle`
+_ORACLE: ContextVar[str | None] = ContextVar("verify_oracle", default=None)
+
+
+def check_oracle(name: str | None) -> str | None:
+    """``name`` if it is None or one of :data:`ORACLES`; else :class:`UsageError`."""
+    if name is not None and name not in ORACLES:
+        raise UsageError(f"--oracle must be one of {', '.join(ORACLES)}, not {name!r}")
+    return name
+
+
+@contextmanager
+def using_oracle(name: str | None) -> Iterator[None]:
+    """Inside the block, the value checks decode with the oracle ``name`` (None: the default)."""
+    token = _ORACLE.set(check_oracle(name))
+    try:
+        yield
+    finally:
+        _ORACLE.reset(token)
+
+
+def requested_oracle() -> str | None:
+    """The oracle :func:`using_oracle` asked for here (None: the default)."""
+    return _ORACLE.get()
+
 
 #: elements compared per chunk: 1 MiB of float32 a side, so both decoders' chunks and the
 #: comparison's temporaries stay in the L2 cache, and memory is bounded for any tensor
@@ -105,6 +138,10 @@ class VerifyResult:
     error: str | None = None
     #: what to do about the refused tensors (e.g. the option that checks them exactly), or ""
     hint: str = ""
+    #: the reference decoder the values were compared with ("ggml", "gguf-py", "ml_dtypes"),
+    #: "" when no values were compared; and what it is, with its version
+    oracle: str = ""
+    oracle_version: str = ""
 
     @property
     def ok(self) -> bool:
@@ -123,7 +160,7 @@ class VerifyResult:
             tensors = f"{exact} tensors exact (bytes and values)" if n else "no tensors (metadata only)"
             if reported:
                 tensors += f", {len(reported)} {_as_reported(reported)}"
-            return f"OK     {what}: {self.kind}, {files}{tensors}"
+            return f"OK     {what}: {self.kind}{self._by()}, {files}{tensors}"
         parts = []
         refused = [t for t in self.tensors if t.mapping == "refused"]
         if refused:
@@ -136,7 +173,11 @@ class VerifyResult:
             parts.append(f"{len(bad)} of {n} tensors differ (first: {bad[0]})")
         if self.problems and not bad and not refused:
             parts.append(self.problems[0])
-        return f"FAILED {what}: {self.kind}, " + "; ".join(parts)
+        return f"FAILED {what}: {self.kind}{self._by()}, " + "; ".join(parts)
+
+    def _by(self) -> str:
+        """" (oracle NAME)" when values were compared with a reference decoder."""
+        return f" (oracle {self.oracle})" if self.oracle else ""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -327,6 +368,8 @@ class ForeignChecks:
     units: Callable[[Any], Iterator[Unit]]  # the tensors as imported to Hurray
     #: the hint for tensors a round trip's import refused, from their source types ("": none)
     refusal_hint: Callable[[list[str]], str] = lambda types: ""
+    #: the reference decoder the value checks run: its name and what it is, with its version
+    oracle: Callable[[], tuple[str, str]] = lambda: ("", "")
 
 
 def _release_pages(*files: Any) -> None:
@@ -335,6 +378,11 @@ def _release_pages(*files: Any) -> None:
         release = getattr(f, "release_pages", None)
         if release is not None:
             release()
+
+
+#: what :meth:`ForeignVerifier.values` found: per unit its check and whether the Hurray file has
+#: it, the names only the Hurray file has, whether any values were compared
+Checked = tuple[list[tuple[Unit, TensorCheck, bool]], list[str], bool]
 
 
 class ForeignVerifier:
@@ -354,10 +402,12 @@ class ForeignVerifier:
         reference decoder; tensors the Hurray file has beyond the source's are a problem."""
         self.finish(src, self.values(src, hf), result, exported, files_equal=files_equal, hurray_label=hurray_label)
 
-    def values(self, src: Any, hf: HrryFile) -> tuple[list[tuple[Unit, TensorCheck, bool]], list[str]]:
+    def values(self, src: Any, hf: HrryFile) -> "Checked":
         """The value checks of every unit (ours against the reference decoder): needs no
-        export, so it runs while the export is written.  Also the names only ``hf`` has."""
+        export, so it runs while the export is written.  Also the names only ``hf`` has, and
+        whether any values were compared."""
         done: list[tuple[Unit, TensorCheck, bool]] = []
+        compared = False
         known: set[str] = set()
         units, step = list(self.checks.units(src)), _PROGRESS.get()
         for i, u in enumerate(units):
@@ -380,20 +430,21 @@ class ForeignVerifier:
             ref = u.reference()
             if ref is None:
                 continue
+            compared = True
             chk.values_equal, chk.max_abs_diff, chk.where = compare_values(
                 u.name, t, ref, block=u.block, signed_zero_equal=u.signed_zero_equal, row=u.row,
                 release=functools.partial(_release_pages, src, hf),
             )
         if step is not None:
             step(len(units), len(units))
-        return done, [n for n in hf.top_level_names() if n not in known]
+        return done, [n for n in hf.top_level_names() if n not in known], compared
 
     def finish(
-        self, src: Any, checked: tuple[list[tuple[Unit, TensorCheck, bool]], list[str]], result: VerifyResult,
+        self, src: Any, checked: "Checked", result: VerifyResult,
         exported: Any, *, files_equal: bool, hurray_label: str,
     ) -> None:
         """Add the export's byte checks to the value checks ``checked`` and record them all."""
-        done, extra = checked
+        done, extra, compared = checked
         if exported is not None:
             src_entries, exp_entries = self.checks.entries(src), self.checks.entries(exported)
             release = functools.partial(_release_pages, src, exported)
@@ -403,6 +454,8 @@ class ForeignVerifier:
                     eq, where = self._export_bytes(u, src_entries, exp_entries, files_equal, release)
                     chk.bytes_equal, chk.where = eq, (where or chk.where)
         result.tensors.extend(chk for _, chk, _ in done)
+        if compared:
+            result.oracle, result.oracle_version = self.checks.oracle()
         if extra:
             result.problems.append(f"tensors only in {hurray_label}: {', '.join(extra[:5])}")
 

@@ -1,6 +1,14 @@
-"""What ``verify`` needs to know about GGUF: offsets named, metadata types compared, and
-gguf-py's ``gguf.quants.dequantize`` (through :func:`conversions.gguf.reference_dequantizer`)
-as the reference decoder.  For MXFP4, +0 and −0 compare equal (docs/conversion-rules.md § 6)."""
+"""What ``verify`` needs to know about GGUF: offsets named, metadata types compared, and the
+reference decoder -- the *oracle* -- its values are held to, bit for bit:
+
+* ``ggml`` (the default where it loads): ggml's own C dequantizers, ``to_float`` of the
+  library llama.cpp runs (:mod:`~hurray_interop.formats.gguf_ggml`, ``libggml-python``);
+  it also decodes Q1_0 and Q2_0;
+* ``gguf-py``: llama.cpp's numpy dequantizers, ``gguf.quants.dequantize`` (through
+  :func:`conversions.gguf.reference_dequantizer`).
+
+Plain types without a ggml decoder (F32, the integers, F64) are numpy's cast under either.
+For MXFP4, +0 and −0 compare equal (docs/conversion-rules.md § 6)."""
 
 from __future__ import annotations
 
@@ -16,18 +24,50 @@ from ..conversions import fallback as fallbacks
 from ..conversions import gguf_exact
 from ..conversions.gguf import PADDING_LOST, reference_dequantizer
 from ..core.hrry import HrryFile
+from ..errors import UsageError
 from ..formats import gguf as G
+from ..formats import gguf_ggml as ggml
 from ..formats import gguf_split as S
 from .common import (ForeignChecks, ForeignVerifier, RawEntry, Rows, Unit, VerifyResult, first_byte_diff,
-                     run_roundtrip, scratch_dir)
+                     requested_oracle, run_roundtrip, scratch_dir)
 
 __all__ = ["VERIFIER"]
 
 
-def _reference(info: "G.GGUFTensorInfo") -> Rows | None:
-    """gguf-py's decoder over the blocks ``start:stop`` of a GGUF tensor (numpy's cast
-    over elements for plain types); None when gguf-py has no decoder for the type."""
+def oracle() -> str:
+    """The oracle the value checks run here: the one asked for (:func:`~.common.using_oracle`),
+    else ggml where it loads, else gguf-py.  :class:`UsageError` when ggml is asked for and
+    does not load (the reason said)."""
+    asked = requested_oracle()
+    if asked == "ggml" and not ggml.available():
+        raise UsageError(f"--oracle ggml: ggml's library does not load here: {ggml.unavailable_reason()}")
+    if asked is not None:
+        return asked
+    return "ggml" if ggml.available() else "gguf-py"
+
+
+def oracle_label(name: str) -> tuple[str, str]:
+    """The oracle ``name`` and what it is, with its version (as a report says them)."""
+    if name == "ggml":
+        return name, f"ggml's C dequantizers, libggml-python {ggml.version()}"
+    from importlib.metadata import version
+
+    return name, f"gguf.quants.dequantize, gguf {version('gguf')}"
+
+
+def _reference(info: "G.GGUFTensorInfo", name: str) -> Rows | None:
+    """The oracle ``name``'s decoder over the blocks ``start:stop`` of a GGUF tensor (numpy's
+    cast over elements for plain types it has no decoder for); None when it has no decoder
+    for the type."""
     t = info.ggml_type
+    if name == "ggml" and ggml.has_decoder(t.id, t.block_elements, t.block_bytes):
+        # the reader bounds-checked the tensor's bytes: a whole number of contiguous blocks
+        blocks = info.data.reshape(-1, t.block_bytes)
+
+        def c(start: int, stop: int) -> np.ndarray:
+            return ggml.decode_blocks(t.id, t.block_elements, t.block_bytes, blocks[start:stop])
+
+        return c
     dt = t.dtype()
     if dt is not None:
         flat = info.data.view(dt)
@@ -36,7 +76,7 @@ def _reference(info: "G.GGUFTensorInfo") -> Rows | None:
             return flat[start:stop].astype(np.float32)
 
         return plain
-    decode = reference_dequantizer(t)
+    decode = reference_dequantizer(t) if name == "gguf-py" else None
     if decode is None:
         return None
     blocks = info.data.reshape(-1, t.block_bytes)
@@ -114,12 +154,13 @@ def _entries(gf: "G.GGUFFile") -> dict[str, RawEntry]:
 
 
 def _units(gf: "G.GGUFFile") -> Iterator[Unit]:
+    name = oracle()
     for info in gf.tensors:
         yield Unit(
             info.name,
             info.type_name,
             (info.name,),
-            functools.partial(_reference, info),
+            functools.partial(_reference, info, name),
             block=info.ggml_type.block_elements,
             signed_zero_equal=info.type_name == "MXFP4",
             row=info.ggml_type.block_elements,  # the reference decodes blocks, bounded for any row length
@@ -287,5 +328,6 @@ VERIFIER = _GGUFVerifier(
         entries=_entries,
         units=_units,
         refusal_hint=_refusal_hint,
+        oracle=lambda: oracle_label(oracle()),
     )
 )

@@ -102,6 +102,12 @@ def _units(st: SafetensorsFile) -> Iterator[Unit]:
                        shape=tuple(int(n) for n in e.shape))
 
 
+def _oracle() -> tuple[str, str]:
+    from importlib.metadata import version
+
+    return "ml_dtypes", f"ml_dtypes {version('ml_dtypes')} element values, numpy casts"
+
+
 VERIFIER = ForeignVerifier(
     ForeignChecks(
         title="safetensors",
@@ -112,5 +118,6 @@ VERIFIER = ForeignVerifier(
         metadata_diffs=_metadata_diffs,
         entries=_entries,
         units=_units,
+        oracle=_oracle,
     )
 )

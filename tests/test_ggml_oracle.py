@@ -1,0 +1,267 @@
+"""verify's two oracles: ggml's own C dequantizers (``to_float`` of libggml-python, through
+:mod:`hurray_interop.formats.gguf_ggml`) and gguf-py's ``gguf.quants.dequantize``.
+
+* One contract: on every type both decode, and every GGUF file the suite has, the two give
+  the same float32 bit patterns (±0 and NaN payloads included) -- on ggml's quantizer
+  output and on random bytes (NaN/Inf scales, e8m0 0xFF, anything).
+* C is given only checked arrays: wrong dtype, shape, block size, contiguity, output size
+  (at the limit −1, 0, +1), overlap or a type whose geometry the library reports otherwise
+  are refused before the call; a fuzzed GGUF that the reader accepts decodes safely (the
+  campaign runs in a child process: a crash would fail it).
+* The choice is said: ``--oracle``, the default (ggml where it loads, else gguf-py), the
+  summary line, the report and ``--json``; asking for ggml where it does not load is one
+  error line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hurray_interop import verify
+from hurray_interop.conversions.gguf import reference_dequantizer
+from hurray_interop.errors import UsageError
+from hurray_interop.formats import gguf as G
+from hurray_interop.formats import gguf_ggml as ggml
+from hurray_interop.verification import gguf as VG
+
+from fuzzing import fuzz_count, run_campaign, run_cli
+
+pytestmark = pytest.mark.skipif(not ggml.available(), reason=f"ggml's library does not load: {ggml.unavailable_reason()}")
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+BLOCK_TYPES = [t for t in G.ggml_types() if t.block_elements > 1]
+
+
+def _both(t: "G.GGMLType") -> bool:
+    return ggml.has_decoder(t.id, t.block_elements, t.block_bytes) and reference_dequantizer(t) is not None
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.ascontiguousarray(a, np.float32).reshape(-1), np.ascontiguousarray(b, np.float32).reshape(-1)
+    return a.shape == b.shape and bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
+
+
+def test_ggml_decodes_what_gguf_py_does_and_q1_0_q2_0() -> None:
+    ours = {t.name for t in G.ggml_types() if ggml.has_decoder(t.id, t.block_elements, t.block_bytes)}
+    gpy = {t.name for t in BLOCK_TYPES if reference_dequantizer(t) is not None}
+    assert len(gpy) >= 22
+    assert gpy <= ours
+    assert ours - gpy == {"Q1_0", "Q2_0", "F16", "BF16"}  # the plain types: numpy's cast under gguf-py
+
+
+#: the lookup-grid types whose NaN values (a NaN f16 ``d``, never written by a quantizer) carry
+#: another sign bit in C than in numpy: C multiplies ``d·(…)·grid``, gguf-py in another order,
+#: and x86 keeps the sign of the NaN operand met first (docs/format-notes.md § 1.8)
+NAN_SIGN_DIFFERS = {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"}
+
+
+@pytest.mark.parametrize("t", [t for t in BLOCK_TYPES if _both(t)], ids=lambda t: t.name)
+def test_both_oracles_agree_on_random_bytes(t: "G.GGMLType") -> None:
+    rng = np.random.default_rng(t.id)
+    blocks = rng.integers(0, 256, size=(512, t.block_bytes), dtype=np.uint8)
+    theirs = reference_dequantizer(t)(blocks.reshape(1, -1)).reshape(-1)
+    ours = ggml.decode_blocks(t.id, t.block_elements, t.block_bytes, blocks)
+    assert ours.size == 512 * t.block_elements
+    differ = ours.view(np.uint32) != theirs.view(np.uint32)
+    if t.name in NAN_SIGN_DIFFERS:
+        assert differ.any()  # random bytes do hold NaN scales
+        sign = np.uint32(0x7FFFFFFF)
+        assert np.isnan(ours[differ]).all() and np.isnan(theirs[differ]).all()
+        assert np.array_equal(ours.view(np.uint32)[differ] & sign, theirs.view(np.uint32)[differ] & sign)
+    else:
+        assert not differ.any()
+
+
+def _gguf_files(samples: Path | None) -> list[Path]:
+    files = sorted(FIXTURES.glob("*.gguf")) + sorted((FIXTURES / "legacy").glob("*.gguf"))
+    return files + (sorted(samples.glob("*.gguf")) if samples is not None else [])
+
+
+@pytest.mark.parametrize("name", [p.name for p in _gguf_files(None)])
+def test_both_oracles_agree_on_every_fixture(name: str) -> None:
+    _agree(FIXTURES / name)
+
+
+def test_both_oracles_agree_on_the_shared_samples(gguf_samples_dir: Path) -> None:
+    files = sorted(gguf_samples_dir.glob("*.gguf"))
+    assert files
+    for p in files:
+        _agree(p)
+
+
+def _agree(path: Path) -> None:
+    compared = 0
+    with G.read_gguf(path) as gf:
+        expected = len(gf.tensors)
+        for info in gf.tensors:
+            a, b = VG._reference(info, "ggml"), VG._reference(info, "gguf-py")
+            assert (a is None) == (b is None), info.name
+            if a is None:
+                continue
+            n = info.data.size // info.ggml_type.block_bytes
+            assert same_bits(a(0, n), b(0, n)), (path.name, info.name, info.type_name)
+            # a window in the middle, as the value check asks for them
+            lo, hi = n // 3, max(n // 3 + 1, 2 * n // 3)
+            if hi <= n:
+                assert same_bits(a(lo, hi), b(lo, hi)), (path.name, info.name)
+            compared += 1
+    assert compared == expected  # every tensor of the suite's files has a decoder under both
+
+
+def test_the_fixtures_cover_every_type_both_decode() -> None:
+    present: set[str] = set()
+    for p in _gguf_files(None):
+        with G.read_gguf(p) as gf:
+            present |= {t.type_name for t in gf.tensors}
+    assert {t.name for t in BLOCK_TYPES if _both(t)} <= present
+
+
+# ---------------------------------------------------------------------------
+# only checked arrays reach C
+
+
+Q4_0 = G.ggml_type("Q4_0")
+GEO = (Q4_0.id, Q4_0.block_elements, Q4_0.block_bytes)
+
+
+def _blocks(n: int = 4) -> np.ndarray:
+    b = np.zeros((n, Q4_0.block_bytes), dtype=np.uint8)
+    b[:, 0:2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    b[:, 2:] = 0x9A
+    return b
+
+
+def test_decode_blocks_values() -> None:
+    out = ggml.decode_blocks(*GEO, _blocks())
+    # q = 0xA (low nibbles, elements 0..15) and 0x9 (high, 16..31), minus 8, times d = 1
+    assert out.tolist() == ([2.0] * 16 + [1.0] * 16) * 4
+
+
+@pytest.mark.parametrize("delta", [-1, 0, 1])
+def test_decode_blocks_output_size_at_its_limit(delta: int) -> None:
+    n = 4 * Q4_0.block_elements
+    out = np.full(n + delta, 7.0, dtype=np.float32)
+    if delta:
+        with pytest.raises(UsageError, match="writes 128 values"):
+            ggml.decode_blocks(*GEO, _blocks(), out)
+        assert (out == 7.0).all()  # untouched: nothing reached C
+    else:
+        assert ggml.decode_blocks(*GEO, _blocks(), out) is out
+        assert (out != 7.0).all()
+
+
+@pytest.mark.parametrize("case", ["dtype", "ndim", "block_bytes-1", "block_bytes+1", "strided", "list"])
+def test_decode_blocks_refuses_unchecked_input(case: str) -> None:
+    b = _blocks(8)
+    bad = {
+        "dtype": b.view(np.int8),
+        "ndim": b.reshape(-1),
+        "block_bytes-1": b.reshape(-1)[: 8 * 17].reshape(8, 17),
+        "block_bytes+1": b.reshape(-1)[: 7 * 19].reshape(7, 19),
+        "strided": b[::2],
+        "list": b.tolist(),
+    }[case]
+    with pytest.raises(UsageError, match="C-contiguous uint8 blocks of 18 bytes"):
+        ggml.decode_blocks(*GEO, bad)
+
+
+def test_decode_blocks_refuses_bad_outputs() -> None:
+    n = 4 * Q4_0.block_elements
+    ro = np.zeros(n, np.float32)
+    ro.flags.writeable = False
+    for out in (np.zeros(n, np.float64), np.zeros(2 * n, np.float32)[::2], ro):
+        with pytest.raises(UsageError, match="C-contiguous, writeable float32"):
+            ggml.decode_blocks(*GEO, _blocks(), out)
+    shared = np.zeros(n * 4, np.uint8)
+    blocks = shared[: 4 * Q4_0.block_bytes].reshape(4, -1)
+    with pytest.raises(UsageError, match="apart from its input"):
+        ggml.decode_blocks(*GEO, blocks, shared.view(np.float32))
+
+
+@pytest.mark.parametrize("geometry", [(2, 32, 17), (2, 32, 19), (2, 31, 18), (2, 33, 18), (9, 32, 36), (15, 256, 292),
+                                      (-1, 32, 18), (43, 32, 18), (1000, 32, 18), (0, 1, 4)])
+def test_no_decoder_for_other_geometries_ids_or_types_without_to_float(geometry: tuple[int, int, int]) -> None:
+    # Q4_0 with a block size off by one, Q8_1/Q8_K (no to_float), ids outside the enum, F32 (none)
+    assert not ggml.has_decoder(*geometry)
+    with pytest.raises(UsageError, match="ggml has no decoder"):
+        ggml.decode_blocks(*geometry, np.zeros((1, max(geometry[2], 1)), np.uint8))
+
+
+def test_fuzzed_gguf_reaches_c_only_through_checked_views(fixtures_dir: Path) -> None:
+    r = run_campaign("gguf-ggml", fixtures_dir / "ggml-quantized-types.gguf", fuzz_count(150), 23)
+    assert r["escape_count"] == 0, r["escapes"]
+    assert r["errors"] > 0 and r["accepted"] > 0  # both kinds of mutant ran: rejected ones, decoded ones
+
+
+# ---------------------------------------------------------------------------
+# the choice, said
+
+
+@pytest.fixture()
+def no_ggml(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(ggml.ENV_VAR, "off")
+    ggml._load.cache_clear()
+    ggml._decoder.cache_clear()
+    yield
+    monkeypatch.undo()
+    ggml._load.cache_clear()
+    ggml._decoder.cache_clear()
+
+
+def test_default_oracle_is_ggml_and_the_report_says_so() -> None:
+    r = verify(FIXTURES / "tiny-llama.gguf")
+    assert r.ok and r.oracle == "ggml"
+    assert f"libggml-python {ggml.version()}" in r.oracle_version
+    assert r.summary_line().startswith("OK     ") and ": round-trip (oracle ggml), files byte-identical" in r.summary_line()
+    d = r.to_dict()
+    assert d["oracle"] == "ggml" and "(oracle ggml)" in d["summary"]
+
+
+@pytest.mark.parametrize("oracle", ["ggml", "gguf-py"])
+def test_cli_oracle_named_in_table_summary_and_json(oracle: str) -> None:
+    path = str(FIXTURES / "tiny-llama-kquant.gguf")
+    status, out, err = run_cli(["verify", path, "--fallback", "exact", "--oracle", oracle])
+    assert status == 0, err
+    assert f": round-trip (oracle {oracle}), files byte-identical" in out.splitlines()[-1]
+    assert f"values held to {oracle}: " in out
+    status, out, _ = run_cli(["verify", path, "--fallback", "exact", "--oracle", oracle, "--json"])
+    (d,) = json.loads(out)
+    assert status == 0 and d["oracle"] == oracle and d["ok"]
+    assert ("libggml-python" if oracle == "ggml" else "gguf ") in d["oracle_version"]
+
+
+def test_both_oracles_pass_the_exact_forms_alike() -> None:
+    results = [verify(FIXTURES / "ggml-quantized-types.gguf", fallback="exact", oracle=o) for o in ("ggml", "gguf-py")]
+    assert [r.oracle for r in results] == ["ggml", "gguf-py"]
+    rows = [[(t.name, t.values_equal, t.bytes_equal) for t in r.tensors] for r in results]
+    assert rows[0] == rows[1]
+    assert len(rows[0]) == 17 and all(v is True and b is True for _, v, b in rows[0])
+
+
+def test_safetensors_values_name_their_decoder() -> None:
+    r = verify(FIXTURES / "gpt-oss-tiny.safetensors")
+    assert r.ok and r.oracle == "ml_dtypes"
+
+
+def test_without_ggml_the_default_is_gguf_py(no_ggml: None) -> None:
+    assert not ggml.available() and "HURRAY_INTEROP_GGML=off" in ggml.unavailable_reason()
+    r = verify(FIXTURES / "tiny-llama.gguf")
+    assert r.ok and r.oracle == "gguf-py"
+
+
+def test_asking_for_ggml_where_it_does_not_load_is_bad_usage(no_ggml: None) -> None:
+    status, out, err = run_cli(["verify", str(FIXTURES / "tiny-llama.gguf"), "--oracle", "ggml"])
+    assert status == 2
+    assert err.splitlines() == ["hurray-interop: error: --oracle ggml: ggml's library does not load here: "
+                                f"{ggml.ENV_VAR}=off turns it off"]
+
+
+def test_an_unknown_oracle_is_bad_usage() -> None:
+    status, _, err = run_cli(["verify", str(FIXTURES / "tiny-llama.gguf"), "--oracle", "torch"])
+    assert status == 2 and "invalid choice: 'torch'" in err
+    with pytest.raises(UsageError, match="--oracle must be one of ggml, gguf-py, not 'torch'"):
+        verify(FIXTURES / "tiny-llama.gguf", oracle="torch")
