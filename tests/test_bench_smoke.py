@@ -31,7 +31,10 @@ def test_small_benchmark_writes_every_row(tmp_path: Path) -> None:
     text = doc.read_text()
     for label in ("`cp` (physical limit)", "durable copy: `cp` + fsync", "gguf-py GGUFReader → GGUFWriter",
                   "ours: GGUF → Hurray", "ours: Hurray → GGUF", "gguf-py: dequantize every tensor",
-                  "ours: `verify`", "ours: `inspect` of a GGUF with a 4,096-token vocabulary",
+                  "ours: `verify MODEL.gguf`, oracle ggml", "ours: `verify MODEL.gguf`, oracle gguf-py",
+                  "ours: `verify MODEL.gguf X.hrry` (pair), oracle ggml",
+                  "ours: `verify MODEL.gguf X.hrry` (pair), oracle gguf-py", "durable copy of the GGUF, just before `verify`",
+                  "ours: `inspect` of a GGUF with a 4,096-token vocabulary",
                   "gguf-py: `GGUFReader` of the same 4,096-token file"):
         rows = [ln for ln in text.splitlines() if ln.startswith("|") and label in ln]
         assert len(rows) == 1, f"no single table row for {label!r}"
@@ -45,6 +48,7 @@ def test_small_benchmark_writes_every_row(tmp_path: Path) -> None:
     goals = text.split("## Targets", 1)[1].split("<!-- analysis -->", 1)[0]
     for goal in ("GGUF → Hurray wall time", "Hurray → GGUF wall time", "GGUF → Hurray peak RSS",
                  "Hurray → GGUF peak RSS", "GGUF → Hurray → GGUF output", "`verify` wall time",
+                 "`verify` pair wall time", "`verify --oracle gguf-py` wall time", "`verify` peak RSS",
                  "dequantizer Q4_0", "dequantizer Q8_0", "dequantizer Q4_1", "dequantizer MXFP4",
                  "`inspect`, 4,096-token vocabulary"):
         row = next((ln for ln in goals.splitlines() if ln.startswith(f"| {goal} |")), None)

@@ -20,6 +20,7 @@ OCP/Hurray decode −0; a unit may declare +0 and −0 equal.
 from __future__ import annotations
 
 import functools
+import mmap
 import os
 import tempfile
 from contextlib import ExitStack, contextmanager
@@ -246,19 +247,22 @@ def compare_values(
                 yield flat, a
             flat += a.size
 
-    def check(chunk: tuple[int, np.ndarray]) -> tuple[int, np.ndarray, np.ndarray, int, float | None]:
+    def check(chunk: tuple[int, np.ndarray]) -> tuple[int, int, int, float | None, tuple[float, float]]:
+        """The chunk ``a`` from flat index ``lo`` against the reference: its size, the first
+        difference (−1: none), the max |a−ref| and the two values there.  The reference's
+        window may be a buffer the decoder reuses: only scalars leave this call."""
         lo, a = chunk
         hi = lo + a.size
         r0, r1 = lo // unit, -(-hi // unit)
         ref = np.asarray(reference_rows(r0, r1), dtype=np.float32).reshape(-1)[lo - r0 * unit : hi - r0 * unit]
-        ref = np.ascontiguousarray(ref)
-        return (lo, a, ref, *first_value_diff(a, ref, signed_zero_equal=signed_zero_equal))
+        idx, mad = first_value_diff(a, np.ascontiguousarray(ref), signed_zero_equal=signed_zero_equal)
+        return lo, a.size, idx, mad, ((float(a[idx]), float(ref[idx])) if idx >= 0 else (0.0, 0.0))
 
     # our dequantizer produces the chunks in a worker thread; the reference decodes and
-    # compares them on parallel.jobs() threads (numpy releases the GIL: the oracle, the
-    # slowest part, gets every core), results in order
-    for lo, a, ref, idx, mad in pmap_items(check, prefetch_chunks(ours_flat(), 1)):
-        since += a.size
+    # compares them on parallel.jobs() threads (numpy and ctypes release the GIL: the oracle
+    # gets every core), results in order
+    for lo, size, idx, mad, (ov, rv) in pmap_items(check, prefetch_chunks(ours_flat(), 1)):
+        since += size
         if release is not None and since >= RELEASE_ELEMENTS:
             release()
             since = 0
@@ -269,7 +273,7 @@ def compare_values(
             at = lo + idx
             row, col = divmod(at, ncols)
             blk = f"block {at // block}, element {at % block}" if block > 1 else f"element {at}"
-            first = f"{blk} (row {row}, column {col}): ours {float(a[idx])!r} vs reference {float(ref[idx])!r}"
+            first = f"{blk} (row {row}, column {col}): ours {ov!r} vs reference {rv!r}"
     return (not first), worst, first
 
 
@@ -280,23 +284,39 @@ def compare_values(
 def first_byte_diff(a_path: str, b_path: str) -> tuple[int, int, int] | None:
     """``(offset, size_a, size_b)`` of the first differing byte, or None if identical.
 
-    Reads both files in chunks (bounded memory, no mapping to leak)."""
+    Compares memory maps of both files :data:`FILE_STEP` bytes at a time (a read would copy
+    every byte once more; 1 GB against its copy in the page cache: 0.17 s, reads 1.1 s) and
+    drops each step's pages from the process's resident set after comparing it."""
     sa, sb = os.path.getsize(a_path), os.path.getsize(b_path)
-    step = 16 << 20
-    with open(a_path, "rb") as fa, open(b_path, "rb") as fb:
-        off = 0
-        while True:
-            x, y = fa.read(step), fb.read(step)
-            if not x or not y:
-                break
-            if x != y:
-                n = min(len(x), len(y))
-                xa, ya = np.frombuffer(x, np.uint8, n), np.frombuffer(y, np.uint8, n)
-                ne = xa != ya
-                if ne.any():
-                    return off + int(np.argmax(ne)), sa, sb
-            off += min(len(x), len(y))
-    return None if sa == sb else (min(sa, sb), sa, sb)
+    n = min(sa, sb)
+    if n:
+        with open(a_path, "rb") as fa, open(b_path, "rb") as fb, \
+                mmap.mmap(fa.fileno(), n, access=mmap.ACCESS_READ) as ma, \
+                mmap.mmap(fb.fileno(), n, access=mmap.ACCESS_READ) as mb:
+            at = _first_mapped_diff(ma, mb, n)
+            if at is not None:
+                return at, sa, sb
+    return None if sa == sb else (n, sa, sb)
+
+
+#: bytes compared per step of :func:`first_byte_diff`
+FILE_STEP = 1 << 24
+
+
+def _first_mapped_diff(ma: mmap.mmap, mb: mmap.mmap, n: int) -> int | None:
+    x, y = np.frombuffer(ma, np.uint8, n), np.frombuffer(mb, np.uint8, n)
+    xs = ys = x
+    try:
+        for lo in range(0, n, FILE_STEP):
+            xs, ys = x[lo : lo + FILE_STEP], y[lo : lo + FILE_STEP]
+            if not np.array_equal(xs, ys):
+                return lo + int(np.argmax(xs != ys))
+            if hasattr(mmap, "MADV_DONTNEED"):  # resident memory stays bounded for any size
+                ma.madvise(mmap.MADV_DONTNEED, lo, min(FILE_STEP, n - lo))
+                mb.madvise(mmap.MADV_DONTNEED, lo, min(FILE_STEP, n - lo))
+        return None
+    finally:
+        del x, y, xs, ys  # no view may outlive the maps (closing them would fail)
 
 
 @dataclass(frozen=True)

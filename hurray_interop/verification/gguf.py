@@ -28,6 +28,7 @@ from ..errors import UsageError
 from ..formats import gguf as G
 from ..formats import gguf_ggml as ggml
 from ..formats import gguf_split as S
+from ..kernels import thread_buffer
 from .common import (ForeignChecks, ForeignVerifier, RawEntry, Rows, Unit, VerifyResult, first_byte_diff,
                      requested_oracle, run_roundtrip, scratch_dir)
 
@@ -65,7 +66,9 @@ def _reference(info: "G.GGUFTensorInfo", name: str) -> Rows | None:
         blocks = info.data.reshape(-1, t.block_bytes)
 
         def c(start: int, stop: int) -> np.ndarray:
-            return ggml.decode_blocks(t.id, t.block_elements, t.block_bytes, blocks[start:stop])
+            # into this thread's window (valid until its next call: compare_values reads it at once)
+            out = thread_buffer("verify.ggml", ((stop - start) * t.block_elements,), np.float32)
+            return ggml.decode_blocks(t.id, t.block_elements, t.block_bytes, blocks[start:stop], out)
 
         return c
     dt = t.dtype()
