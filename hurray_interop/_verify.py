@@ -23,7 +23,7 @@ from ._convert import import_to_intermediate
 from .registry import (FALLBACK_EXACT, HURRAY, Format, conversion_options, detect_format, format_options, get_format,
                        group_models, option_defaults, output_in_directory)
 from .report import LOSSY, VALUE_EXACT
-from .verification.common import ORACLES, TensorCheck, VerifyResult, check_oracle, reporting, scratch_dir, using_oracle
+from .verification.common import ORACLES, TensorCheck, VerifyResult, reporting, scratch_dir, using_oracle
 
 __all__ = ["ORACLES", "resolve_output", "TensorCheck", "VerifyResult", "verify_roundtrip", "verify_pair", "plan_checks", "verify_check", "verify_files"]
 
@@ -31,7 +31,7 @@ __all__ = ["ORACLES", "resolve_output", "TensorCheck", "VerifyResult", "verify_r
 def _run(result: VerifyResult, fn: Callable[[], None], jobs: int | None = None,
          oracle: str | None = None) -> VerifyResult:
     check_jobs(jobs, "--jobs")
-    with use_jobs(jobs), using_oracle(check_oracle(oracle)):
+    with use_jobs(jobs), using_oracle(oracle):
         try:
             fn()
         except HurrayInteropError as exc:
@@ -314,5 +314,4 @@ def verify_files(
     (``options``: see :func:`verify_pair`; for round trips ``fallback="exact"``, see
     :func:`verify_roundtrip`; ``oracle``, ibid.)."""
     checks = plan_checks(files, pair=pair, each=each, **options)
-    check_oracle(oracle)
     return [verify_check(c, jobs=jobs, oracle=oracle, **options) for c in checks]

@@ -577,8 +577,7 @@ def _decode_gguf_ggml(m: bytes, path: Path) -> None:
         rows = _reference(t, "ggml")
         if rows is None:
             continue
-        n = t.data.size // max(t.ggml_type.block_bytes, 1) if t.ggml_type.block_elements > 1 else t.data.size
-        rows(0, n)
+        rows(0, t.data.size // t.ggml_type.block_bytes)  # every block (a plain type's block: one element)
 
 
 _DRIVERS = {"gguf": (_parse_gguf, ".gguf"), "hrry": (_parse_hrry, ".hrry"), "safetensors": (_parse_safetensors, ".safetensors"),

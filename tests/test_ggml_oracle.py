@@ -76,6 +76,26 @@ def test_both_oracles_agree_on_random_bytes(t: "G.GGMLType") -> None:
         assert not differ.any()
 
 
+@pytest.mark.parametrize("name", sorted(NAN_SIGN_DIFFERS))
+def test_a_nan_scale_of_those_types_never_reaches_a_value_check(tmp_path: Path, name: str) -> None:
+    """The one disagreement (the sign of NaN) cannot decide a verdict: the import refuses the tensor."""
+    import gguf
+
+    t = gguf.GGMLQuantizationType[name]
+    raw = np.random.default_rng(1).integers(0, 256, size=(2, 2 * gguf.GGML_QUANT_SIZES[t][1]), dtype=np.uint8)
+    raw[:, :2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)  # d of each row's first block
+    w = gguf.GGUFWriter(str(tmp_path / "nan.gguf"), "llama")
+    w.add_tensor("t", raw, raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for oracle in ("ggml", "gguf-py"):
+        r = verify(tmp_path / "nan.gguf", fallback="exact", oracle=oracle)
+        (chk,) = r.tensors
+        assert not r.ok and chk.mapping == "refused" and "super-block scale d is not finite" in chk.where
+
+
 def _gguf_files(samples: Path | None) -> list[Path]:
     files = sorted(FIXTURES.glob("*.gguf")) + sorted((FIXTURES / "legacy").glob("*.gguf"))
     return files + (sorted(samples.glob("*.gguf")) if samples is not None else [])

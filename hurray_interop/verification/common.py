@@ -305,18 +305,29 @@ FILE_STEP = 1 << 24
 
 def _first_mapped_diff(ma: mmap.mmap, mb: mmap.mmap, n: int) -> int | None:
     x, y = np.frombuffer(ma, np.uint8, n), np.frombuffer(mb, np.uint8, n)
-    xs = ys = x
+
+    def drop(lo: int, size: int) -> None:  # resident memory stays bounded for any size
+        ma.madvise(mmap.MADV_DONTNEED, lo, size)
+        mb.madvise(mmap.MADV_DONTNEED, lo, size)
+
     try:
-        for lo in range(0, n, FILE_STEP):
-            xs, ys = x[lo : lo + FILE_STEP], y[lo : lo + FILE_STEP]
-            if not np.array_equal(xs, ys):
-                return lo + int(np.argmax(xs != ys))
-            if hasattr(mmap, "MADV_DONTNEED"):  # resident memory stays bounded for any size
-                ma.madvise(mmap.MADV_DONTNEED, lo, min(FILE_STEP, n - lo))
-                mb.madvise(mmap.MADV_DONTNEED, lo, min(FILE_STEP, n - lo))
-        return None
+        return _first_unequal(x, y, FILE_STEP, drop if hasattr(mmap, "MADV_DONTNEED") else None)
     finally:
-        del x, y, xs, ys  # no view may outlive the maps (closing them would fail)
+        del x, y  # no view may outlive the maps (closing them would fail)
+
+
+def _first_unequal(x: np.ndarray, y: np.ndarray, step: int,
+                   after: Callable[[int, int], None] | None = None) -> int | None:
+    """Index of the first differing item of two equal-length 1-D arrays, compared ``step``
+    items at a time (cache-sized temporaries); None when equal.  ``after(lo, size)`` runs
+    after each equal step."""
+    for lo in range(0, x.size, step):
+        xs, ys = x[lo : lo + step], y[lo : lo + step]
+        if not np.array_equal(xs, ys):
+            return lo + int(np.argmax(xs != ys))
+        if after is not None:
+            after(lo, xs.size)
+    return None
 
 
 @dataclass(frozen=True)
@@ -347,13 +358,13 @@ def compare_entries(
     x, y = a.data.reshape(-1), b.data.reshape(-1)
     if x.size != y.size:
         return False, a.where(min(x.size, y.size))
-    for lo in range(0, x.size, CHUNK_BYTES):
-        xs, ys = x[lo : lo + CHUNK_BYTES], y[lo : lo + CHUNK_BYTES]
-        if not np.array_equal(xs, ys):
-            return False, a.where(lo + int(np.argmax(xs != ys)))
-        if release is not None and lo % (RELEASE_ELEMENTS * 4) == 0:
-            release()
-    return True, ""
+
+    def every_release_step(lo: int, size: int) -> None:
+        if lo % (RELEASE_ELEMENTS * 4) == 0:
+            release()  # type: ignore[misc]
+
+    at = _first_unequal(x, y, CHUNK_BYTES, every_release_step if release is not None else None)
+    return (True, "") if at is None else (False, a.where(at))
 
 
 @dataclass(frozen=True)
