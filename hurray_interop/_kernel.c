@@ -35,7 +35,7 @@
 typedef ptrdiff_t hk_stride;
 
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
-HK_API int hk_abi_version(void) { return 6; }
+HK_API int hk_abi_version(void) { return 7; }
 
 /* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -681,3 +681,355 @@ HK_API void hk_factor_first(const float *t, const float *tg, const uint8_t *z, s
         ok_out[r] = (uint8_t)good;
     }
 }
+
+/* ---------------------------------------------------------------------------
+ * The shared dequantizer's compiled path (hurray_interop/dequant.py): per-block affine and
+ * MXFP tensors along the last axis, alone or as the members of a sealed overlay `add`
+ * evaluated in float32, written into a float32 window.  Element g of the row-major order
+ * belongs to block g / block of every member (the caller checks that rows hold whole
+ * blocks).  Per element, in this order (numpy's operations, one IEEE rounding each, no
+ * contraction: C99 mode):
+ *   integer codes:  v = (float)(code - zero)          (code - zero exact in 64 bits)
+ *   table codes:    v = table[code]                   (float codes, code books; no zero)
+ *   member value:   w = v * scale                     (scale from its table / bits)
+ *   first member:   out = w;   later members: out = out + w
+ * A constant member (strides all 0) has one code, element 0, for every element.
+ * Scales: kind 1 float16 and 4 float8_e8m0 through the caller's value table (`stable`),
+ * 2 bfloat16 (the high half of a float32), 3 float32. */
+typedef struct {
+    const uint8_t *codes;  /* element 0's byte (byte_offset applied) */
+    const void *scale;     /* one scale per block */
+    const int32_t *zero;   /* one zero point per block, or NULL */
+    const float *table;    /* code -> value (2^bits entries), or NULL: integer codes */
+    const float *stable;   /* scale bits -> value for kinds 1 and 4 */
+    int64_t block;         /* elements per block */
+    int32_t bits;          /* 1, 2, 4 or 8 */
+    int32_t is_signed;     /* integer codes are two's complement of `bits` bits */
+    int32_t scale_kind;
+    int32_t constant;
+} hk_dq_member;
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("O3")  /* the loops below vectorize (the file is built at -O2) */
+#endif
+
+static inline float dq_scale(const hk_dq_member *m, size_t b) {
+    switch (m->scale_kind) {
+    case 1: return m->stable[((const uint16_t *)m->scale)[b]];
+    case 2: {
+        uint32_t u = (uint32_t)((const uint16_t *)m->scale)[b] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    case 3: return ((const float *)m->scale)[b];
+    default: return m->stable[((const uint8_t *)m->scale)[b]];
+    }
+}
+
+/* Codes of elements g .. g+n-1 as bytes: unsigned codes as they are, signed ones
+ * sign-extended to int8 (the same bytes read as int8_t). */
+static void dq_codes(const hk_dq_member *m, size_t g, size_t n, uint8_t *restrict c) {
+    const uint8_t *p = m->codes;
+    unsigned bits = (unsigned)m->bits;
+    size_t i = 0;
+    if (bits == 8) {
+        memcpy(c, p + g, n);
+        return;
+    }
+    unsigned per = 8u / bits, mask = (1u << bits) - 1u;
+    for (; i < n && (g + i) % per; i++) {  /* to a byte boundary */
+        size_t bit = (g + i) * bits;
+        c[i] = (uint8_t)(p[bit >> 3] >> (bit & 7u) & mask);
+    }
+    const uint8_t *q = p + (g + i) / per;
+    size_t whole = (n - i) / per;
+#if defined(HK_SSE2)
+    if (bits == 4) {
+        const __m128i lo = _mm_set1_epi8(0x0F);
+        size_t k = 0;
+        for (; k + 16 <= whole; k += 16) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(q + k));
+            __m128i a = _mm_and_si128(v, lo), b = _mm_and_si128(_mm_srli_epi16(v, 4), lo);
+            _mm_storeu_si128((__m128i *)(c + i + 2 * k), _mm_unpacklo_epi8(a, b));
+            _mm_storeu_si128((__m128i *)(c + i + 2 * k + 16), _mm_unpackhi_epi8(a, b));
+        }
+        q += k, i += 2 * k, whole -= k;
+    } else if (bits == 2) {
+        const __m128i lo = _mm_set1_epi8(0x03);
+        size_t k = 0;
+        for (; k + 16 <= whole; k += 16) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(q + k));
+            __m128i a0 = _mm_and_si128(v, lo), a1 = _mm_and_si128(_mm_srli_epi16(v, 2), lo);
+            __m128i a2 = _mm_and_si128(_mm_srli_epi16(v, 4), lo), a3 = _mm_and_si128(_mm_srli_epi16(v, 6), lo);
+            __m128i p01l = _mm_unpacklo_epi8(a0, a1), p01h = _mm_unpackhi_epi8(a0, a1);
+            __m128i p23l = _mm_unpacklo_epi8(a2, a3), p23h = _mm_unpackhi_epi8(a2, a3);
+            uint8_t *o = c + i + 4 * k;
+            _mm_storeu_si128((__m128i *)o, _mm_unpacklo_epi16(p01l, p23l));
+            _mm_storeu_si128((__m128i *)(o + 16), _mm_unpackhi_epi16(p01l, p23l));
+            _mm_storeu_si128((__m128i *)(o + 32), _mm_unpacklo_epi16(p01h, p23h));
+            _mm_storeu_si128((__m128i *)(o + 48), _mm_unpackhi_epi16(p01h, p23h));
+        }
+        q += k, i += 4 * k, whole -= k;
+    }
+#endif
+    for (size_t k = 0; k < whole; k++, i += per) {
+        unsigned b = q[k];
+        for (unsigned j = 0; j < per; j++)
+            c[i + j] = (uint8_t)(b >> (j * bits) & mask);
+    }
+    for (; i < n; i++) {
+        size_t bit = (g + i) * bits;
+        c[i] = (uint8_t)(p[bit >> 3] >> (bit & 7u) & mask);
+    }
+    if (m->is_signed && bits < 8) {  /* two's complement of `bits` bits -> int8 */
+        uint8_t sign = (uint8_t)(1u << (bits - 1));
+        for (size_t k = 0; k < n; k++)
+            c[k] = (uint8_t)((c[k] ^ sign) - sign);
+    }
+}
+
+/* x + y and v * s as numpy computes them, NaN payloads included: where both operands are
+ * NaN, x86 returns the first one (quieted), but a compiler may swap the operands of a
+ * commutative operation -- so a NaN first operand is returned explicitly. */
+static inline float dq_quiet(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u |= 0x00400000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+static inline float dq_add(float x, float y) { return x != x ? dq_quiet(x) : x + y; }
+static inline float dq_mul(float v, float s) { return v != v ? dq_quiet(v) : v * s; }
+#if defined(HK_SSE2)
+static inline __m128 dq_add4(__m128 x, __m128 y) {
+    __m128 nan = _mm_cmpunord_ps(x, x);
+    __m128 xq = _mm_or_ps(x, _mm_castsi128_ps(_mm_set1_epi32(0x00400000)));
+    return _mm_or_ps(_mm_and_ps(nan, xq), _mm_andnot_ps(nan, _mm_add_ps(x, y)));
+}
+#endif
+
+/* o[0 .. n) (=, or `add`: +=) v * s over one block's codes c (v: the code's value). */
+static inline void dq_block(const hk_dq_member *m, const uint8_t *restrict c, size_t n, float s, int32_t z,
+                            int add, float *restrict o) {
+    if (m->table) {
+        const float *t = m->table;
+        if (add)
+            for (size_t i = 0; i < n; i++) o[i] = dq_add(o[i], dq_mul(t[c[i]], s));
+        else
+            if (s == s)  /* a NaN product then has one NaN operand: either order gives it */
+            for (size_t i = 0; i < n; i++) o[i] = t[c[i]] * s;
+        else
+            for (size_t i = 0; i < n; i++) o[i] = dq_mul(t[c[i]], s);
+        return;
+    }
+    if (z < -(1 << 30) || z > (1 << 30)) {  /* code - z beyond int32: 64-bit differences */
+        for (size_t i = 0; i < n; i++) {
+            int64_t q = m->is_signed ? (int64_t)(int8_t)c[i] : (int64_t)c[i];
+            float w = (float)(q - z) * s;
+            o[i] = add ? dq_add(o[i], w) : w;
+        }
+        return;
+    }
+    const int8_t *sc = (const int8_t *)c;
+#if defined(HK_SSE2)
+    size_t i = 0;
+    const __m128i zero = _mm_setzero_si128(), zv = _mm_set1_epi32(z);
+    const __m128 sv = _mm_set1_ps(s);
+    for (; i + 16 <= n; i += 16) {  /* 16 codes -> 4 x 4 int32 -> float (same roundings) */
+        __m128i v = _mm_loadu_si128((const __m128i *)(c + i)), w16[2], w32[4];
+        if (m->is_signed) {
+            w16[0] = _mm_srai_epi16(_mm_unpacklo_epi8(v, v), 8);
+            w16[1] = _mm_srai_epi16(_mm_unpackhi_epi8(v, v), 8);
+            for (int h = 0; h < 2; h++) {
+                w32[2 * h] = _mm_srai_epi32(_mm_unpacklo_epi16(w16[h], w16[h]), 16);
+                w32[2 * h + 1] = _mm_srai_epi32(_mm_unpackhi_epi16(w16[h], w16[h]), 16);
+            }
+        } else {
+            w16[0] = _mm_unpacklo_epi8(v, zero), w16[1] = _mm_unpackhi_epi8(v, zero);
+            for (int h = 0; h < 2; h++) {
+                w32[2 * h] = _mm_unpacklo_epi16(w16[h], zero);
+                w32[2 * h + 1] = _mm_unpackhi_epi16(w16[h], zero);
+            }
+        }
+        for (int k = 0; k < 4; k++) {
+            __m128 x = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(w32[k], zv)), sv);
+            if (add)
+                x = dq_add4(_mm_loadu_ps(o + i + 4 * k), x);
+            _mm_storeu_ps(o + i + 4 * k, x);
+        }
+    }
+    c += i, sc += i, o += i, n -= i;
+#endif
+    if (m->is_signed) {
+        if (add)
+            for (size_t i = 0; i < n; i++) o[i] = dq_add(o[i], (float)((int32_t)sc[i] - z) * s);
+        else
+            for (size_t i = 0; i < n; i++) o[i] = (float)((int32_t)sc[i] - z) * s;
+    } else {
+        if (add)
+            for (size_t i = 0; i < n; i++) o[i] = dq_add(o[i], (float)((int32_t)c[i] - z) * s);
+        else
+            for (size_t i = 0; i < n; i++) o[i] = (float)((int32_t)c[i] - z) * s;
+    }
+}
+
+#define HK_DQ_CHUNK 4096
+#define HK_DQ_FUSED 4
+
+/* A member's value at one element as the generic path computes it (dq_block of one code). */
+static inline float dq_one(const hk_dq_member *m, uint8_t c, float s, int32_t z) {
+    float w;
+    dq_block(m, &c, 1, s, z, 0, &w);
+    return w;
+}
+
+#if defined(HK_SSE2)
+/* Four int32 lanes of 16 codes (k: which four), sign-extended or zero-extended. */
+static inline __m128i dq_lanes(__m128i v, int is_signed, int k) {
+    __m128i w16, zero = _mm_setzero_si128();
+    if (is_signed) {
+        w16 = k < 2 ? _mm_srai_epi16(_mm_unpacklo_epi8(v, v), 8) : _mm_srai_epi16(_mm_unpackhi_epi8(v, v), 8);
+        return k & 1 ? _mm_srai_epi32(_mm_unpackhi_epi16(w16, w16), 16) : _mm_srai_epi32(_mm_unpacklo_epi16(w16, w16), 16);
+    }
+    w16 = k < 2 ? _mm_unpacklo_epi8(v, zero) : _mm_unpackhi_epi8(v, zero);
+    return k & 1 ? _mm_unpackhi_epi16(w16, zero) : _mm_unpacklo_epi16(w16, zero);
+}
+#endif
+
+#if defined(HK_SSE2)
+/* dq_fused's elements i .. stop in groups of 16 (returns where it stopped); `tame`: no value
+ * or sum can be NaN, so plain additions give numpy's bits. */
+static inline size_t dq_fused16(const hk_dq_member *ms, size_t nm, uint8_t (*c)[HK_DQ_CHUNK], size_t c0, size_t i,
+                                size_t stop, const float *s, const int32_t *z, const float *w, int tame,
+                                float *restrict o) {
+    for (; i + 16 <= stop; i += 16) {
+        __m128 x[4];
+        for (size_t j = 0; j < nm; j++) {
+            __m128 y[4];
+            if (ms[j].constant) {
+                y[0] = y[1] = y[2] = y[3] = _mm_set1_ps(w[j]);
+            } else {
+                __m128i v = _mm_loadu_si128((const __m128i *)(c[j] + (i - c0)));
+                __m128i zv = _mm_set1_epi32(z[j]);
+                __m128 sv = _mm_set1_ps(s[j]);
+                for (int k = 0; k < 4; k++)
+                    y[k] = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(dq_lanes(v, ms[j].is_signed, k), zv)), sv);
+            }
+            for (int k = 0; k < 4; k++)
+                x[k] = !j ? y[k] : tame ? _mm_add_ps(x[k], y[k]) : dq_add4(x[k], y[k]);
+        }
+        for (int k = 0; k < 4; k++)
+            _mm_storeu_ps(o + (i - c0) + 4 * k, x[k]);
+    }
+    return i;
+}
+#endif
+
+/* Block by block over every member at once (members of one block size, integer codes
+ * with zero points within int32 range, or constant): per element base, then + each
+ * member, in registers -- the generic path's operations in its order, stored once. */
+static inline void dq_fused(const hk_dq_member *ms, size_t nm, size_t c0, size_t end, uint8_t (*c)[HK_DQ_CHUNK],
+                            float *restrict o) {
+    size_t K = (size_t)ms[0].block;
+    float s[HK_DQ_FUSED], w[HK_DQ_FUSED];
+    int32_t z[HK_DQ_FUSED];
+    for (size_t g = c0; g < end;) {
+        size_t b = g / K, stop = (b + 1) * K < end ? (b + 1) * K : end, i = g;
+        int wide = 0, tame = 1;
+        for (size_t j = 0; j < nm; j++) {
+            s[j] = dq_scale(ms + j, b);
+            z[j] = ms[j].zero ? ms[j].zero[b] : 0;
+            wide |= z[j] < -(1 << 30) || z[j] > (1 << 30);  /* code - z beyond int32: dq_one */
+            tame &= fabsf(s[j]) < 0x1p90f;  /* |code - z| < 2^32: every value and sum finite */
+            if (ms[j].constant) {
+                w[j] = dq_one(ms + j, c[j][0], s[j], z[j]);
+                tame &= fabsf(w[j]) < 0x1p122f;
+            }
+        }
+#if defined(HK_SSE2)
+        if (!wide)
+            i = tame ? dq_fused16(ms, nm, c, c0, i, stop, s, z, w, 1, o) : dq_fused16(ms, nm, c, c0, i, stop, s, z, w, 0, o);
+#endif
+        for (; i < stop; i++) {
+            float x = 0.0f;
+            for (size_t j = 0; j < nm; j++) {
+                float y = ms[j].constant ? w[j] : dq_one(ms + j, c[j][i - c0], s[j], z[j]);
+                x = j ? dq_add(x, y) : y;
+            }
+            o[i - c0] = x;
+        }
+        g = stop;
+    }
+}
+
+/* Whether dq_fused takes the members. */
+static int dq_fusable(const hk_dq_member *ms, size_t nm) {
+    if (nm < 2 || nm > HK_DQ_FUSED)
+        return 0;
+    for (size_t j = 0; j < nm; j++)
+        if (ms[j].block != ms[0].block || (ms[j].table && !ms[j].constant))
+            return 0;
+    return 1;
+}
+
+/* out[0 .. n) = the values of elements g0 .. g0+n-1 of the overlay of the `nm` members,
+ * HK_DQ_CHUNK elements at a time (every member over one chunk while it is in L1). */
+HK_API void hk_dequant(const hk_dq_member *members, size_t nm, size_t g0, size_t n, float *out) {
+    uint8_t c[HK_DQ_FUSED][HK_DQ_CHUNK];
+    int fused = dq_fusable(members, nm);
+    for (size_t c0 = g0; c0 < g0 + n; c0 += HK_DQ_CHUNK) {
+        size_t end = c0 + HK_DQ_CHUNK < g0 + n ? c0 + HK_DQ_CHUNK : g0 + n;
+        if (fused) {
+            for (size_t j = 0; j < nm; j++) {
+                if (members[j].constant)
+                    dq_codes(members + j, 0, 1, c[j]);
+                else
+                    dq_codes(members + j, c0, end - c0, c[j]);
+            }
+            if (nm == 2)  /* member counts as constants: the loops over members unroll */
+                dq_fused(members, 2, c0, end, c, out + (c0 - g0));
+            else if (nm == 3)
+                dq_fused(members, 3, c0, end, c, out + (c0 - g0));
+            else
+                dq_fused(members, nm, c0, end, c, out + (c0 - g0));
+            continue;
+        }
+        for (size_t j = 0; j < nm; j++) {
+            const hk_dq_member *m = members + j;
+            size_t K = (size_t)m->block;
+            if (m->constant)
+                dq_codes(m, 0, 1, c[0]);
+            else
+                dq_codes(m, c0, end - c0, c[0]);
+            for (size_t g = c0; g < end;) {
+                size_t b = g / K;
+                size_t stop = (b + 1) * K < end ? (b + 1) * K : end;
+                float s = dq_scale(m, b);
+                int32_t z = m->zero ? m->zero[b] : 0;
+                float *o = out + (g - g0);
+                if (m->constant) {  /* one value for the block */
+                    float w;
+                    dq_block(m, c[0], 1, s, z, 0, &w);
+                    size_t len = stop - g;
+                    if (j)
+                        for (size_t i = 0; i < len; i++) o[i] = dq_add(o[i], w);
+                    else
+                        for (size_t i = 0; i < len; i++) o[i] = w;
+                } else if (stop - g == 32) {  /* the common block sizes, unrolled */
+                    dq_block(m, c[0] + (g - c0), 32, s, z, j != 0, o);
+                } else if (stop - g == 16) {
+                    dq_block(m, c[0] + (g - c0), 16, s, z, j != 0, o);
+                } else {
+                    dq_block(m, c[0] + (g - c0), stop - g, s, z, j != 0, o);
+                }
+                g = stop;
+            }
+        }
+    }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif

@@ -58,6 +58,16 @@ and non-zero, NF4 absmax finite and ≥ 0, MXFP scale bytes never 0x00/0xFF,
 per-channel zero points within the storage range).  ``strict=False`` skips only
 the parameter values and the float8_e8m0 data bytes 0x00/0xFF.
 
+The forms every GGML type imports to -- per-block affine and MXFP along the last axis,
+rows of whole blocks, codes of 1/2/4/8 bits stored row-major (or one broadcast code), and
+the sealed overlays ``add`` of such members evaluated in float32 -- run on the compiled path
+where the optional kernel is loaded (``hk_dequant`` in ``_kernel.c``, through
+:func:`hurray_interop.kernels.dequant_window`): every member of an overlay in one pass,
+block by block, with numpy's operations in numpy's order (NaN payloads included), so the
+numpy evaluation below is its byte-identical twin (tests/test_dequant_kernel.py).
+:func:`windows` evaluates a tensor window by window into buffers the caller reuses (what
+``verify``'s value check runs on every core).
+
 Hand-written on numpy (+ ml_dtypes value maps): no library evaluates Hurray
 descriptors, and the per-format decoders that exist (gguf-py, torchao) cover one
 layout each — they serve as the independent oracles in the tests instead.
@@ -81,7 +91,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from . import parallel
+from . import kernels, parallel
 from .core.composite import check_nesting, validate_composite
 from .core.descriptor import (
     blocks_per_axis,
@@ -105,7 +115,7 @@ from .core.layouts import rule_of as layout_of
 from .core.schemes import code_books, rule_of as scheme_of
 from .errors import FormatError, UnsupportedError, UsageError
 
-__all__ = ["dequantize", "iter_dequantize", "NF4_LUT", "DEFAULT_MAX_ELEMENTS"]
+__all__ = ["dequantize", "iter_dequantize", "windows", "Windows", "NF4_LUT", "DEFAULT_MAX_ELEMENTS"]
 
 #: Default upper bound on the values :func:`iter_dequantize` yields per chunk (64 MiB of float32).
 DEFAULT_MAX_ELEMENTS = 1 << 24
@@ -277,6 +287,9 @@ class _Dense:
             self._prepare_scheme(self.q)
         # ---- storage geometry and addressing
         self._prepare_layout(desc.layout)
+        # ---- the compiled path (kernels.dequant_window) where the tensor fits it
+        self.spec = self._compiled_spec()
+        self.plan = kernels.dequant_plan([self.spec], self.size) if self.spec is not None else None
 
     # -- scheme ------------------------------------------------------------------
 
@@ -353,6 +366,32 @@ class _Dense:
             raw = raw.view(np.uint8)
             if e8m0_reserved(raw).any():
                 raise FormatError("float8_e8m0 data holds 0x00 or 0xFF (reserved)", tensor=self.name, field="data")
+
+    def _compiled_spec(self) -> dict | None:
+        """This tensor as one member of a compiled dequantization (kernels.dequant_plan), or
+        None: per-block schemes along the last axis, rows of whole blocks, codes of 1/2/4/8
+        bits stored row-major (or one code: strides all 0), integer codes or a value table
+        (float codes, code books) without a zero point, scales float16/bfloat16/float32/
+        float8_e8m0.  Anything else stays on the numpy path below -- the compiled path's twin."""
+        q, et = self.q, self.et
+        if (kernels.KERNEL != "c" or q is None or self.unit != "block" or self.size == 0
+                or self.axis != len(self.shape) - 1 or self.shape[self.axis] % self.block
+                or et.bits not in (1, 2, 4, 8) or not (et.packed or et.bits == 8)
+                or not (self.constant or (self.row_major and self.storage_shape == self.shape))):
+            return None
+        st = scheme_of(q).scale_type(q)
+        if st.name not in kernels.DQ_SCALE_KINDS:
+            return None
+        integer = et.kind in ("int", "uint", "bool") and self.values_key == et.name
+        raw = self.bufs[q.scale_buffer_index]
+        scale = raw if st.bits == 8 else raw.view({16: "<u2", 32: "<f4"}[st.bits])
+        zbi = getattr(q, "zero_point_buffer_index", None)
+        stables = {"float16": _f16_table, "float8_e8m0": lambda: _code_values("float8_e8m0")}
+        return {"codes": self.bufs[0][self.byte_offset :], "scale": scale, "scale_kind": st.name,
+                "stable": stables[st.name]() if st.name in stables else None,
+                "zero": self.bufs[zbi].view("<i4") if zbi is not None else None,
+                "table": None if integer else _values_by_key(self.values_key),
+                "block": self.block, "bits": et.bits, "signed": et.kind == "int", "constant": self.constant}
 
     # -- fetching codes ----------------------------------------------------------
 
@@ -521,6 +560,9 @@ class _Dense:
         add them to what ``out`` holds; only where :attr:`accumulates`)."""
         assert not accumulate or self.accumulates
         inner = _prod(self.shape[d + 1 :])
+        if self.plan is not None and not accumulate:
+            kernels.dequant_window(self.plan, _linear(self.shape, d, prefix, a), out[: (b - a) * inner])
+            return
         pos = 0
         ad, al = self.align
         for rd, rp, ra, rb in _regions(self.shape, _PIECE, d, prefix, a, b, ad, al):
@@ -720,6 +762,17 @@ class _Composite:
         self._by_row = sorted(range(len(self.members)), key=lambda i: self.members[i].offset[0])
         self._row_starts = [self.members[i].offset[0] for i in self._by_row]
         self._tallest = max((m.shape[0] for m in self.members), default=0)
+        self.plan = self._compiled_plan()
+
+    def _compiled_plan(self) -> "kernels.DequantPlan | None":
+        """A sealed overlay ``add`` evaluated in float32 whose members all cover the head and
+        fit the compiled path (:meth:`_Dense._compiled_spec`): one compiled pass over every
+        member, element by element in the numpy path's order (base, then each member added)."""
+        if (self.rule != RULE_OVERLAY or self.op != OP_ADD or self.round is not None
+                or any(not isinstance(m.decoder, _Dense) or m.decoder.spec is None
+                       or any(m.offset) or m.shape != self.shape for m in self.members)):
+            return None
+        return kernels.dequant_plan([m.decoder.spec for m in self.members], self.size)  # type: ignore[union-attr]
 
     def _candidates(self, lo: int, hi: int) -> list[int]:
         """Indices (in member order) of the members whose rows meet ``[lo, hi)`` along
@@ -732,6 +785,10 @@ class _Composite:
     align = (-1, 1)
 
     def fill(self, d: int, prefix, a: int, b: int, out: np.ndarray, work: "_Work") -> None:
+        if self.plan is not None:
+            kernels.dequant_window(self.plan, _linear(self.shape, d, prefix, a),
+                                   out[: (b - a) * _prod(self.shape[d + 1 :])])
+            return
         pos = 0
         for rd, rp, ra, rb in _regions(self.shape, _PIECE, d, prefix, a, b):
             n = (rb - ra) * _prod(self.shape[rd + 1 :])
@@ -846,6 +903,51 @@ def iter_dequantize(
         raise UsageError(f"max_elements must be positive, not {max_elements}", tensor=tensor.name)
     dec = _make(tensor, strict)  # validate now, not at the first next()
     return _iter(dec, max_elements, threads)
+
+
+class Windows:
+    """A validated tensor's values window by window, in any order, on any thread: what
+    :func:`iter_dequantize` yields, into buffers the caller reuses (see :func:`windows`)."""
+
+    def __init__(self, dec: "_Dense | _Composite", max_elements: int) -> None:
+        self._dec = dec
+        self.max_elements = max_elements
+        #: the number of values
+        self.size = dec.size
+
+    def spans(self) -> Iterator[tuple[int, int, tuple]]:
+        """``(start, count, region)`` of every window in row-major order: the flat index of its
+        first value, its number of values, and the key :meth:`fill` takes."""
+        dec = self._dec
+        ad, al = dec.align
+        pos = 0
+        for d, prefix, a, b in _regions(dec.shape, self.max_elements, align_dim=ad, align=al):
+            n = (b - a) * _prod(dec.shape[d + 1 :])
+            yield pos, n, (d, prefix, a, b)
+            pos += n
+
+    def fill(self, region: tuple, out: np.ndarray) -> np.ndarray:
+        """The window's values written into ``out`` (C-contiguous float32 of exactly its count),
+        on the calling thread; returns ``out``."""
+        d, prefix, a, b = region
+        n = (b - a) * _prod(self._dec.shape[d + 1 :])
+        if not (isinstance(out, np.ndarray) and out.dtype == _F32 and out.size == n and out.flags.c_contiguous
+                and out.flags.writeable):
+            raise UsageError(f"a window of {n} values needs a writeable C-contiguous float32 array of that size",
+                             tensor=self._dec.name)
+        _fill_all(self._dec, out.reshape(-1), 1, d, prefix, a, b)
+        return out
+
+
+def windows(tensor: Tensor, *, max_elements: int = DEFAULT_MAX_ELEMENTS, strict: bool = True) -> Windows:
+    """``tensor`` validated (as :func:`iter_dequantize` does) and ready to be evaluated window
+    by window: :meth:`Windows.spans` lists the windows (the chunks :func:`iter_dequantize`
+    yields), :meth:`Windows.fill` evaluates one into a caller's buffer.  Windows are
+    independent: worker threads may fill different ones at once (each with its own buffer),
+    and nothing is allocated per window."""
+    if max_elements < 1:
+        raise UsageError(f"max_elements must be positive, not {max_elements}", tensor=tensor.name)
+    return Windows(_make(tensor, strict), max_elements)
 
 
 def _iter(dec, max_elements: int, threads: int | None):

@@ -52,11 +52,14 @@ __all__ = [
     "unpack_runs",
     "pack_runs",
     "string_starts",
+    "DequantMember",
+    "dequant_plan",
+    "dequant_window",
 ]
 
 ENV_VAR = "HURRAY_INTEROP_KERNEL"
 LIBRARY = Path(__file__).with_name("_kernel.dll" if os.name == "nt" else "_kernel.so")
-_ABI_VERSION = 6  # hk_abi_version() in _kernel.c
+_ABI_VERSION = 7  # hk_abi_version() in _kernel.c
 
 #: scale classes returned by :func:`scale_class`, one byte per block
 SCALE_OK, SCALE_ZERO, SCALE_BAD = 0, 1, 2
@@ -82,6 +85,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "hk_q5_k_join": (None, [_P, _S, _P, _S, _N, _N, _P, _S]),
     "hk_factor_first": (None, [_P, _P, _P, _N, _N, ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_float,
                                 ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_int, _P, _P, _P, _P]),
+    "hk_dequant": (None, [_P, _N, _N, _N, _P]),
     "hk_dsc_scales": (_N, [_P, _S, _N, _N, _N, _P, _N, ctypes.c_int, ctypes.c_int, _S, _P, _N, _P, _P, _P]),
 }
 
@@ -618,3 +622,82 @@ def string_starts(buf: Any, pos: int, count: int, end: int) -> tuple[np.ndarray,
     stop = ctypes.c_size_t()
     n = _lib.hk_string_starts(_at(view), end, pos, count, _at(starts), ctypes.byref(stop))
     return starts[:n], int(stop.value)
+
+
+# ---------------------------------------------------------------------------
+# the shared dequantizer's compiled path (its numpy twin is hurray_interop/dequant.py's own
+# evaluation; tests/test_dequant_kernel.py compares the two bit for bit)
+
+
+class DequantMember(ctypes.Structure):
+    """One per-block member of a compiled dequantization (``hk_dq_member`` in ``_kernel.c``)."""
+
+    _fields_ = [("codes", _P), ("scale", _P), ("zero", _P), ("table", _P), ("stable", _P),
+                ("block", ctypes.c_int64), ("bits", ctypes.c_int32), ("is_signed", ctypes.c_int32),
+                ("scale_kind", ctypes.c_int32), ("constant", ctypes.c_int32)]
+
+
+#: scale kinds of ``hk_dq_member``: float16 and float8_e8m0 through a value table
+DQ_SCALE_KINDS = {"float16": 1, "bfloat16": 2, "float32": 3, "float8_e8m0": 4}
+
+
+class DequantPlan:
+    """The members of one compiled dequantization and every array they point into (kept
+    alive with the plan).  Built by :func:`dequant_plan`; run by :func:`dequant_window`."""
+
+    def __init__(self, members: list[dict[str, Any]], size: int) -> None:
+        self.size = size
+        self._keep = [a for m in members for a in m.values() if isinstance(a, np.ndarray)]
+        arr = (DequantMember * len(members))()
+        for slot, m in zip(arr, members):
+            for key in ("codes", "scale", "zero", "table", "stable"):
+                a = m.get(key)
+                setattr(slot, key, _at(a) if a is not None else None)
+            slot.block, slot.bits, slot.is_signed = int(m["block"]), int(m["bits"]), int(m["signed"])
+            slot.scale_kind, slot.constant = DQ_SCALE_KINDS[m["scale_kind"]], int(m["constant"])
+        self.members = arr
+        self.count = len(members)
+
+
+def _aligned(a: np.ndarray | None, itemsize: int) -> bool:
+    return a is None or (a.flags.c_contiguous and _at(a) % itemsize == 0)
+
+
+def dequant_plan(members: list[dict[str, Any]], size: int) -> DequantPlan | None:
+    """A compiled plan for the ``size`` elements of ``members`` (dicts: ``codes`` uint8 array starting at element 0,
+    ``scale`` the per-block scales as stored, ``scale_kind`` (:data:`DQ_SCALE_KINDS`),
+    ``stable`` its value table for float16/float8_e8m0, ``zero`` int32 zero points or None,
+    ``table`` float32 code values or None (integer codes), ``block``, ``bits`` (1/2/4/8),
+    ``signed``, ``constant``), or None where the library is not loaded or an array does not
+    fit (not C-contiguous, misaligned, a table of the wrong size): the caller's numpy path."""
+    if _lib is None or not members:
+        return None
+    for m in members:
+        bits, kind = int(m["bits"]), m["scale_kind"]
+        table, stable, scale, zero = m.get("table"), m.get("stable"), m["scale"], m.get("zero")
+        if bits not in (1, 2, 4, 8) or kind not in DQ_SCALE_KINDS or int(m["block"]) < 1:
+            return None
+        if m["codes"].dtype != np.uint8 or not m["codes"].flags.c_contiguous:
+            return None
+        if table is not None and (table.dtype != np.float32 or table.size != 1 << bits or zero is not None):
+            return None
+        need = {1: 1 << 16, 4: 256}.get(DQ_SCALE_KINDS[kind])
+        if need is not None and (stable is None or stable.dtype != np.float32 or stable.size != need):
+            return None
+        if not (_aligned(scale, scale.dtype.itemsize) and _aligned(zero, 4) and _aligned(table, 4)
+                and _aligned(stable, 4)):
+            return None
+        if zero is not None and zero.dtype != np.dtype("<i4"):
+            return None
+    return DequantPlan(members, size)
+
+
+def dequant_window(plan: DequantPlan, g0: int, out: np.ndarray) -> None:
+    """``out`` (C-contiguous float32) = the values of elements ``g0 .. g0 + out.size`` (row-major),
+    which must lie inside the plan's tensor (the C code reads codes and scales there)."""
+    if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.flags.c_contiguous
+            and out.flags.writeable):
+        raise ValueError("dequant_window writes a writeable C-contiguous float32 array")
+    if not 0 <= g0 <= plan.size - out.size:
+        raise ValueError(f"elements {g0}..{g0 + out.size} are not inside the tensor's {plan.size}")
+    _lib.hk_dequant(plan.members, plan.count, int(g0), out.size, _at(out))

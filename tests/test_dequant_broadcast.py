@@ -23,6 +23,7 @@ import pytest
 from test_dequant import pack  # the test-local packer (element-types.md, LSB-first)
 
 import hurray_interop.dequant as dq
+import hurray_interop.kernels as kernels
 from hurray_interop.core.elements import element_type
 from hurray_interop.core.hrry import HrryFile, HrryWriter
 from hurray_interop.core.model import (
@@ -226,6 +227,7 @@ def test_one_row_of_codes_needs_the_whole_row(code_bytes: int, ok: bool) -> None
 def test_broadcast_codes_are_fetched_once(monkeypatch) -> None:
     """The offsets gathered are the reduced grid's (one code; one row), never one per element,
     and the element-offset builder is not called at all."""
+    monkeypatch.setattr(kernels, "_lib", None)  # the numpy evaluation (the compiled path: test_dequant_kernel.py)
     seen: list[int] = []
     real = dq._Dense._gather_packed
 
@@ -313,6 +315,7 @@ def test_the_broadcast_minimum_is_added_in_place(monkeypatch, tmp_path: Path) ->
     """A float32 overlay adds the broadcast member into its accumulator: the composite asks for
     no work buffer of its own (the element-sized temporary of a correction member), while the
     plane member still takes one."""
+    monkeypatch.setattr(kernels, "_lib", None)  # the numpy evaluation (the compiled path: test_dequant_kernel.py)
     asked: list[str] = []
     real = dq._Work.buffer
 

@@ -32,10 +32,11 @@ import numpy as np
 
 from ..core.hrry import HrryFile
 from ..core.model import Tensor
-from ..dequant import iter_dequantize
+from ..dequant import windows
 from ..errors import ConversionRefused, HurrayInteropError, UsageError
 from ..files.atomic import transient
-from ..parallel import in_background, pmap_items, prefetch_chunks
+from ..kernels import thread_buffer
+from ..parallel import in_background, pmap_items
 
 __all__ = [
     "TensorCheck",
@@ -238,30 +239,23 @@ def compare_values(
     first = ""
     since = 0
 
-    def ours_flat() -> Iterator[tuple[int, np.ndarray]]:
-        """Our dequantizer's chunks, flattened, with the flat index of their first value."""
-        flat = 0
-        for _, values in iter_dequantize(ours, max_elements=CHUNK_ROWS_ELEMENTS):  # threads: parallel.use_jobs
-            a = values.reshape(-1)
-            if a.size:
-                yield flat, a
-            flat += a.size
+    wins = windows(ours, max_elements=CHUNK_ROWS_ELEMENTS)  # validated here, in the caller's thread
 
-    def check(chunk: tuple[int, np.ndarray]) -> tuple[int, int, int, float | None, tuple[float, float]]:
-        """The chunk ``a`` from flat index ``lo`` against the reference: its size, the first
-        difference (−1: none), the max |a−ref| and the two values there.  The reference's
-        window may be a buffer the decoder reuses: only scalars leave this call."""
-        lo, a = chunk
-        hi = lo + a.size
+    def check(span: tuple[int, int, tuple]) -> tuple[int, int, int, float | None, tuple[float, float]]:
+        """One window: our values (into this thread's buffer) against the reference's: its
+        size, the first difference (−1: none), the max |a−ref| and the two values there.  Both
+        windows are buffers reused by this thread: only scalars leave this call."""
+        lo, n, region = span
+        a = wins.fill(region, thread_buffer("verify.ours", (CHUNK_ROWS_ELEMENTS,), np.float32)[:n])
+        hi = lo + n
         r0, r1 = lo // unit, -(-hi // unit)
         ref = np.asarray(reference_rows(r0, r1), dtype=np.float32).reshape(-1)[lo - r0 * unit : hi - r0 * unit]
         idx, mad = first_value_diff(a, np.ascontiguousarray(ref), signed_zero_equal=signed_zero_equal)
-        return lo, a.size, idx, mad, ((float(a[idx]), float(ref[idx])) if idx >= 0 else (0.0, 0.0))
+        return lo, n, idx, mad, ((float(a[idx]), float(ref[idx])) if idx >= 0 else (0.0, 0.0))
 
-    # our dequantizer produces the chunks in a worker thread; the reference decodes and
-    # compares them on parallel.jobs() threads (numpy and ctypes release the GIL: the oracle
-    # gets every core), results in order
-    for lo, size, idx, mad, (ov, rv) in pmap_items(check, prefetch_chunks(ours_flat(), 1)):
+    # every window is one job: our dequantizer and the reference decode it on the same thread,
+    # parallel.jobs() threads at once (numpy and ctypes release the GIL), results in order
+    for lo, size, idx, mad, (ov, rv) in pmap_items(check, (sp for sp in wins.spans() if sp[1])):
         since += size
         if release is not None and since >= RELEASE_ELEMENTS:
             release()
