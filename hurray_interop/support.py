@@ -68,6 +68,9 @@ def _ggml_rows() -> list[str]:
             how = "refused; `--fallback` stores it dequantized" if fallback else "refused (no reference dequantizer, so no fallback)"
             if name in expanded:
                 how = "refused; `--fallback exact` stores it exactly, `--fallback` float32/16 dequantized"
+                if expanded[name].get("decoder") == "ggml":
+                    how = ("refused; `--fallback exact` stores it exactly where ggml's own decoder loads "
+                           "(`hurray-interop[ggml]`; the only decoder of the type), no float fallback")
                 reason = f"{_expanded_text(expanded[name])}; by default: {reason}"
             back = "exact (from the record of `--fallback exact`)" if name in expanded else "—"
             rows.append(f"| {name} | {int(row['id'])} | {how} | {reason} | {back} |")

@@ -30,9 +30,9 @@ def _rows(matrix: str, header: str) -> dict[str, list[str]]:
 
 
 def test_ggml_rows_agree_with_gguf_py() -> None:
-    """Every GGML type gguf-py knows has a row under its gguf-py id; a row claims a
-    ``--fallback`` exactly when gguf-py can dequantize the type, and an exact block mapping
-    names gguf-py's block size."""
+    """Every GGML type gguf-py knows has a row under its gguf-py id; a row claims a float
+    ``--fallback`` (stores it "dequantized") exactly when gguf-py can dequantize the type, and
+    an exact block mapping names gguf-py's block size."""
     gguf = pytest.importorskip("gguf")
     rows = _rows(support_matrix(), "GGUF tensor types")
     for qt in gguf.GGMLQuantizationType:
@@ -50,7 +50,7 @@ def test_ggml_rows_agree_with_gguf_py() -> None:
             decodes = True
         except NotImplementedError:
             decodes = False
-        assert ("--fallback" in cells[2]) == decodes, cells
+        assert ("dequantized" in cells[2]) == decodes, cells
 
 
 def test_mx_rows_name_real_dtypes() -> None:

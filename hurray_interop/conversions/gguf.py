@@ -1108,6 +1108,9 @@ def _import_exact(job: _Job, reason: str, out: _Executor) -> None:
     try:
         if not gguf_exact.has_form(info.ggml_type.name):
             raise P.Refuse(reason + "; no exact expanded form (--fallback exact)")
+        missing = gguf_exact.missing_decoder(info.ggml_type)
+        if missing:
+            raise P.Refuse(f"{reason}; its exact form (--fallback exact) needs {missing}")
         plan = gguf_exact.plan(info.name, info.ggml_type.name, _shape(info), _blocks(info), reason)
         _carry_out(job, _Planned(plan, ""), out)
     except P.Refuse as r:

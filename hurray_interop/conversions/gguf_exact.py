@@ -123,7 +123,22 @@ def record_bytes(ggml_type: str, nbytes: int) -> int:
 
 def has_form(ggml_type: str) -> bool:
     """Does ``ggml_type`` have an exact expanded form (a row of ``gguf_expanded.toml``)?"""
-    return ggml_type in X.EXPANDED_TYPES
+    return ggml_type in X.EXPANDED_TYPES or ggml_type in X.GGML_ONLY_TYPES
+
+
+def missing_decoder(t: Any) -> str:
+    """What the expanded form of GGML type ``t`` (a :class:`~hurray_interop.formats.gguf.GGMLType`)
+    lacks to be proven, or "": a type only ggml decodes (``decoder = "ggml"``) needs ggml's
+    own decoder loaded, since no other decoder could hold verify's value check."""
+    if X.form(t.name).decoder != "ggml":
+        return ""
+    from ..formats import gguf_ggml
+
+    if gguf_ggml.has_decoder(t.id, t.block_elements, t.block_bytes):
+        return ""
+    why = gguf_ggml.unavailable_reason() if not gguf_ggml.available() else f"this libggml-python has no {t.name} decoder"
+    return (f"ggml's own decoder, the only one of {t.name} ({why}; pip install 'hurray-interop[ggml]', "
+            "CPython 3.11 on x86-64 Linux)")
 
 
 @functools.cache

@@ -107,6 +107,7 @@ from ..tables import load_table
 
 __all__ = [
     "EXPANDED_TYPES",
+    "GGML_ONLY_TYPES",
     "Form",
     "form",
     "Record",
@@ -152,6 +153,9 @@ class Form:
     minimum: str | None = None
     #: the 5-bit codes written as a uint4 base and a uint2 high-bit plane (§ 11)
     planes: bool = False
+    #: "ggml": the only decoder of the type is ggml's own (libggml-python); the form is written
+    #: only where it loads, so that verify can hold the values to it.  None: gguf-py decodes it
+    decoder: str | None = None
 
     @property
     def compact(self) -> bool:
@@ -232,6 +236,7 @@ def _forms() -> dict[str, Form]:
             codes=r["codes"],
             minimum=r.get("minimum"),
             planes=r.get("planes", False),
+            decoder=r.get("decoder"),
         )
         for name, r in rows.items()
     }
@@ -444,6 +449,8 @@ _IQ4_NL = _struct("block_iq4_nl", ("d", 2), ("qs", 32 // 2))
 _IQ4_XS = _struct("block_iq4_xs", ("d", 2), ("scales_h", 2), ("scales_l", QK_K // 64), ("qs", QK_K // 2))
 _TQ1_0 = _struct("block_tq1_0", ("qs", (QK_K - 4 * QK_K // 64) // 5), ("qh", QK_K // 64), ("d", 2))
 _TQ2_0 = _struct("block_tq2_0", ("qs", QK_K // 4), ("d", 2))
+_Q1_0 = _struct("block_q1_0", ("d", 2), ("qs", 128 // 8))
+_Q2_0 = _struct("block_q2_0", ("d", 2), ("qs", 64 // 4))
 _NVFP4 = _struct("block_nvfp4", ("d", 64 // 16), ("qs", 64 // 2))
 _IQ2_XXS = _struct("block_iq2_xxs", ("d", 2), ("qs", 2 * QK_K // 8))
 _IQ2_XS = _struct("block_iq2_xs", ("d", 2), ("qs", 2 * QK_K // 8), ("scales", QK_K // 32))
@@ -484,6 +491,13 @@ def _crumbs(s: _Struct, field: str) -> Callable[[int], _Parts]:
     byte l (block_q2_K.qs, block_q3_K.qs, block_tq2_0.qs)."""
     qs = s.at(field)
     return lambda e: [_F(qs + 32 * (e // 128) + e % 32, 2 * ((e % 128) // 32), 2)]
+
+
+def _lsb_fields(s: _Struct, field: str, width: int) -> Callable[[int], _Parts]:
+    """``field`` as ``width``-bit codes packed LSB-first: element e at bit ``width·e`` (block_q1_0.qs,
+    block_q2_0.qs -- the order of Hurray's own packing)."""
+    qs, per = s.at(field), 8 // width
+    return lambda e: [_F(qs + e // per, width * (e % per), width)]
 
 
 def _q3k_code(e: int) -> _Parts:
@@ -1021,6 +1035,10 @@ def _specs() -> dict[str, _Spec]:
              codes=dataclasses.replace(_lut_codec(_r(0, 3), _U8, 1, _tq1_unpack, _tq1_pack), reference=_tq1_reference)),
         _row("TQ2_0", _TQ2_0, header=("d",), scale="d",
              codes=_bit_lut(256, _crumbs(_TQ2_0, "qs"), values=_r(0, 4), dtype=_U8, zp=1)),
+        _row("Q1_0", _Q1_0, header=("d",), scale="d", zero_code=1,
+             codes=_bit_lut(128, _lsb_fields(_Q1_0, "qs", 1), values=(-1, 1), dtype=_I8)),
+        _row("Q2_0", _Q2_0, header=("d",), scale="d", zero_code=1,
+             codes=_bit_lut(64, _lsb_fields(_Q2_0, "qs", 2), values=_r(0, 4), dtype=_U8, zp=1)),
         _row("NVFP4", _NVFP4, header=("d",), scale="ue4m3", d=None,  # (d: four UE4M3 bytes, not a ggml_half)
              codes=_bit_lut(64, _nibbles(_NVFP4, "qs", 8), values=_FP4X2_VALUES, dtype=_I8)),
         _row("IQ2_XXS", _IQ2_XXS, header=("d",), masked=tuple((_IQ2_XXS.at("qs") + 8 * i + 7, 0xF0) for i in range(8)),
@@ -1053,6 +1071,9 @@ EXPANDED_TYPES: tuple[str, ...] = (
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "NVFP4",
     "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
 )  # fmt: skip
+#: the types only ggml's own decoder knows (gguf_expanded.toml ``decoder = "ggml"``): their
+#: forms are written only where it loads (tests/test_ggml_only_forms.py holds them to it)
+GGML_ONLY_TYPES: tuple[str, ...] = ("Q1_0", "Q2_0")
 
 
 # ---------------------------------------------------------------------------------------
