@@ -35,7 +35,7 @@
 typedef ptrdiff_t hk_stride;
 
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
-HK_API int hk_abi_version(void) { return 7; }
+HK_API int hk_abi_version(void) { return 8; }
 
 /* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -1033,3 +1033,51 @@ HK_API void hk_dequant(const hk_dq_member *members, size_t nm, size_t g0, size_t
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
 #endif
+
+/* The index of the first element whose float32 bits differ between a and b, or n when none
+ * does; with `zero_equal`, +0 and -0 count as equal.  verify's value check runs it on every
+ * window (kernels.first_diff_f32; its numpy twin gives the same index). */
+HK_API size_t hk_first_diff_f32(const uint32_t *a, const uint32_t *b, size_t n, int zero_equal) {
+    size_t i = 0;
+#if defined(HK_SSE2)
+    const __m128i zero = _mm_setzero_si128();
+    for (; i + 16 <= n; i += 16) {  /* sixteen at a time: OR of XORs, then find the lane */
+        __m128i x = zero;
+        for (int k = 0; k < 4; k++)
+            x = _mm_or_si128(x, _mm_xor_si128(_mm_loadu_si128((const __m128i *)(a + i + 4 * k)),
+                                              _mm_loadu_si128((const __m128i *)(b + i + 4 * k))));
+        if (_mm_movemask_epi8(_mm_cmpeq_epi32(x, zero)) != 0xFFFF)
+            break;
+    }
+#endif
+    for (; i + 8 <= n; i += 8) {  /* eight at a time */
+        uint32_t x = 0;
+        for (int k = 0; k < 8; k++)
+            x |= a[i + k] ^ b[i + k];
+        if (x)
+            break;
+    }
+    for (; i < n; i++) {
+        uint32_t x = a[i] ^ b[i];
+        if (x && !(zero_equal && x == 0x80000000u && (a[i] & 0x7FFFFFFFu) == 0))
+            return i;
+    }
+    return n;
+}
+
+/* The first element of g0 .. g0+n-1 whose value (hk_dequant's) differs in its bits from
+ * ref[0 .. n) (zero_equal: +0 and -0 alike), or n: each chunk is evaluated into a buffer
+ * that stays in L1 and compared there, so the values never travel through memory. */
+HK_API size_t hk_dequant_diff(const hk_dq_member *members, size_t nm, size_t g0, size_t n, const float *ref,
+                              int zero_equal) {
+    float buf[HK_DQ_CHUNK];
+    for (size_t c0 = 0; c0 < n; c0 += HK_DQ_CHUNK) {
+        size_t len = n - c0 < HK_DQ_CHUNK ? n - c0 : HK_DQ_CHUNK;
+        hk_dequant(members, nm, g0 + c0, len, buf);
+        size_t i = hk_first_diff_f32((const uint32_t *)(const void *)buf, (const uint32_t *)(const void *)(ref + c0),
+                                     len, zero_equal);
+        if (i < len)
+            return c0 + i;
+    }
+    return n;
+}

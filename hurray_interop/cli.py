@@ -274,8 +274,9 @@ def _progress(enabled: bool, desc: str, unit: str = "B") -> Iterator[Callable[[i
     bar = tqdm(total=0, unit=unit, **scale, desc=desc, leave=False, file=sys.stderr)
 
     def update(done: int, total: int) -> None:
-        if bar.total != total:
+        if bar.total != total:  # drawn at once: a short job shows its total, not a bare count
             bar.total = total
+            bar.refresh()
         bar.update(done - bar.n)
 
     try:

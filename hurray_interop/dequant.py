@@ -7,10 +7,12 @@ specification (with the seeds and the project's errata decisions in
 
 * plain types: float16/bfloat16/float32/float64, integers and bool are cast to
   float32 (float64 and integers wider than 24 bits round to nearest-even);
-  float8_e4m3, float8_e5m2, float8_e8m0 (``2^(e-127)``), float6_e2m3/e3m2 and
-  float4_e2m1 decode through the OCP value maps (the ml_dtypes casts, tabulated
-  once per type; codes are masked to the type's width so stray bits in a packed
-  byte cannot leak in);
+  bfloat16 widens bit for bit (the high half of a float32); float8_e4m3, float8_e5m2,
+  float8_e8m0 (``2^(e-127)``), float6_e2m3/e3m2 and float4_e2m1 decode through the OCP
+  value maps (computed from the formats by
+  :func:`~hurray_interop.core.elements.code_values` and tabulated once per type -- ml_dtypes'
+  casts are the tests' oracle, and its 0.6 s import stays out of the dequantizer; codes are
+  masked to the type's width so stray bits in a packed byte cannot leak in);
 * per-tensor / per-channel / per-block affine: ``float32(s) * float32(q - z)``,
   ``q - z`` exact in integers, then one float32 rounding, then one float32
   multiply (f16/bf16 scales widen losslessly) — identical to numpy's
@@ -68,7 +70,7 @@ numpy evaluation below is its byte-identical twin (tests/test_dequant_kernel.py)
 :func:`windows` evaluates a tensor window by window into buffers the caller reuses (what
 ``verify``'s value check runs on every core).
 
-Hand-written on numpy (+ ml_dtypes value maps): no library evaluates Hurray
+Hand-written on numpy: no library evaluates Hurray
 descriptors, and the per-format decoders that exist (gguf-py, torchao) cover one
 layout each — they serve as the independent oracles in the tests instead.
 
@@ -101,7 +103,7 @@ from .core.descriptor import (
     validate_descriptor,
     validate_parameter_values,
 )
-from .core.elements import e8m0_reserved, element_type, sign_extend, unpack, unpack_at
+from .core.elements import code_values, e8m0_reserved, element_type, sign_extend, unpack, unpack_at
 from .core.model import (
     OP_ADD,
     RULE_GROUP,
@@ -159,8 +161,8 @@ def _code_values(name: str) -> np.ndarray:
         bits = np.where(codes == 0, np.uint32(1 << 22), codes.astype(np.uint32) << np.uint32(23))
         bits = np.where(codes == 0xFF, np.uint32(0x7FC00000), bits)
         table = bits.astype(np.uint32).view(np.float32)
-    else:  # OCP float formats: ml_dtypes' value maps, codes already masked to `bits`
-        table = codes.view(et.dtype).astype(np.float32)
+    else:  # OCP small floats: their values computed from the format (no ml_dtypes import)
+        table = code_values(et)
     table = np.ascontiguousarray(table, dtype=np.float32)
     table.flags.writeable = False
     return table
@@ -202,6 +204,18 @@ def _ravel(shape, index) -> int:
 def _linear(shape, d: int, prefix, a: int) -> int:
     """Row-major linear index of ``[*prefix, a, 0, …, 0]``."""
     return _ravel(shape[: d + 1], (*prefix, a)) * _prod(shape[d + 1 :])
+
+
+@functools.cache
+def _raw_dtype(name: str) -> np.dtype:
+    """The dtype the codes of a byte-addressable element type are read as: its own where numpy
+    has it, else (bfloat16, float8: ml_dtypes' types) the unsigned integer of its width -- the
+    decoder reads their bits, and ml_dtypes' import (0.6 s) is never paid here."""
+    et = element_type(name)
+    try:
+        return np.dtype(et.numpy)
+    except TypeError:
+        return np.dtype(f"<u{et.bits // 8}")
 
 
 def _view_reshape(a: np.ndarray, shape) -> np.ndarray:
@@ -314,7 +328,7 @@ class _Dense:
         if st.bits == 8:  # float8_e8m0: a value table
             sraw, convert = self.bufs[q.scale_buffer_index], functools.partial(_table_scales, st.name)
         else:
-            sraw, convert = self.bufs[q.scale_buffer_index].view(st.dtype.newbyteorder("<")), _to_f32
+            sraw, convert = self.bufs[q.scale_buffer_index].view(_raw_dtype(st.name).newbyteorder("<")), _to_f32
         if rule.unit == "channel":
             shape3 = (P, Q, S)
             self.scale = _ParamPlane(np.lib.stride_tricks.as_strided(sraw, shape3, (0, 0, sraw.strides[0])), convert)
@@ -355,7 +369,7 @@ class _Dense:
             return
         if not et.packed and not self.row_major:
             isz = et.bits // 8
-            self.full_view = np.ndarray(shape=shape, dtype=et.dtype, buffer=self.bufs[0], offset=self.byte_offset,
+            self.full_view = np.ndarray(shape=shape, dtype=_raw_dtype(et.name), buffer=self.bufs[0], offset=self.byte_offset,
                                         strides=tuple(s * isz for s in strides))
         if et.name == "float8_e8m0" and self.strict and self.q is None:
             self._check_e8m0_data()
@@ -450,7 +464,7 @@ class _Dense:
             isz = et.bits // 8
             if self.storage_shape == self.shape or self.axis <= d:
                 L0 = _linear(self.storage_shape, d, prefix, a)
-                return buf[bo + L0 * isz : bo + (L0 + n) * isz].view(et.dtype)
+                return buf[bo + L0 * isz : bo + (L0 + n) * isz].view(_raw_dtype(et.name))
             return self._padded_rows(d, prefix, a, b)
         if self.row_major:
             if self.storage_shape != self.shape and self.axis > d:
@@ -470,7 +484,7 @@ class _Dense:
         else:
             isz = et.bits // 8
             bo = self.byte_offset
-            codes = self.bufs[0][bo + L0 * isz : bo + (L0 + n) * isz].view(et.dtype)
+            codes = self.bufs[0][bo + L0 * isz : bo + (L0 + n) * isz].view(_raw_dtype(et.name))
         codes = codes.reshape((b - a, *ss[d + 1 :]))
         index = [slice(None)] * codes.ndim
         index[self.axis - d] = slice(0, self.shape[self.axis])
@@ -528,6 +542,10 @@ class _Dense:
         if et.packed or et.bits == 8 and et.kind not in ("int", "uint"):
             table = _values_by_key(self.values_key)
             np.take(table, raw if raw.dtype == np.uint8 else raw.view(np.uint8), out=dst, mode="clip")
+        elif et.kind == "float" and raw.dtype.kind == "u":  # bfloat16: the high half of a float32
+            bits = dst.view(np.uint32)
+            np.copyto(bits, raw, casting="unsafe")
+            np.left_shift(bits, np.uint32(16), out=bits)
         else:
             np.copyto(dst, raw, casting="unsafe")
         return dst
@@ -937,6 +955,22 @@ class Windows:
                              tensor=self._dec.name)
         _fill_all(self._dec, out.reshape(-1), 1, d, prefix, a, b)
         return out
+
+
+    def first_diff(self, region: tuple, ref: np.ndarray, zero_equal: bool = False) -> int | None:
+        """Where the window's values first differ in their bits from ``ref`` (C-contiguous
+        float32, its count; ``zero_equal``: +0 and -0 alike): an index, -1 when they are all
+        equal -- computed and compared chunk by chunk in the compiled path, the values never
+        written out -- or None when the tensor is not on the compiled path (then :meth:`fill`
+        and compare)."""
+        plan = getattr(self._dec, "plan", None)
+        if plan is None:
+            return None
+        d, prefix, a, b = region
+        if ref.size != (b - a) * _prod(self._dec.shape[d + 1 :]):
+            raise UsageError(f"the reference window holds {ref.size} values, the window "
+                             f"{(b - a) * _prod(self._dec.shape[d + 1 :])}", tensor=self._dec.name)
+        return kernels.dequant_diff(plan, _linear(self._dec.shape, d, prefix, a), ref, zero_equal)
 
 
 def windows(tensor: Tensor, *, max_elements: int = DEFAULT_MAX_ELEMENTS, strict: bool = True) -> Windows:

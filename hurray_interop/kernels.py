@@ -52,14 +52,16 @@ __all__ = [
     "unpack_runs",
     "pack_runs",
     "string_starts",
+    "first_diff_f32",
     "DequantMember",
     "dequant_plan",
     "dequant_window",
+    "dequant_diff",
 ]
 
 ENV_VAR = "HURRAY_INTEROP_KERNEL"
 LIBRARY = Path(__file__).with_name("_kernel.dll" if os.name == "nt" else "_kernel.so")
-_ABI_VERSION = 7  # hk_abi_version() in _kernel.c
+_ABI_VERSION = 8  # hk_abi_version() in _kernel.c
 
 #: scale classes returned by :func:`scale_class`, one byte per block
 SCALE_OK, SCALE_ZERO, SCALE_BAD = 0, 1, 2
@@ -86,6 +88,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "hk_factor_first": (None, [_P, _P, _P, _N, _N, ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_float,
                                 ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_int, _P, _P, _P, _P]),
     "hk_dequant": (None, [_P, _N, _N, _N, _P]),
+    "hk_first_diff_f32": (_N, [_P, _P, _N, ctypes.c_int]),
+    "hk_dequant_diff": (_N, [_P, _N, _N, _N, _P, ctypes.c_int]),
     "hk_dsc_scales": (_N, [_P, _S, _N, _N, _N, _P, _N, ctypes.c_int, ctypes.c_int, _S, _P, _N, _P, _P, _P]),
 }
 
@@ -692,6 +696,18 @@ def dequant_plan(members: list[dict[str, Any]], size: int) -> DequantPlan | None
     return DequantPlan(members, size)
 
 
+def dequant_diff(plan: DequantPlan, g0: int, ref: np.ndarray, zero_equal: bool = False) -> int:
+    """The index in ``ref`` (C-contiguous float32) of the first value that differs in its bits
+    from element ``g0 + index`` as :func:`dequant_window` computes it (``zero_equal``: +0 and
+    -0 alike), or -1: the comparison without the window ever written to memory."""
+    if not (isinstance(ref, np.ndarray) and ref.dtype == np.float32 and ref.flags.c_contiguous and ref.ndim == 1):
+        raise ValueError("dequant_diff compares with a 1-D C-contiguous float32 array")
+    if not 0 <= g0 <= plan.size - ref.size:
+        raise ValueError(f"elements {g0}..{g0 + ref.size} are not inside the tensor's {plan.size}")
+    i = int(_lib.hk_dequant_diff(plan.members, plan.count, int(g0), ref.size, _at(ref), 1 if zero_equal else 0))
+    return -1 if i == ref.size else i
+
+
 def dequant_window(plan: DequantPlan, g0: int, out: np.ndarray) -> None:
     """``out`` (C-contiguous float32) = the values of elements ``g0 .. g0 + out.size`` (row-major),
     which must lie inside the plan's tensor (the C code reads codes and scales there)."""
@@ -701,3 +717,23 @@ def dequant_window(plan: DequantPlan, g0: int, out: np.ndarray) -> None:
     if not 0 <= g0 <= plan.size - out.size:
         raise ValueError(f"elements {g0}..{g0 + out.size} are not inside the tensor's {plan.size}")
     _lib.hk_dequant(plan.members, plan.count, int(g0), out.size, _at(out))
+
+
+def numpy_first_diff_f32(a: np.ndarray, b: np.ndarray, zero_equal: bool = False) -> int:
+    """Index of the first element whose float32 bit patterns differ (``zero_equal``: +0 and
+    -0 count as equal), or -1."""
+    diff = a.view(np.uint32) != b.view(np.uint32)
+    if zero_equal:
+        diff &= ~((a == 0) & (b == 0))
+    return int(np.argmax(diff)) if diff.any() else -1
+
+
+def first_diff_f32(a: np.ndarray, b: np.ndarray, zero_equal: bool = False) -> int:
+    """:func:`numpy_first_diff_f32` of two equal-length 1-D float32 arrays, in C when both are
+    C-contiguous (one pass, no temporaries)."""
+    if a.shape != b.shape or a.ndim != 1 or a.dtype != np.float32 or b.dtype != np.float32:
+        raise ValueError("first_diff_f32 compares two 1-D float32 arrays of one length")
+    if _lib is None or not (a.flags.c_contiguous and b.flags.c_contiguous):
+        return numpy_first_diff_f32(a, b, zero_equal)
+    i = int(_lib.hk_first_diff_f32(_at(a), _at(b), a.size, 1 if zero_equal else 0))
+    return -1 if i == a.size else i

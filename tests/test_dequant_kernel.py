@@ -294,3 +294,49 @@ def test_dequant_window_refuses_a_wrong_output() -> None:
         K.dequant_window(plan, 0, np.empty(8, np.float64))
     with pytest.raises(ValueError):
         K.dequant_window(plan, 0, np.empty(16, np.float32)[::2])
+
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q5_k", "zero_points", "five", "mixed_blocks"])
+@pytest.mark.parametrize("zero_equal", [False, True])
+def test_dequant_diff_finds_the_first_difference_without_writing_the_window(name: str, zero_equal: bool) -> None:
+    """Windows.first_diff (hk_dequant_diff) against fill + compare: -1 on equal values, else the
+    first differing index -- at the first, a middle and the last element, across the C chunk
+    of 4096 values, a +0/-0 difference counted unless ``zero_equal``."""
+    t = overlay(OVERLAYS[name], shape=(4, 4096 + 256))
+    assert compiled(t)
+    wins = dq.windows(t, max_elements=3 * 4096 + 5, strict=False)
+    spans = list(wins.spans())
+    assert len(spans) > 1
+    for lo, n, region in spans:
+        ref = wins.fill(region, np.empty(n, np.float32))
+        assert wins.first_diff(region, ref.copy(), zero_equal) == -1
+        for at in (0, 4095, 4096, n // 2, n - 1):
+            if at >= n:
+                continue
+            bad = ref.copy()
+            bad.view(np.uint32)[at] ^= 1 << 3
+            assert wins.first_diff(region, bad, zero_equal) == at
+        zero_at = np.flatnonzero(ref == 0)  # a +0/-0 flip: a difference unless zero_equal
+        if zero_at.size:
+            flipped = ref.copy()
+            flipped[zero_at[0]] = -flipped[zero_at[0]]
+            assert wins.first_diff(region, flipped, zero_equal) == (-1 if zero_equal else zero_at[0])
+
+
+def test_dequant_diff_refuses_a_reference_of_the_wrong_size() -> None:
+    t = _plain((4, 64))
+    wins = dq.windows(t, strict=False)
+    (lo, n, region), = wins.spans()
+    with pytest.raises(dq.UsageError):
+        wins.first_diff(region, np.zeros(n - 1, np.float32))
+    with pytest.raises(ValueError):
+        K.dequant_diff(dq._make(t, False).plan, 1, np.zeros(n, np.float32))  # past the end by one
+    assert K.dequant_diff(dq._make(t, False).plan, 0, wins.fill(region, np.empty(n, np.float32))) == -1
+
+
+def test_first_diff_is_none_off_the_compiled_path() -> None:
+    t = NUMPY_ONLY["column_major"]()
+    wins = dq.windows(t, strict=False)
+    (lo, n, region), = wins.spans()
+    assert wins.first_diff(region, np.zeros(n, np.float32)) is None

@@ -66,3 +66,26 @@ def test_sign_extend_is_twos_complement_of_the_low_bits(bits, dtype):
 def test_e8m0_reserved_codes():
     codes = np.arange(256, dtype=np.uint8)
     assert np.flatnonzero(e8m0_reserved(codes)).tolist() == [0x00, 0xFF]
+
+
+# ---------------------------------------------------------------------------
+# the OCP small floats' values, computed from the table, against ml_dtypes
+
+
+def test_code_values_of_every_minifloat_match_ml_dtypes() -> None:
+    from hurray_interop.core.elements import ELEMENT_TYPES, code_values
+
+    floats = [et for et in ELEMENT_TYPES.values() if et.minifloat is not None]
+    assert {et.name for et in floats} == {"float8_e4m3", "float8_e5m2", "float4_e2m1", "float6_e2m3", "float6_e3m2"}
+    for et in floats:
+        ours = code_values(et)
+        ref = np.arange(1 << et.bits, dtype=np.uint8).view(et.dtype).astype(np.float32)  # ml_dtypes' cast
+        assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), et.name
+
+
+def test_code_values_refuses_other_types() -> None:
+    from hurray_interop.core.elements import code_values
+    from hurray_interop.errors import UnsupportedError
+
+    with pytest.raises(UnsupportedError):
+        code_values(element_type("int8"))

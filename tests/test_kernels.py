@@ -735,3 +735,39 @@ def test_q5k_plane_movers_c_and_numpy_give_the_same_bytes(n: int) -> None:
     same(*both(lambda: GK.q5k_join(lo, hi, out=out).copy(), {"hk_q5_k_join"} if n else False))
     bad = np.full((n, 64), 0xFF, np.uint8)
     same(*both(lambda: GK.q5k_join(lo, bad), {"hk_q5_k_join"} if n else False))
+
+
+# ---------------------------------------------------------------------------
+# first_diff_f32: verify's per-window comparison
+
+
+@needs_c
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 15, 16, 17, 1000])
+@pytest.mark.parametrize("zero_equal", [False, True])
+def test_first_diff_f32_c_and_numpy_agree_at_every_position(n: int, zero_equal: bool) -> None:
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal(n).astype(np.float32)
+    assert K.first_diff_f32(a, a.copy(), zero_equal) == K.numpy_first_diff_f32(a, a.copy(), zero_equal) == -1
+    for at in sorted({0, n // 2, max(n - 1, 0)}) if n else []:
+        for change in ("bit", "sign_of_zero", "nan_payload"):
+            x, y = a.copy(), a.copy()
+            if change == "bit":
+                y.view(np.uint32)[at] ^= 1
+            elif change == "sign_of_zero":
+                x[at], y[at] = 0.0, -0.0
+            else:
+                x.view(np.uint32)[at], y.view(np.uint32)[at] = 0x7FC00000, 0x7FC00001
+            want = -1 if (change == "sign_of_zero" and zero_equal) else at
+            with numpy_path():
+                assert K.first_diff_f32(x, y, zero_equal) == want
+            assert K.first_diff_f32(x, y, zero_equal) == want
+            assert K.numpy_first_diff_f32(x, y, zero_equal) == want
+
+
+def test_first_diff_f32_refuses_mismatched_arrays() -> None:
+    with pytest.raises(ValueError):
+        K.first_diff_f32(np.zeros(3, np.float32), np.zeros(4, np.float32))
+    with pytest.raises(ValueError):
+        K.first_diff_f32(np.zeros(3, np.float64), np.zeros(3, np.float64))
+    strided = np.zeros(8, np.float32)[::2]
+    assert K.first_diff_f32(strided, np.zeros(4, np.float32)) == -1  # the numpy path takes it
