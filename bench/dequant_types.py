@@ -9,10 +9,12 @@ One GGUF holds one tensor per type, quantized by ggml's own quantizer (``ggml_qu
 exact`` imports it (each type in the form the converter chooses: plain, per-block affine, MXFP,
 or the compact/expanded exact forms).  Per type, in one process, interleaved rounds (medians):
 
-* ``ggml``: ``to_float`` of the tensor's blocks into a float32 window of 256 Ki values at a time
+* ``ggml``: ``to_float`` of the tensor's blocks into a float32 window of 1 Mi values at a time
   (:func:`hurray_interop.formats.gguf_ggml.decode_blocks`, what ``verify --oracle ggml`` runs);
-* ``ours``: :func:`hurray_interop.dequant.iter_dequantize` of the imported tensor, ``threads=1``,
-  the same window size (a fresh array per window, as verify's value check takes them);
+* ``ours``: :func:`hurray_interop.dequant.windows` of the imported tensor (its validation
+  included), each window filled on the calling thread into one reused buffer, as ggml's is
+  (verify's value check fills its thread's buffer -- or, on the compiled path, compares each
+  chunk as it is computed and writes no window at all);
 * both outputs compared bit for bit (the table says so; a mismatch is an error).
 
 Throughput is in million values per second; ``ratio`` is ours / ggml (target >= 0.5).
@@ -42,8 +44,8 @@ HEADING = "## Dequantizer per type against ggml"
 TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
          "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
          "IQ1_S", "IQ1_M")
-#: values per window: the chunk verify's value check compares (verification/common.py)
-WINDOW = 1 << 18
+#: values per window: the window verify's value check compares (verification/common.py)
+WINDOW = 1 << 20
 
 
 def write_gguf(path: Path, types: list[str], rows: int, cols: int, seed: int) -> None:
@@ -89,12 +91,13 @@ def ggml_pass(view: np.ndarray, ggml_type: int, block_elems: int, out: np.ndarra
     return time.perf_counter() - t0
 
 
-def ours_pass(tensor) -> float:
-    from hurray_interop.dequant import iter_dequantize
+def ours_pass(tensor, out: np.ndarray) -> float:
+    from hurray_interop.dequant import windows
 
     t0 = time.perf_counter()
-    for _ in iter_dequantize(tensor, max_elements=WINDOW, threads=1):
-        pass
+    w = windows(tensor, max_elements=WINDOW)  # validation included, as verify pays it
+    for _, n, region in w.spans():
+        w.fill(region, out[:n])
     return time.perf_counter() - t0
 
 
@@ -140,7 +143,7 @@ def measure(a: argparse.Namespace, work: Path) -> list[dict]:
         g, o = [], []
         for _ in range(a.repeat):
             g.append(ggml_pass(view, ggml_type, block_elems, out))
-            o.append(ours_pass(tensor))
+            o.append(ours_pass(tensor, out))
         n = int(t.n_elements)
         gm, om = statistics.median(g), statistics.median(o)
         rows.append({"type": name, "form": form_of(f, name), "n": n, "ggml": n / gm / 1e6, "ours": n / om / 1e6,
@@ -183,13 +186,18 @@ def render(rows: list[dict], a: argparse.Namespace) -> list[str]:
 
 
 def write_doc(lines: list[str]) -> None:
+    """Put the section into docs/benchmarks.md's analysis part (which bench/run.py keeps),
+    replacing this script's earlier section."""
+    end_mark = "<!-- /analysis -->"
     text = DOC.read_text(encoding="utf-8")
     start = text.find(HEADING)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + "\n".join(lines)
-    else:
-        end = text.find("\n## ", start + len(HEADING))
-        text = text[:start] + "\n".join(lines) + (text[end + 1 :] if end >= 0 else "")
+    if start >= 0:
+        ends = [i for i in (text.find("\n## ", start + len(HEADING)), text.find(end_mark, start)) if i >= 0]
+        end = min(ends) if ends else len(text)
+        text = text[:start] + text[end:].lstrip("\n")
+    at = text.find(end_mark)
+    block = "\n".join(lines).rstrip("\n") + "\n\n"
+    text = text[:at] + block + text[at:] if at >= 0 else text.rstrip("\n") + "\n\n" + block
     DOC.write_text(text, encoding="utf-8")
 
 

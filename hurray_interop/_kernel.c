@@ -815,13 +815,13 @@ static inline void dq_block(const hk_dq_member *m, const uint8_t *restrict c, si
                             int add, float *restrict o) {
     if (m->table) {
         const float *t = m->table;
-        if (add)
+        if (add) {
             for (size_t i = 0; i < n; i++) o[i] = dq_add(o[i], dq_mul(t[c[i]], s));
-        else
-            if (s == s)  /* a NaN product then has one NaN operand: either order gives it */
+        } else if (s == s) {  /* a NaN product then has one NaN operand: either order gives it */
             for (size_t i = 0; i < n; i++) o[i] = t[c[i]] * s;
-        else
+        } else {
             for (size_t i = 0; i < n; i++) o[i] = dq_mul(t[c[i]], s);
+        }
         return;
     }
     if (z < -(1 << 30) || z > (1 << 30)) {  /* code - z beyond int32: 64-bit differences */
@@ -943,8 +943,10 @@ static inline void dq_fused(const hk_dq_member *ms, size_t nm, size_t c0, size_t
             z[j] = ms[j].zero ? ms[j].zero[b] : 0;
             wide |= z[j] < -(1 << 30) || z[j] > (1 << 30);  /* code - z beyond int32: dq_one */
             tame &= fabsf(s[j]) < 0x1p90f;  /* |code - z| < 2^32: every value and sum finite */
-            if (ms[j].constant) {
-                w[j] = dq_one(ms + j, c[j][0], s[j], z[j]);
+            if (ms[j].constant) {  /* dq_one of its one code, inline (once per block) */
+                uint8_t q = c[j][0];
+                w[j] = ms[j].table ? dq_mul(ms[j].table[q], s[j])
+                                   : (float)((ms[j].is_signed ? (int64_t)(int8_t)q : (int64_t)q) - z[j]) * s[j];
                 tame &= fabsf(w[j]) < 0x1p122f;
             }
         }
