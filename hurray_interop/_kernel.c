@@ -930,16 +930,48 @@ static inline size_t dq_fused16(const hk_dq_member *ms, size_t nm, uint8_t (*c)[
 /* Block by block over every member at once (members of one block size, integer codes
  * with zero points within int32 range, or constant): per element base, then + each
  * member, in registers -- the generic path's operations in its order, stored once. */
+/* Scales of blocks b0 .. b0+nb-1 of a member as float32 (the switch on the kind hoisted out
+ * of the loop, which then vectorizes or is one table load per block). */
+static void dq_scales(const hk_dq_member *m, size_t b0, size_t nb, float *restrict out) {
+    switch (m->scale_kind) {
+    case 1: {
+        const uint16_t *p = (const uint16_t *)m->scale + b0;
+        for (size_t k = 0; k < nb; k++) out[k] = m->stable[p[k]];
+        return;
+    }
+    case 2: {
+        const uint16_t *p = (const uint16_t *)m->scale + b0;
+        uint32_t *u = (uint32_t *)(void *)out;
+        for (size_t k = 0; k < nb; k++) u[k] = (uint32_t)p[k] << 16;
+        return;
+    }
+    case 3:
+        memcpy(out, (const float *)m->scale + b0, nb * sizeof(float));
+        return;
+    default: {
+        const uint8_t *p = (const uint8_t *)m->scale + b0;
+        for (size_t k = 0; k < nb; k++) out[k] = m->stable[p[k]];
+    }
+    }
+}
+
+/* Blocks per chunk at most (the smallest block size is 2), plus one straddling block. */
+#define HK_DQ_CHUNK_BLOCKS (HK_DQ_CHUNK / 2 + 1)
+
 static inline void dq_fused(const hk_dq_member *ms, size_t nm, size_t c0, size_t end, uint8_t (*c)[HK_DQ_CHUNK],
                             float *restrict o) {
     size_t K = (size_t)ms[0].block;
+    size_t b0 = c0 / K, nb = (end - 1) / K - b0 + 1;
+    float sb[HK_DQ_FUSED][HK_DQ_CHUNK_BLOCKS];
     float s[HK_DQ_FUSED], w[HK_DQ_FUSED];
     int32_t z[HK_DQ_FUSED];
+    for (size_t j = 0; j < nm; j++)
+        dq_scales(ms + j, b0, nb, sb[j]);
     for (size_t g = c0; g < end;) {
         size_t b = g / K, stop = (b + 1) * K < end ? (b + 1) * K : end, i = g;
         int wide = 0, tame = 1;
         for (size_t j = 0; j < nm; j++) {
-            s[j] = dq_scale(ms + j, b);
+            s[j] = sb[j][b - b0];
             z[j] = ms[j].zero ? ms[j].zero[b] : 0;
             wide |= z[j] < -(1 << 30) || z[j] > (1 << 30);  /* code - z beyond int32: dq_one */
             tame &= fabsf(s[j]) < 0x1p90f;  /* |code - z| < 2^32: every value and sum finite */
@@ -968,7 +1000,7 @@ static inline void dq_fused(const hk_dq_member *ms, size_t nm, size_t c0, size_t
 
 /* Whether dq_fused takes the members. */
 static int dq_fusable(const hk_dq_member *ms, size_t nm) {
-    if (nm < 2 || nm > HK_DQ_FUSED)
+    if (nm < 1 || nm > HK_DQ_FUSED)
         return 0;
     for (size_t j = 0; j < nm; j++)
         if (ms[j].block != ms[0].block || (ms[j].table && !ms[j].constant))
@@ -990,7 +1022,9 @@ HK_API void hk_dequant(const hk_dq_member *members, size_t nm, size_t g0, size_t
                 else
                     dq_codes(members + j, c0, end - c0, c[j]);
             }
-            if (nm == 2)  /* member counts as constants: the loops over members unroll */
+            if (nm == 1)  /* member counts as constants: the loops over members unroll */
+                dq_fused(members, 1, c0, end, c, out + (c0 - g0));
+            else if (nm == 2)
                 dq_fused(members, 2, c0, end, c, out + (c0 - g0));
             else if (nm == 3)
                 dq_fused(members, 3, c0, end, c, out + (c0 - g0));
