@@ -1117,3 +1117,35 @@ HK_API size_t hk_dequant_diff(const hk_dq_member *members, size_t nm, size_t g0,
     }
     return n;
 }
+
+/* The index of the first scale that is not finite or is +-0 -- IEEE bit patterns of `bits`
+ * 16 (exponent mask `expm`: float16 0x7C00, bfloat16 0x7F80) or 32 (float32) -- or n:
+ * the descriptor rules' check of every per-block scale, one pass (kernels.first_bad_scale). */
+HK_API size_t hk_first_bad_scale(const void *scales, size_t n, int bits, uint32_t expm) {
+    if (bits == 16) {
+        const uint16_t *p = (const uint16_t *)scales;
+        for (size_t i = 0; i < n; i += 64) {  /* 64 at a time: a flag per run, then the lane */
+            size_t e = i + 64 < n ? i + 64 : n;
+            unsigned bad = 0;
+            for (size_t k = i; k < e; k++)
+                bad |= ((p[k] & expm) == expm) | ((p[k] & 0x7FFFu) == 0);
+            if (bad)
+                for (size_t k = i; k < e; k++)
+                    if (((p[k] & expm) == expm) || ((p[k] & 0x7FFFu) == 0))
+                        return k;
+        }
+        return n;
+    }
+    const uint32_t *p = (const uint32_t *)scales;
+    for (size_t i = 0; i < n; i += 64) {
+        size_t e = i + 64 < n ? i + 64 : n;
+        unsigned bad = 0;
+        for (size_t k = i; k < e; k++)
+            bad |= ((p[k] & 0x7F800000u) == 0x7F800000u) | ((p[k] & 0x7FFFFFFFu) == 0);
+        if (bad)
+            for (size_t k = i; k < e; k++)
+                if (((p[k] & 0x7F800000u) == 0x7F800000u) || ((p[k] & 0x7FFFFFFFu) == 0))
+                    return k;
+    }
+    return n;
+}

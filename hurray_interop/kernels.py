@@ -53,6 +53,7 @@ __all__ = [
     "pack_runs",
     "string_starts",
     "first_diff_f32",
+    "first_bad_scale",
     "DequantMember",
     "dequant_plan",
     "dequant_window",
@@ -90,6 +91,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "hk_dequant": (None, [_P, _N, _N, _N, _P]),
     "hk_first_diff_f32": (_N, [_P, _P, _N, ctypes.c_int]),
     "hk_dequant_diff": (_N, [_P, _N, _N, _N, _P, ctypes.c_int]),
+    "hk_first_bad_scale": (_N, [_P, _N, ctypes.c_int, ctypes.c_uint32]),
     "hk_dsc_scales": (_N, [_P, _S, _N, _N, _N, _P, _N, ctypes.c_int, ctypes.c_int, _S, _P, _N, _P, _P, _P]),
 }
 
@@ -737,3 +739,29 @@ def first_diff_f32(a: np.ndarray, b: np.ndarray, zero_equal: bool = False) -> in
         return numpy_first_diff_f32(a, b, zero_equal)
     i = int(_lib.hk_first_diff_f32(_at(a), _at(b), a.size, 1 if zero_equal else 0))
     return -1 if i == a.size else i
+
+
+#: exponent masks of the 16-bit float scale types (bit patterns)
+_EXP16 = {"float16": 0x7C00, "bfloat16": 0x7F80}
+
+
+def numpy_first_bad_scale(bits: np.ndarray, kind: str) -> int:
+    """Index of the first scale that is not finite or is ±0, or -1: ``bits`` are the scales'
+    IEEE bit patterns (uint16 for ``kind`` float16/bfloat16, uint32 for float32)."""
+    if kind in _EXP16:
+        e = _EXP16[kind]
+        bad = ((bits & e) == e) | ((bits & 0x7FFF) == 0)
+    else:
+        bad = ((bits & 0x7F800000) == 0x7F800000) | ((bits & 0x7FFFFFFF) == 0)
+    return int(np.argmax(bad)) if bad.any() else -1
+
+
+def first_bad_scale(bits: np.ndarray, kind: str) -> int:
+    """:func:`numpy_first_bad_scale`, in one C pass when ``bits`` is a C-contiguous aligned
+    1-D array of the kind's width."""
+    width = 2 if kind in _EXP16 else 4
+    if (_lib is None or bits.ndim != 1 or bits.dtype.itemsize != width or bits.dtype.kind != "u"
+            or not bits.flags.c_contiguous or _at(bits) % width):
+        return numpy_first_bad_scale(bits, kind)
+    i = int(_lib.hk_first_bad_scale(_at(bits), bits.size, 8 * width, _EXP16.get(kind, 0)))
+    return -1 if i == bits.size else i

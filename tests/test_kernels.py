@@ -771,3 +771,34 @@ def test_first_diff_f32_refuses_mismatched_arrays() -> None:
         K.first_diff_f32(np.zeros(3, np.float64), np.zeros(3, np.float64))
     strided = np.zeros(8, np.float32)[::2]
     assert K.first_diff_f32(strided, np.zeros(4, np.float32)) == -1  # the numpy path takes it
+
+
+# ---------------------------------------------------------------------------
+# first_bad_scale: the descriptor rules' scale check
+
+
+@needs_c
+@pytest.mark.parametrize("kind", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 1000])
+def test_first_bad_scale_c_and_numpy_agree_at_every_position(kind: str, n: int) -> None:
+    dt = {"float16": np.float16, "float32": np.float32}.get(kind)
+    rng = np.random.default_rng(n)
+    good = rng.uniform(0.5, 2, n).astype(np.float32)
+    if kind == "bfloat16":
+        bits = (good.view(np.uint32) >> 16).astype(np.uint16)
+        specials = {"+0": 0x0000, "-0": 0x8000, "inf": 0x7F80, "-inf": 0xFF80, "nan": 0x7FC1, "tiny": 0x0001}
+    else:
+        bits = good.astype(dt).view(np.uint16 if kind == "float16" else np.uint32)
+        specials = ({"+0": 0x0000, "-0": 0x8000, "inf": 0x7C00, "-inf": 0xFC00, "nan": 0x7E01, "tiny": 0x0001}
+                    if kind == "float16" else
+                    {"+0": 0, "-0": 0x80000000, "inf": 0x7F800000, "-inf": 0xFF800000, "nan": 0x7FC00001, "tiny": 1})
+    assert K.first_bad_scale(bits, kind) == K.numpy_first_bad_scale(bits, kind) == -1
+    for at in sorted({0, n // 2, n - 1}) if n else []:
+        for name, value in specials.items():
+            b = bits.copy()
+            b[at] = value
+            want = -1 if name == "tiny" else at  # a subnormal is finite and non-zero
+            assert K.first_bad_scale(b, kind) == want, (name, at)
+            assert K.numpy_first_bad_scale(b, kind) == want, (name, at)
+            with numpy_path():
+                assert K.first_bad_scale(b, kind) == want

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import numpy as np
 
 from ..errors import FormatError, InconsistentError
+from ..kernels import first_bad_scale
 from .elements import ELEMENT_TYPES_BY_TAG, ElementType, e8m0_reserved, element_type
 from .model import MXFP, NF4, SCHEME_NAMES, PerBlockAffine, PerChannelAffine, PerTensorAffine
 from .wire import NONE_U32, Ctx, check_int, pow2, rule_by_class
@@ -295,17 +296,10 @@ class _Affine(SchemeRule):
     def check_values(self, desc: "Descriptor", q: Any, view: View, fail: Fail, count: int | None) -> None:
         """Scales finite and non-zero (on the IEEE bit patterns)."""
         st = q.scale_type
-        if st.bits == 16:
-            a = view(q.scale_buffer_index, "<u2")
-            expm = 0x7C00 if st.name == "float16" else 0x7F80
-            fn = lambda c: ((c & expm) == expm) | ((c & 0x7FFF) == 0)  # noqa: E731
-            item = 2
-        else:
-            a = view(q.scale_buffer_index, "<u4")
-            fn = lambda c: ((c & 0x7F800000) == 0x7F800000) | ((c & 0x7FFFFFFF) == 0)  # noqa: E731
-            item = 4
-        i = first_bad(a, fn)
-        if i is not None:
+        item = st.bits // 8
+        a = view(q.scale_buffer_index, "<u2" if item == 2 else "<u4")
+        i = first_bad_scale(a.reshape(-1), st.name)  # one pass in C where the kernel is built
+        if i >= 0:
             value = float(a[i : i + 1].view(st.dtype)[0])
             fail(q.scale_buffer_index, i, item, f"{st.name} scale", f"{value!r} (must be finite and non-zero)")
 
