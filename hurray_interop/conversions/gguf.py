@@ -2123,7 +2123,7 @@ def _padding_lost_note(records: _Records | None, exports: list[_Export], is_set:
 def _write_single(hf: Any, src: str, dst: Any, exports: list[_Export], records: _Records | None,
                   gkv: list[tuple[str, "G.GGUFValue"]], alignment: int, force: bool, progress: Progress) -> None:
     """Write one GGUF file (the recorded layout when the tensor sizes still fit it)."""
-    from ..files.atomic import AtomicOutput
+    from ..files.comparing import output
     from ..files.positional import PositionalWriter
 
     sizes_ok = records is not None and _check_offsets(
@@ -2134,7 +2134,8 @@ def _write_single(hf: Any, src: str, dst: Any, exports: list[_Export], records: 
     total = sum(e.plan.bytes_out for e in exports)
     done = 0
     fd = P.open_source(src)
-    with _closing_fd(fd), AtomicOutput(dst, force=force, inputs=(src,)) as fh:  # fd closed if dst is refused
+    # an AtomicOutput, or the comparer of verify's round trip (files.comparing)
+    with _closing_fd(fd), output(dst, force=force, inputs=(src,)) as fh:  # fd closed if dst is refused
         try:
             w = G.GGUFWriterStream(
                 fh,

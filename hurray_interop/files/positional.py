@@ -147,7 +147,9 @@ class PositionalWriter:
 
     def __init__(self, out: Any, size: int | None, *, writeback: str = "auto") -> None:
         out.flush()
-        self.fd: int = out.fileno()
+        #: a :class:`~hurray_interop.files.comparing.ComparingOutput` takes the bytes instead
+        self._sink = out if hasattr(out, "compare_at") else None
+        self.fd: int = -1 if self._sink is not None else out.fileno()
         self.path = getattr(out, "path", None)
         self.size = size  # None: the owner lays the file out itself (no truncation, no bound)
         # a transient output (files.atomic.transient) is never sent to the disk on purpose
@@ -158,7 +160,7 @@ class PositionalWriter:
         self._lock = threading.Lock()  # one write into the file at a time: see :meth:`pwrite`
         self._count_lock = threading.Lock()
         self._unstarted = 0  # bytes written since the last start of writeback
-        if size is not None:
+        if size is not None and self._sink is None:
             self._fail(os.ftruncate, self.fd, size)
 
     def _fail(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -182,6 +184,9 @@ class PositionalWriter:
         the waiting thread sleep instead; the writeback hint runs outside it."""
         mv = memoryview(data).cast("B")
         self._check(offset, len(mv))
+        if self._sink is not None:
+            self._sink.compare_at(mv, offset)
+            return
         self._write_all(mv, offset)
         self._written(len(mv))
 
@@ -195,6 +200,9 @@ class PositionalWriter:
     def copy(self, src_fd: int, src_offset: int, length: int, offset: int) -> None:
         """Copy ``length`` bytes of the file ``src_fd`` from ``src_offset`` to ``offset``."""
         self._check(offset, length)
+        if self._sink is not None:
+            self._sink.copy_at(src_fd, src_offset, length, offset)
+            return
         done = 0
         while done < length:
             copy_range = self._copy_range  # once: another thread may give it up meanwhile

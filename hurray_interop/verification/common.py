@@ -35,6 +35,7 @@ from ..core.model import Tensor
 from ..dequant import windows
 from ..errors import ConversionRefused, HurrayInteropError, UsageError
 from ..files.atomic import transient
+from ..files.comparing import comparing
 from ..kernels import first_diff_f32, thread_buffer
 from ..parallel import in_background, pmap_items
 
@@ -517,7 +518,9 @@ class ForeignVerifier:
             with c.open(path) as src, HrryFile(mid) as hf:
                 checked = self.values(src, hf)  # while the export is written
                 diff = exported_diff()
-                with c.open(back) as exported:
+                # an export found byte-identical as it was made was never written: the source
+                # stands for it
+                with c.open(back if diff is not None or os.path.exists(back) else path) as exported:
                     if diff is not None:
                         where = self._where(src, diff, "end of file (source {sa} bytes, result {sb} bytes)")
                         result.problems.append(f"re-exported {c.title} differs from the source first at {where}")
@@ -544,10 +547,25 @@ class ForeignVerifier:
         to be what that import writes): their export refusal and the file difference they make
         are expected.  Returns the export's report (None when it was refused)."""
         with scratch_dir() as tmp:
-            back, report = self.export(hrry_path, fmt, os.path.join(tmp, "export" + fmt.extensions[0]),
-                                       result, export_options, explained)
-            self.compare_export(path, back, hrry_path, result, explained)
+            back, report, same = self.export_compared(hrry_path, fmt, os.path.join(tmp, "export" + fmt.extensions[0]),
+                                                      path, result, export_options, explained)
+            self.compare_export(path, back, hrry_path, result, explained, identical=same)
         return report
+
+    def export_compared(self, hrry_path: str, fmt: Any, back: str, reference: str, result: VerifyResult,
+                        export_options: dict[str, Any] | None, explained: frozenset[str]) -> tuple[str, Any, bool]:
+        """:meth:`export`, its bytes compared with ``reference`` as they are made
+        (files.comparing): ``(back, report, True)`` when the export is ``reference`` byte for
+        byte -- then nothing was written --, else the export written to ``back`` as
+        :meth:`export` writes it and False."""
+        with comparing(back, reference) as sink:
+            out, report = self.export(hrry_path, fmt, back, result, export_options, explained)
+        if not out or not sink.used or os.path.exists(back):
+            return out, report, False  # refused, or written by a writer that took no comparer
+        if sink.definitive and sink.difference() is None:
+            return back, report, True
+        out, report = self.export(hrry_path, fmt, back, result, export_options, explained)  # for the located report
+        return out, report, False
 
     def export(self, hrry_path: str, fmt: Any, back: str, result: VerifyResult,
                export_options: dict[str, Any] | None, explained: frozenset[str]) -> tuple[str, Any]:
@@ -560,17 +578,19 @@ class ForeignVerifier:
             return "", None
 
     def compare_export(self, path: str, back: str, hrry_path: str, result: VerifyResult,
-                       explained: frozenset[str] = frozenset()) -> None:
+                       explained: frozenset[str] = frozenset(), *, identical: bool = False) -> None:
         """The files ``path`` and ``back`` (the export of ``hrry_path``; "" when refused), and
-        every tensor of ``path`` against the .hrry's and the export's."""
+        every tensor of ``path`` against the .hrry's and the export's.  ``identical``: the
+        export was found to be ``path`` byte for byte as it was made (:meth:`export_compared`;
+        ``back`` was never written, ``path`` stands for it)."""
         c = self.checks
-        diff = first_byte_diff(path, back) if back else None
+        diff = None if identical else first_byte_diff(path, back) if back else None
         if back and not explained:
             result.file_bytes_equal = diff is None
         with ExitStack() as stack:
             src = stack.enter_context(c.open(path))
             hf = stack.enter_context(HrryFile(hrry_path))
-            exported = stack.enter_context(c.open(back)) if back else None
+            exported = stack.enter_context(c.open(path if identical else back)) if back else None
             if diff is not None and not explained:
                 where = self._where(src, diff, "end of file ({sa} vs {sb} bytes)")
                 result.problems.append(f"the Hurray file exports to {c.exported_as} that differs first at {where}")
@@ -642,6 +662,15 @@ def run_roundtrip(
                 return
 
             def export() -> tuple[int, int, int] | None:
+                if compare is first_byte_diff:  # one file: compare the bytes as the export makes them
+                    with comparing(back, path) as sink:
+                        from_hurray(mid, back)
+                    if sink.definitive and sink.difference() is None:
+                        return None  # byte-identical, and nothing was written
+                    if os.path.exists(back):  # the writer did not take the comparer
+                        return compare(path, back)
+                    # a difference (or bytes the comparer could not account for): write the
+                    # export for real, for the located report
                 from_hurray(mid, back)
                 return compare(path, back)
 
