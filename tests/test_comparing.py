@@ -195,3 +195,21 @@ def test_verify_locates_an_export_difference_with_and_without_the_comparer(
     assert with_sink.problems == without.problems
     assert [(c.name, c.bytes_equal, c.where) for c in with_sink.tensors] == [
         (c.name, c.bytes_equal, c.where) for c in without.tensors]
+
+
+@pytest.mark.parametrize("at", [None, 0, 6, 7, (1 << 20) - 1, 1 << 20, (1 << 20) + 1])
+def test_many_small_sequential_writes_are_gathered_and_compared(ref: tuple[Path, bytes], tmp_path: Path,
+                                                                at: int | None) -> None:
+    """A header is written field by field: the pieces are gathered (1 MiB) before comparing,
+    a difference anywhere in them -- across a gathering boundary too -- is found."""
+    p, data = ref
+    bad = bytearray(data)
+    if at is not None:
+        bad[at] ^= 0x02
+    sink = CMP.ComparingOutput(tmp_path / "out", p)
+    with sink as fh:
+        for i in range(0, len(bad), 7):
+            fh.write(bytes(bad[i : i + 7]))
+        fh.commit()
+    assert sink.definitive
+    assert sink.difference() == (None if at is None else (at, len(data), len(data)))

@@ -35,6 +35,8 @@ __all__ = ["ComparingOutput", "comparing", "output"]
 
 #: bytes read per step of a compared kernel copy
 _READ_STEP = 1 << 22
+#: sequential bytes gathered before they are compared
+_GATHER = 1 << 20
 
 _SINK: ContextVar["ComparingOutput | None"] = ContextVar("hurray_interop_comparing", default=None)
 
@@ -55,6 +57,8 @@ class ComparingOutput:
         self._end = 0
         self._local = threading.local()
         self._fh: Any = None
+        self._pending = bytearray()  # sequential bytes not compared yet, from _pending_at
+        self._pending_at = 0
         self._map: mmap.mmap | None = None
         self._ref = np.zeros(0, np.uint8)
         self.reference_size = os.path.getsize(self.reference)
@@ -80,22 +84,36 @@ class ComparingOutput:
         return False
 
     def write(self, data: Any) -> int:
+        """A sequential write at the current position: small pieces (a header's many fields)
+        are gathered and compared :data:`_GATHER` bytes at a time."""
         mv = memoryview(data).cast("B")
-        self.compare_at(mv, self._pos)
-        self._pos += len(mv)
-        return len(mv)
+        n = len(mv)
+        if self._pending_at + len(self._pending) != self._pos:
+            self.flush()
+        if not self._pending:
+            self._pending_at = self._pos
+        self._pending += mv
+        self._pos += n
+        if len(self._pending) >= _GATHER:
+            self.flush()
+        return n
 
     def tell(self) -> int:
         return self._pos
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self.flush()
         self._pos = offset if whence == os.SEEK_SET else self._pos + offset if whence == os.SEEK_CUR else self._end + offset
         return self._pos
 
     def flush(self) -> None:
-        pass
+        """Compare the gathered sequential bytes."""
+        if self._pending:
+            self.compare_at(self._pending, self._pending_at)
+            self._pending = bytearray()
 
     def commit(self) -> str:
+        self.flush()
         self.committed = True
         return self.path
 
