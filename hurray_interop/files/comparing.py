@@ -42,7 +42,9 @@ _SINK: ContextVar["ComparingOutput | None"] = ContextVar("hurray_interop_compari
 
 
 class ComparingOutput:
-    """Compares what is written for ``path`` with the file ``reference``; thread-safe."""
+    """Compares what is written for ``path`` with the file ``reference``: positional pieces
+    (:meth:`compare_at`, :meth:`copy_at`) from any thread, sequential writes from the one
+    thread that owns the output (as with a file)."""
 
     def __init__(self, path: "str | os.PathLike[str]", reference: "str | os.PathLike[str]") -> None:
         self.path = os.fspath(path)
