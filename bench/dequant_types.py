@@ -122,9 +122,7 @@ def same(tensor, view, ggml_type, block_elems) -> bool:
 def measure(a: argparse.Namespace, work: Path) -> list[dict]:
     import gguf
 
-    from hurray_interop import tables
     from hurray_interop.core import hrry
-    from hurray_interop.formats import gguf_ggml
 
     src, dst = work / "types.gguf", work / "types.hrry"
     write_gguf(src, a.types, a.rows, a.cols, a.seed)
@@ -150,7 +148,6 @@ def measure(a: argparse.Namespace, work: Path) -> list[dict]:
                      "ratio": gm / om, "same": ok})
         print(f"{name:8s} {rows[-1]['form']:28s} ggml {rows[-1]['ggml']:7.0f} Me/s  ours {rows[-1]['ours']:7.0f} Me/s"
               f"  ratio {rows[-1]['ratio']:.2f}  {'identical' if ok else 'DIFFERENT'}", flush=True)
-    del tables, gguf_ggml
     return rows
 
 

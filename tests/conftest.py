@@ -42,3 +42,18 @@ def gguf_samples_dir(shared_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     return FIXTURES
+
+
+@pytest.fixture()
+def no_ggml(monkeypatch: pytest.MonkeyPatch):
+    """ggml's library switched off (``HURRAY_INTEROP_GGML=off``), its cached handles dropped
+    before and after."""
+    from hurray_interop.formats import gguf_ggml as ggml
+
+    monkeypatch.setenv(ggml.ENV_VAR, "off")
+    ggml._load.cache_clear()
+    ggml._decoder.cache_clear()
+    yield
+    monkeypatch.undo()
+    ggml._load.cache_clear()
+    ggml._decoder.cache_clear()

@@ -92,17 +92,6 @@ def test_the_exact_forms_are_ggml_bit_for_bit_and_round_trip(model: Path, tmp_pa
     assert r.ok and r.oracle == "ggml" and all(c.values_equal for c in r.tensors), r.summary_line()
 
 
-@pytest.fixture()
-def no_ggml(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv(ggml.ENV_VAR, "off")
-    ggml._load.cache_clear()
-    ggml._decoder.cache_clear()
-    yield
-    monkeypatch.undo()
-    ggml._load.cache_clear()
-    ggml._decoder.cache_clear()
-
-
 def test_without_ggml_they_are_refused_naming_the_decoder(model: Path, tmp_path: Path, no_ggml: None) -> None:
     out = tmp_path / "q12.hrry"
     with pytest.raises(ConversionRefused) as e:

@@ -221,17 +221,6 @@ def test_fuzzed_gguf_reaches_c_only_through_checked_views(fixtures_dir: Path) ->
 # the choice, said
 
 
-@pytest.fixture()
-def no_ggml(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv(ggml.ENV_VAR, "off")
-    ggml._load.cache_clear()
-    ggml._decoder.cache_clear()
-    yield
-    monkeypatch.undo()
-    ggml._load.cache_clear()
-    ggml._decoder.cache_clear()
-
-
 def test_default_oracle_is_ggml_and_the_report_says_so() -> None:
     r = verify(FIXTURES / "tiny-llama.gguf")
     assert r.ok and r.oracle == "ggml"

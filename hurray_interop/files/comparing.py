@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .atomic import AtomicOutput
+from .positional import _pread_function
 
 __all__ = ["ComparingOutput", "comparing", "output"]
 
@@ -58,6 +59,7 @@ class ComparingOutput:
         self._covered = 0
         self._end = 0
         self._local = threading.local()
+        self._pread = _pread_function()  # os.preadv, or a seek and read under a lock
         self._fh: Any = None
         self._pending = bytearray()  # sequential bytes not compared yet, from _pending_at
         self._pending_at = 0
@@ -157,12 +159,7 @@ class ComparingOutput:
         while done < length:
             k = min(len(buf), length - done)
             try:
-                if hasattr(os, "preadv"):
-                    got = os.preadv(src_fd, [mv[:k]], src_offset + done)
-                else:  # pragma: no cover - Windows
-                    chunk = os.pread(src_fd, k, src_offset + done)
-                    got = len(chunk)
-                    mv[:got] = chunk
+                got = self._pread(src_fd, mv[:k], src_offset + done)
             except OSError as e:
                 raise UsageError(f"cannot read the source: {e.strerror or e}", path=self.path) from None
             if got == 0:
