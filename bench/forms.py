@@ -31,7 +31,6 @@ import argparse
 import datetime
 import filecmp
 import json
-import os
 import shlex
 import statistics
 import subprocess

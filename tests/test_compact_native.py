@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 from gguf.quants import dequantize as gguf_dequantize
 from gguf_factory import write_gguf_raw

@@ -41,7 +41,7 @@ from hurray_interop.core.model import (
     Tiled,
 )
 from hurray_interop.dequant import NF4_LUT, dequantize, iter_dequantize
-from hurray_interop.errors import FormatError, InconsistentError, TruncatedError, UnsupportedError, UsageError
+from hurray_interop.errors import FormatError, InconsistentError, UnsupportedError, UsageError
 
 RNG = np.random.default_rng(20261129)
 

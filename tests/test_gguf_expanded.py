@@ -376,7 +376,7 @@ def test_expand_packed_is_expand_with_the_codes_packed(t: str, monkeypatch) -> N
     decoded only in zero-scale blocks) equals ``expand`` + the generic ``elements.pack``,
     with the C movers and with their numpy twins."""
     from hurray_interop import kernels
-    from hurray_interop.core.elements import element_type, pack
+    from hurray_interop.core.elements import pack
 
     blocks = random_blocks(t, 300, seed=21)
     x = ge.expand(t, blocks, 1000)
@@ -395,7 +395,7 @@ def test_expand_packed_is_expand_with_the_codes_packed(t: str, monkeypatch) -> N
 def test_chunks_without_zero_scales_plan_and_pack(t: str) -> None:
     """A chunk with no zero-scale sub-block (nothing to decode for the plan) gives the same
     scales, no patches and the same packed codes as the full expansion."""
-    from hurray_interop.core.elements import element_type, pack
+    from hurray_interop.core.elements import pack
 
     blocks = random_blocks(t, 300, seed=22)
     x = ge.expand(t, blocks)
@@ -429,7 +429,7 @@ def _tampered(x: ge.Expanded, how: str) -> ge.Expanded:
 
 def _stored(x: ge.Expanded) -> np.ndarray:
     """``x``'s codes as the form stores them, a row of bytes per block."""
-    from hurray_interop.core.elements import element_type, pack
+    from hurray_interop.core.elements import pack
 
     return pack(x.codes, ge.form(x.type).storage).reshape(x.codes.shape[0], -1)
 

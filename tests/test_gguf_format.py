@@ -397,7 +397,7 @@ def test_writer_version_2_unpadded_end_and_empty_values():
     }
     for pad_end, tail in [(False, 0), (True, None), (3, 3)]:
         buf = io.BytesIO()
-        with GGUFWriterStream(buf, version=2, kv=kv, pad_end=pad_end) as ws:
+        with GGUFWriterStream(buf, version=2, kv=kv, pad_end=pad_end):
             pass
         raw = buf.getvalue()
         expect = (

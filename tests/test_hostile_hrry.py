@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 import struct
@@ -478,7 +477,7 @@ def padded(tmp_path_factory, fixtures_dir) -> dict[str, tuple[Path, list[bytes]]
     out = {}
     one = d / "junk-llama.gguf"
     raw = bytearray((fixtures_dir / "tiny-llama.gguf").read_bytes())
-    (a, b), (c, e) = gguf_padding_regions(bytes(raw))[0], gguf_padding_regions(bytes(raw))[-1]
+    (a, b), (_, e) = gguf_padding_regions(bytes(raw))[0], gguf_padding_regions(bytes(raw))[-1]
     raw[a] = raw[b - 1] = 0x5A
     raw[e - 1] = 0xA5
     one.write_bytes(bytes(raw))

@@ -274,7 +274,7 @@ def test_max_items_at_its_bounds(fixtures_dir: Path, capsys, n: int | None) -> N
         assert line.endswith("] (300 items)") and "…" not in line
     else:
         assert line.endswith(f", …] ({n} of 300 items; --full or --max-items N shows more)" if n else
-                             f"[…] (0 of 300 items; --full or --max-items N shows more)")
+                             "[…] (0 of 300 items; --full or --max-items N shows more)")
 
 
 @pytest.mark.parametrize("bad", ["-1", "x", "1.5"])

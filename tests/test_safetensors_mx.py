@@ -478,7 +478,7 @@ def test_verify_and_inspect_report_refused_tensors(tmp_path):
 
 
 def test_gguf_mxfp4_reaches_gpt_oss_layout_exactly(fixtures_dir, tmp_path):
-    gguf = pytest.importorskip("gguf")
+    pytest.importorskip("gguf")
     from gguf import GGMLQuantizationType, GGUFReader
     from gguf import quants as gq
 
