@@ -117,9 +117,10 @@ ALLOWED = {
     "_convert": {"registry", "report"},
     "_verify": {"_convert", "registry", "verification", "report"},
     "_inspect": {"registry"},
-    "__init__": {"_convert", "_verify", "_inspect", "registry", "dequant", "core", "report", "verification"},
+    "_compare": {"registry", "_inspect", "verification"},
+    "__init__": {"_convert", "_verify", "_inspect", "_compare", "registry", "dequant", "core", "report", "verification"},
     "batch": {"_convert", "_verify", "registry", "report", "verification"},
-    "cli": {"__init__", "_convert", "_verify", "_inspect", "registry", "report", "batch"},
+    "cli": {"__init__", "_convert", "_verify", "_inspect", "_compare", "registry", "report", "batch"},
     "__main__": {"cli"},
     **{low: set(LOW) for low in LOW},
 }
