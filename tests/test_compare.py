@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType as Q
 from safetensors.numpy import save_file
 
 import hurray_interop
+from hurray_interop import kernels
 from hurray_interop.cli import main
 from hurray_interop.verification import compare as C
 
@@ -268,3 +269,43 @@ def test_window_sums_semantics() -> None:
     assert (s.differing, s.first, s.max_abs, s.ssd) == (1, 5, 1.0, 1.0)
     s = C.window_stats_numpy(np.array([1.0, nan], np.float32), np.array([1.0, 2.0], np.float32))
     assert (s.differing, s.first) == (1, 1) and math.isnan(s.max_abs)
+
+
+def _same_sum(x: float, y: float) -> bool:
+    return (math.isnan(x) and math.isnan(y)) or x == y or math.isclose(x, y, rel_tol=1e-12)
+
+
+SPECIAL = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-45, 3.4e38, 1.0], np.float32)
+
+
+@pytest.mark.skipif(kernels.KERNEL != "c", reason="the compiled kernel is not loaded")
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 7, 8, 9, 1000, (1 << 20) + 3])
+def test_the_c_sums_match_their_numpy_twin(n: int) -> None:
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal(n).astype(np.float32)
+    for case in range(4):
+        b = a.copy()
+        if case >= 1 and n:  # differences at the 4-lane boundaries and at random places
+            for i in {0, n - 1, min(3, n - 1), min(4, n - 1), int(rng.integers(n))}:
+                b[i] += np.float32(0.25)
+        if case >= 2 and n:  # ±0, NaN on one side or both, infinities
+            idx = rng.integers(n, size=min(n, 16))
+            a[idx[: len(idx) // 2]] = rng.choice(SPECIAL, len(idx) // 2)
+            b[idx] = rng.choice(SPECIAL, len(idx))
+        if case == 3 and n:
+            b[:] = a
+            b[-1] = -a[-1] if a[-1] == 0 else b[-1]  # -0 against +0: equal
+        got = kernels.compare_stats(a, b)
+        want = C.window_stats_numpy(a, b)
+        assert got is not None
+        ssd, sa2, sb2, dot, max_abs, differing, first = got
+        assert (differing, first) == (want.differing, want.first), case
+        assert _same_sum(max_abs, want.max_abs), case
+        for x, y in zip((ssd, sa2, sb2, dot), (want.ssd, want.sa2, want.sb2, want.dot)):
+            assert _same_sum(x, y), (case, x, y)
+
+
+def test_the_figures_do_not_depend_on_the_thread_count(pair: tuple[Path, Path]) -> None:
+    one = hurray_interop.compare(*pair, jobs=1).to_json()
+    two = hurray_interop.compare(*pair, jobs=2).to_json()
+    assert one == two
