@@ -1181,15 +1181,40 @@ static void hk_cmp_scalar(hk_cmp *c, const float *a, const float *b, size_t i, s
 }
 
 #if defined(HK_SSE2)
-/* Four pairs at a time: two float64 lanes for the low pair, two for the high one. */
+/* Σx² of 4k floats into two float64 lanes each of lo, hi (a run equal bit for bit in a and b:
+ * there Σa² = Σb² = Σab, added once; d = 0). */
+static void hk_cmp_sq(const float *a, size_t n, __m128d *lo, __m128d *hi) {
+    for (size_t i = 0; i < n; i += 4) {
+        const __m128 v = _mm_loadu_ps(a + i);
+        const __m128d x0 = _mm_cvtps_pd(v), x1 = _mm_cvtps_pd(_mm_movehl_ps(v, v));
+        *lo = _mm_add_pd(*lo, _mm_mul_pd(x0, x0));
+        *hi = _mm_add_pd(*hi, _mm_mul_pd(x1, x1));
+    }
+}
+
+static int hk_same_bits(const float *a, const float *b, size_t n) {  /* n: a multiple of 16 */
+    __m128i x = _mm_setzero_si128();
+    for (size_t i = 0; i < n; i += 4)
+        x = _mm_or_si128(x, _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)(a + i)),
+                                          _mm_loadu_si128((const __m128i *)(const void *)(b + i))));
+    return _mm_movemask_epi8(_mm_cmpeq_epi32(x, _mm_setzero_si128())) == 0xFFFF;
+}
+
+/* Four pairs at a time: two float64 lanes for the low pair, two for the high one; runs of 64
+ * pairs equal bit for bit take the one-sum path. */
 static size_t hk_cmp_sse2(hk_cmp *c, const float *a, const float *b, size_t n) {
     static const unsigned char pop[16] = {0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4};
     const __m128d sign = _mm_set1_pd(-0.0);
     __m128d ss0 = _mm_setzero_pd(), ss1 = ss0, sa0 = ss0, sa1 = ss0, sb0 = ss0, sb1 = ss0, ab0 = ss0, ab1 = ss0;
-    __m128d mx = ss0;
+    __m128d eq0 = ss0, eq1 = ss0, mx = ss0;
     int nan = 0;
     size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
+    while (i + 4 <= n) {
+        if ((i & 63) == 0 && i + 64 <= n && hk_same_bits(a + i, b + i, 64)) {
+            hk_cmp_sq(a + i, 64, &eq0, &eq1);
+            i += 64;
+            continue;
+        }
         const __m128 va = _mm_loadu_ps(a + i), vb = _mm_loadu_ps(b + i);
         const __m128 eq = _mm_or_ps(_mm_cmpeq_ps(va, vb), _mm_and_ps(_mm_cmpunord_ps(va, va), _mm_cmpunord_ps(vb, vb)));
         const int mask = _mm_movemask_ps(eq);
@@ -1201,22 +1226,26 @@ static size_t hk_cmp_sse2(hk_cmp *c, const float *a, const float *b, size_t n) {
         sb1 = _mm_add_pd(sb1, _mm_mul_pd(xb1, xb1));
         ab0 = _mm_add_pd(ab0, _mm_mul_pd(xa0, xb0));
         ab1 = _mm_add_pd(ab1, _mm_mul_pd(xa1, xb1));
-        if (mask == 0xF)
-            continue;
-        if (c->first == (uint64_t)-1)
-            for (int k = 0; k < 4; k++)
-                if (!(mask >> k & 1)) {
-                    c->first = i + (size_t)k;
-                    break;
-                }
-        c->differing += 4u - pop[mask];
-        const __m128d d0 = _mm_andnot_pd(_mm_castps_pd(_mm_unpacklo_ps(eq, eq)), _mm_sub_pd(xa0, xb0));
-        const __m128d d1 = _mm_andnot_pd(_mm_castps_pd(_mm_unpackhi_ps(eq, eq)), _mm_sub_pd(xa1, xb1));
-        ss0 = _mm_add_pd(ss0, _mm_mul_pd(d0, d0));
-        ss1 = _mm_add_pd(ss1, _mm_mul_pd(d1, d1));
-        nan |= _mm_movemask_pd(_mm_cmpunord_pd(d0, d1));
-        mx = _mm_max_pd(mx, _mm_max_pd(_mm_andnot_pd(sign, d0), _mm_andnot_pd(sign, d1)));
+        if (mask != 0xF) {
+            if (c->first == (uint64_t)-1)
+                for (int k = 0; k < 4; k++)
+                    if (!(mask >> k & 1)) {
+                        c->first = i + (size_t)k;
+                        break;
+                    }
+            c->differing += 4u - pop[mask];
+            const __m128d d0 = _mm_andnot_pd(_mm_castps_pd(_mm_unpacklo_ps(eq, eq)), _mm_sub_pd(xa0, xb0));
+            const __m128d d1 = _mm_andnot_pd(_mm_castps_pd(_mm_unpackhi_ps(eq, eq)), _mm_sub_pd(xa1, xb1));
+            ss0 = _mm_add_pd(ss0, _mm_mul_pd(d0, d0));
+            ss1 = _mm_add_pd(ss1, _mm_mul_pd(d1, d1));
+            nan |= _mm_movemask_pd(_mm_cmpunord_pd(d0, d1));
+            mx = _mm_max_pd(mx, _mm_max_pd(_mm_andnot_pd(sign, d0), _mm_andnot_pd(sign, d1)));
+        }
+        i += 4;
     }
+    sa0 = _mm_add_pd(sa0, eq0), sa1 = _mm_add_pd(sa1, eq1);
+    sb0 = _mm_add_pd(sb0, eq0), sb1 = _mm_add_pd(sb1, eq1);
+    ab0 = _mm_add_pd(ab0, eq0), ab1 = _mm_add_pd(ab1, eq1);
     double t[2];
     _mm_storeu_pd(t, ss0); c->ss[0] += t[0]; c->ss[1] += t[1];
     _mm_storeu_pd(t, ss1); c->ss[2] += t[0]; c->ss[3] += t[1];

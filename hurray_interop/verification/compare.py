@@ -39,7 +39,7 @@ from ..errors import UnsupportedError
 from ..kernels import compare_stats, thread_buffer
 from ..parallel import pmap_items
 from .common import ForeignChecks, Unit, _release_pages
-from .hurray import _same_bytes, _same_tensor_bytes
+from .hurray import _same_tensor_bytes
 
 __all__ = ["ValueSource", "TensorDiff", "WindowStats", "window_stats", "compare_tensors", "foreign_sources",
            "hurray_sources", "WINDOW", "IDENTICAL", "DIFFERS", "SHAPE", "NOT_DECODED"]
@@ -66,7 +66,7 @@ class ValueSource:
     shape: tuple[int, ...]
     read: Callable[[int, int, np.ndarray], None] | None = None
     wins: Callable[[], Any] | None = None
-    same: Callable[["ValueSource"], bool] = lambda other: False
+    same: Callable[["ValueSource", Callable[[], None] | None], bool] = lambda other, release: False
     #: why its values cannot be given here ("": they can)
     problem: str = ""
     #: what ``same`` compares, by kind ("gguf", "hurray", ...): sources of different kinds never match
@@ -184,7 +184,7 @@ def compare_tensors(a: ValueSource, b: ValueSource, release: Callable[[], None] 
     if a.shape != b.shape:
         d.note = f"shape {list(a.shape)} vs {list(b.shape)}"
         return d
-    if a.kind and a.kind == b.kind and a.same(b):
+    if a.kind and a.kind == b.kind and a.same(b, release):
         return _identical(d)
     problem = a.problem or b.problem
     if problem:
@@ -294,10 +294,30 @@ def _unit_reader(u: Unit, shape: tuple[int, ...]) -> tuple[Callable[[int, int, n
     return read, ""
 
 
-def _same_parts(mine: list[Any], other: "ValueSource") -> bool:
+#: bytes compared between two calls of ``release`` (bounds the mapped pages resident)
+RELEASE_BYTES = 1 << 26
+
+
+def _equal_bytes(x: np.ndarray, y: np.ndarray, release: Callable[[], None] | None, step: int = 1 << 24) -> bool:
+    """Two stored buffers byte for byte, ``step`` bytes at a time, ``release()`` every
+    :data:`RELEASE_BYTES` and at the end."""
+    u, v = x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8)
+    if u.size != v.size:
+        return False
+    for lo in range(0, u.size, step):
+        if not np.array_equal(u[lo : lo + step], v[lo : lo + step]):
+            return False
+        if release is not None and (lo + step) % RELEASE_BYTES == 0:
+            release()
+    if release is not None:
+        release()
+    return True
+
+
+def _same_parts(mine: list[Any], other: "ValueSource", release: Callable[[], None] | None) -> bool:
     theirs = other.stored
     return (len(mine) == len(theirs) and all(x.key == y.key for x, y in zip(mine, theirs))
-            and all(_same_bytes(x.data, y.data) for x, y in zip(mine, theirs)))
+            and all(_equal_bytes(x.data, y.data, release) for x, y in zip(mine, theirs)))
 
 
 def foreign_sources(checks: ForeignChecks, opened: Any, kind: str) -> list[ValueSource]:
@@ -313,7 +333,7 @@ def foreign_sources(checks: ForeignChecks, opened: Any, kind: str) -> list[Value
         except UnsupportedError as exc:
             read, problem = None, exc.message
         out.append(ValueSource(u.name, u.label, shape, read=read, problem=problem, kind=kind, stored=parts,
-                               same=lambda other, parts=parts: _same_parts(parts, other)))
+                               same=lambda other, release, parts=parts: _same_parts(parts, other, release)))
     return out
 
 
@@ -322,8 +342,8 @@ def _hurray_source(hf: HrryFile, name: str) -> ValueSource:
     shape = tuple(t.shape)
     problem = "" if all(isinstance(n, int) for n in shape) else "dynamic dimensions"
 
-    def same(other: ValueSource, t: Tensor = t) -> bool:
-        return _same_tensor_bytes(t, other.stored)
+    def same(other: ValueSource, release: Callable[[], None] | None, t: Tensor = t) -> bool:
+        return _same_tensor_bytes(t, other.stored)  # (a composite's members: their own buffers)
 
     return ValueSource(name, t.describe(), tuple(-1 if n is None else int(n) for n in shape),
                        wins=lambda: windows(t, max_elements=WINDOW), same=same, problem=problem, kind="hurray", stored=t)
