@@ -1,10 +1,11 @@
 """hurray-interop: byte-exact conversion between GGUF, OCP MX and Hurray, with proof.
 
-The public API is five verbs, the same for every format (the format of a file is
+The public API is six verbs, the same for every format (the format of a file is
 told by its magic bytes, through :mod:`hurray_interop.registry`):
 
 * :func:`convert` — one file into another (``.gguf``, ``.hrry``, ``.safetensors``);
 * :func:`verify` — a round trip through Hurray, or two files compared;
+* :func:`compare` — how far apart two models are: error figures per tensor, metadata differences;
 * :func:`inspect` — what a file holds, as plain data;
 * :func:`open` — a file's reader (a context manager);
 * :func:`dequantize` — a tensor's float32 values (Hurray and safetensors: the one shared
