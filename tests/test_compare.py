@@ -21,6 +21,7 @@ from safetensors.numpy import save_file
 import hurray_interop
 from hurray_interop import kernels
 from hurray_interop.cli import main
+from hurray_interop.core.hrry import HrryFile
 from hurray_interop.verification import compare as C
 
 RNG = np.random.default_rng(24)
@@ -309,3 +310,63 @@ def test_the_figures_do_not_depend_on_the_thread_count(pair: tuple[Path, Path]) 
     one = hurray_interop.compare(*pair, jobs=1).to_json()
     two = hurray_interop.compare(*pair, jobs=2).to_json()
     assert one == two
+
+
+def test_two_hrry_whose_windows_do_not_line_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = RNG.standard_normal((3, 96)).astype(np.float32)
+    a = _hrry(write(tmp_path / "q8.gguf", {"t": ("Q8_0", x)}), tmp_path / "q8.hrry")
+    b = _hrry(write(tmp_path / "f32.gguf", {"t": ("F32", x)}), tmp_path / "f32.hrry")
+    whole = hurray_interop.compare(a, b).to_json()
+    monkeypatch.setattr(C, "WINDOW", 48)  # the F32 rows in windows of 48, the Q8_0 ones of its 32-value blocks
+    from hurray_interop.dequant import windows
+    with HrryFile(a) as ha, HrryFile(b) as hb:
+        sa = [(lo, n) for lo, n, _ in windows(ha.tensor("t"), max_elements=48).spans()]
+        sb = [(lo, n) for lo, n, _ in windows(hb.tensor("t"), max_elements=48).spans()]
+    assert sa != sb
+    (t,) = hurray_interop.compare(a, b).tensors
+    want = oracle_figures(decoded(tmp_path / "q8.gguf")["t"], x)
+    for k, v in want.items():
+        assert getattr(t, k) == pytest.approx(v, rel=1e-12), k
+    assert t.first_diff == whole["tensors"][0]["first_diff"] and t.differing == whole["tensors"][0]["differing"]
+
+
+def test_split_sets_and_bad_hrry(capsys: pytest.CaptureFixture[str], tmp_path: Path, fixtures_dir: Path) -> None:
+    first, third = (fixtures_dir / f"tiny-split-0000{i}-of-00003.gguf" for i in (1, 3))
+    r = hurray_interop.compare(first, third)  # any shard stands for its set
+    assert r.identical and len(r.tensors) > 3
+    bad = tmp_path / "bad.hrry"
+    hurray_interop.convert(fixtures_dir / "tiny-llama.gguf", tmp_path / "t.hrry")
+    bad.write_bytes((tmp_path / "t.hrry").read_bytes()[:-40])
+    code, out, err = cli(capsys, fixtures_dir / "tiny-llama.gguf", bad)
+    assert code == 2 and not out and len(err.splitlines()) == 1 and str(bad) in err
+
+
+def test_json_full_gives_whole_arrays(capsys: pytest.CaptureFixture[str], fixtures_dir: Path) -> None:
+    a, b = fixtures_dir / "tiny-llama.gguf", fixtures_dir / "tiny-llama-kquant.gguf"
+    short = json.loads(cli(capsys, a, b, "--json")[1])["metadata"]["differ"]
+    full = json.loads(cli(capsys, a, b, "--json", "--full")[1])["metadata"]["differ"]
+    scores = [d for d in short if d["key"] == "tokenizer.ggml.scores"][0]
+    whole = [d for d in full if d["key"] == "tokenizer.ggml.scores"][0]
+    assert len(scores["a"]["value"]) == 16 and scores["a"]["count"] == 300
+    assert len(whole["a"]["value"]) == 300 == whole["a"]["count"]
+    assert whole["a"]["value"] == decoded_kv(a, "tokenizer.ggml.scores")
+
+
+def decoded_kv(path: Path, key: str) -> list[float]:
+    f = gguf.GGUFReader(str(path)).fields[key]
+    return [float(f.parts[i][0]) for i in f.data]
+
+
+def test_a_tensor_the_dequantizer_cannot_evaluate_is_not_decoded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = write(tmp_path / "a.gguf", {"t": ("F32", NORM), "u": ("F32", NORM)})
+    b = write(tmp_path / "b.gguf", {"t": ("F32", NORM), "u": ("F32", -NORM)})
+    hb = _hrry(b, tmp_path / "b.hrry")
+
+    def refuse(*args: Any, **kw: Any) -> Any:
+        raise hurray_interop.errors.UnsupportedError("a layout not evaluated here", tensor="u")
+
+    monkeypatch.setattr(C, "windows", refuse)
+    r = hurray_interop.compare(a, hb)
+    assert [(t.name, t.status, t.note) for t in r.tensors] == [
+        ("t", C.NOT_DECODED, "a layout not evaluated here"), ("u", C.NOT_DECODED, "a layout not evaluated here")]
+    assert not r.identical and "2 of 2 tensors not decoded" in r.summary_line()

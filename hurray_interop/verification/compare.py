@@ -190,6 +190,18 @@ def compare_tensors(a: ValueSource, b: ValueSource, release: Callable[[], None] 
     if problem:
         d.status, d.note = NOT_DECODED, problem
         return d
+    try:
+        total, first = _streamed(a, b, release)
+    except UnsupportedError as exc:  # a layout or type the dequantizer does not evaluate
+        d.status, d.note = NOT_DECODED, exc.message
+        return d
+    d.finish(total, *first)
+    return d
+
+
+def _streamed(a: ValueSource, b: ValueSource,
+              release: Callable[[], None] | None) -> tuple[WindowStats, tuple[float, float]]:
+    """The sums over every window, and the two values at the first difference."""
     total = WindowStats()
     first = (0.0, 0.0)
     done = 0
@@ -201,8 +213,7 @@ def compare_tensors(a: ValueSource, b: ValueSource, release: Callable[[], None] 
         if release is not None and done >= 4 * WINDOW:
             release()
             done = 0
-    d.finish(total, *first)
-    return d
+    return total, first
 
 
 Job = tuple[int, int, Any, Any]
