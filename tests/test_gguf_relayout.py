@@ -11,6 +11,7 @@ and the two-step route through a .hrry, proven against the same rules
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -246,14 +247,72 @@ def test_existing_outputs_are_refused_without_force(fixtures_dir, tmp_path):
     assert reader_tensors(shard_files(out, "s", 3)) == reader_tensors(src)
 
 
-def test_verify_a_set_against_its_merge(fixtures_dir, tmp_path):
+def test_verify_src_dst_with_the_layout_option(fixtures_dir, tmp_path):
+    """``verify SRC DST --merge`` / ``--split-max-*`` after the same ``convert``: DST is what
+    that conversion writes (repeated in a temporary directory, compared shard by shard)."""
+    src = copy_set(fixtures_dir, tmp_path / "src")
+    merged = tmp_path / "m.gguf"
+    assert cli("convert", src[1], merged, "--merge", "-q")[0] == 0
+    (tmp_path / "s").mkdir()
+    assert cli("convert", merged, tmp_path / "s" / "s.gguf", "--split-max-tensors", "2", "-q")[0] == 0
+    status, out, err = cli("verify", src[2], merged, "--merge")
+    assert status == 0 and "files byte-identical" in out, out + err
+    status, out, err = cli("verify", merged, tmp_path / "s" / "s.gguf", "--split-max-tensors", "2")
+    assert status == 0 and "files byte-identical" in out, out + err
+    status, out, _ = cli("verify", merged, tmp_path / "s" / "s.gguf", "--split-max-tensors", "3")
+    assert status == 1 and "convert's s-00001-of-00003.gguf is a shard of a split set of 3" in out, out
+    assert "hurray-interop-verify" not in out  # no temporary path in the verdict
+    bad = bytearray(merged.read_bytes())
+    bad[-40] ^= 1  # inside the last tensor (output.weight), before the end padding
+    (tmp_path / "bad.gguf").write_bytes(bytes(bad))
+    status, out, _ = cli("verify", src[0], tmp_path / "bad.gguf", "--merge")
+    assert status == 1 and "output.weight" in out, out
+    status, _, err = cli("verify", src[0], merged, "--merge", "--fallback", "float32")
+    assert status == 2 and err.count("\n") == 1, err
+
+
+def test_verify_of_the_outputs_as_before(fixtures_dir, tmp_path):
+    """Each output round-trips; a set against its merged file is one set and one file (exit 1,
+    as for any set and file), with every tensor equal."""
     src = copy_set(fixtures_dir, tmp_path / "src")
     assert cli("convert", src[0], tmp_path / "m.gguf", "--merge", "-q")[0] == 0
     (tmp_path / "s").mkdir()
     assert cli("convert", tmp_path / "m.gguf", tmp_path / "s" / "s.gguf", "--split-max-tensors", "2", "-q")[0] == 0
-    for pair in ((src[0], tmp_path / "m.gguf"), (tmp_path / "s" / "s-00004-of-00004.gguf", tmp_path / "m.gguf")):
-        status, out, err = cli("verify", *pair)
-        assert status == 0, out + err
+    for f in (tmp_path / "m.gguf", tmp_path / "s" / "s-00004-of-00004.gguf"):
+        status, out, err = cli("verify", f)
+        assert status == 0 and "files byte-identical" in out, out + err
+    status, out, _ = cli("verify", "--pair", src[0], tmp_path / "m.gguf", "--json")
+    assert status == 1
+    r = json.loads(out)[0]
+    assert all(t["bytes_equal"] for t in r["tensors"]) and len(r["tensors"]) == 8
+    assert any("is one file" in p for p in r["problems"])
+
+
+def test_interrupted_write_leaves_nothing(fixtures_dir, tmp_path, monkeypatch):
+    calls = []
+    real = PositionalWriter.copy
+
+    def failing(self, *args):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(self, *args)
+
+    monkeypatch.setattr(PositionalWriter, "copy", failing)
+    src = copy_set(fixtures_dir, tmp_path / "src")
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        convert(src[0], out / "s.gguf", split_max_tensors=2)
+    assert list(out.iterdir()) == []
+
+
+def test_progress_counts_every_tensor_byte(fixtures_dir, tmp_path):
+    src = copy_set(fixtures_dir, tmp_path / "src")
+    seen: list[tuple[int, int]] = []
+    convert(src[0], tmp_path / "m.gguf", merge=True, progress=lambda done, total: seen.append((done, total)))
+    total = sum(len(t[3]) for t in reader_tensors(src))
+    assert seen[-1] == (total, total) and len(seen) == 8
 
 
 # --------------------------------------------------------------------------
