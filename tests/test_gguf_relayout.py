@@ -413,3 +413,19 @@ def test_readme_one_step_commands_run(fixtures_dir, tmp_path, monkeypatch):
     shards = written(tmp_path / "split")
     assert [p.name for p in shards] == [f"tiny-llama-{i:05d}-of-00007.gguf" for i in range(1, 8)]  # 27 tensors, 4 a shard
     assert reader_tensors(shards) == reader_tensors([fixtures_dir / "tiny-llama.gguf"])
+
+
+def test_non_zero_padding_is_noted_and_zeroed_as_the_route_through_hurray(tmp_path):
+    src = gguf_py(tmp_path / "src" / "m.gguf")[0]
+    with G.read_gguf(src) as gf:
+        t = gf.tensors[1]  # Q8_0 (4, 64): 272 bytes, 16 bytes of padding after it
+        at = t.data_offset + t.nbytes
+    data = bytearray(src.read_bytes())
+    assert data[at] == 0
+    data[at] = 0x5A
+    src.write_bytes(bytes(data))
+    report = convert(src, tmp_path / "dry.gguf", split_max_tensors=3, dry_run=True)
+    assert any("non-zero" in n for n in report.notes)
+    one, two = _both_routes(src, tmp_path / "routes", "--split-max-tensors", "3")
+    assert one == two
+    assert reader_tensors(written(tmp_path / "routes" / "one")) == reader_tensors([src])
