@@ -33,7 +33,9 @@ __all__ = ["__version__", "convert", "verify", "inspect", "open", "dequantize"]
 
 def convert(src: str | _os.PathLike[str], dst: str | _os.PathLike[str], **options: Any) -> "ConversionReport":
     """Convert ``src`` into ``dst`` (formats from the extensions, the source's confirmed by its
-    magic bytes; GGUF ⇄ safetensors goes through Hurray) and return the per-tensor report.
+    magic bytes; GGUF ⇄ safetensors goes through Hurray; GGUF → GGUF with ``merge`` or
+    ``split_max_*`` lays the model out again, tensors copied as they are) and return the
+    per-tensor report.
 
     ``options``: the keyword parameters of :func:`hurray_interop._convert.convert`, one per
     option the formats declare in their registry records

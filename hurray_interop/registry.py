@@ -202,6 +202,11 @@ class Format:
     #: the format a file of this one converts to when only a directory is given
     #: (``convert SRC DIR/``, without ``--to``)
     counterpart: str = "hurray"
+    #: for a format a file of which can be written to the same format laid out again (GGUF:
+    #: a split set merged, a model split): ``relayout(src, dst, *, dry_run, force, progress,
+    #: **export_options)``; ``convert`` calls it when source and destination formats are this
+    #: one (None: such a conversion is a usage error, "nothing to convert")
+    relayout: Converter | None = None
     #: the import takes ``fallback="exact"`` (exact expanded forms of what has no native
     #: mapping, with the values of the dtype fallbacks' reference decoder, bit for bit)
     exact_fallback: bool = False

@@ -1966,7 +1966,7 @@ def hurray_to_gguf(
     from any .hrry; otherwise one file."""
     _check_options(fallback)
     fallback = fallbacks.dtype_choice(fallback)  # exact: the records restore, nothing is dequantized
-    request = _split_request(merge, split_max_tensors, split_max_size)
+    request = split_request(merge, split_max_tensors, split_max_size)
     with use_jobs(jobs):
         return _hurray_to_gguf(os.fspath(src), dst, fallback=fallback, dry_run=dry_run, force=force, progress=progress,
                                request=request)
@@ -1985,7 +1985,8 @@ class SplitRequest:
         return self.max_tensors is not None or self.max_size is not None
 
 
-def _split_request(merge: bool, max_tensors: int | None, max_size: int | str | None) -> SplitRequest:
+def split_request(merge: bool, max_tensors: int | None, max_size: int | str | None) -> SplitRequest:
+    """The export's (and the GGUF -> GGUF relayout's) split options, checked (:class:`UsageError`)."""
     from ..formats import gguf_split as S
 
     if isinstance(max_size, str):
@@ -2019,7 +2020,7 @@ def _hurray_to_gguf(
         if not report.refused:
             report.notes.extend(_padding_lost_note(records, exports, split is not None, request))
         if split is not None:
-            report.notes.append(_set_note(split, dst, request.merge, dry_run))
+            report.notes.append(set_note(split, dst, request.merge, dry_run))
         elif request.merge and not report.refused:
             report.notes.append("--merge: the file records no split GGUF set; it exports to one file, as without --merge")
         if _plan_only(report, src, "have no exact GGML equivalent", dst, dry_run):
@@ -2201,7 +2202,7 @@ def _set_layout(kv: dict[str, KVValue], records: _Records | None, src: str, expo
     return layout.with_tensor_types(changed) if changed else layout
 
 
-def _set_note(layout: "S.SplitLayout", dst: Any, merge: bool, dry_run: bool) -> str:
+def set_note(layout: "S.SplitLayout", dst: Any, merge: bool, dry_run: bool) -> str:
     """What the export writes: the set's files and the tensors in each (or one merged file)."""
     from ..formats import gguf_split as S
 

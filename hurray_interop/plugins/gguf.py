@@ -25,6 +25,12 @@ def _from_hurray(src: str, dst: str | None, *, jobs: int | None = None, **option
     return hurray_to_gguf(src, dst, jobs=jobs, **options)
 
 
+def _relayout(src: str, dst: str | None, **options: Any) -> Any:
+    from ..conversions.gguf_resplit import relayout_gguf
+
+    return relayout_gguf(src, dst, **options)
+
+
 def _member_of(path: str) -> tuple[str, int, str] | None:
     from ..formats.gguf_split import parse_shard_name
 
@@ -122,6 +128,6 @@ OPTIONS = (
 FORMAT = Format(
     name="gguf", title="GGUF", extensions=(".gguf",), sniff=_sniff, open=_open, inspect=_inspect,
     verifier=_verifier, to_hurray=_to_hurray, from_hurray=_from_hurray, options=OPTIONS,
-    member_of=_member_of, outputs=_outputs, dequantize=_dequantize,
+    member_of=_member_of, outputs=_outputs, relayout=_relayout, dequantize=_dequantize,
     tensor_type="hurray_interop.formats.gguf.GGUFTensorInfo", exact_fallback=True,
 )
