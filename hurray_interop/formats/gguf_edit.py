@@ -114,28 +114,35 @@ def _record(e: Entry, raw: list[memoryview], old_keys: list[str]) -> list[Any]:
     return [_U64.pack(len(kb)), kb, _U32.pack(int(e.value.type)), G.encode_value(e.value)]
 
 
-def _new_head(gf: G.GGUFFile, entries: Sequence[Entry]) -> tuple[list[Any], int]:
-    """The new file's bytes up to its data region (header, metadata, tensor infos, padding),
-    and the offset of the data region."""
+def _padding(gf: G.GGUFFile, end: int) -> Any:
+    """The bytes between the new tensor infos (ending at ``end``) and the data region: the
+    old ones when the length did not change (a no-op edit is byte-identical), else zeros to
+    the alignment -- none for a file without data that ended unpadded (a vocabulary file)."""
+    old_end = min(gf.data_offset, gf.file_size)
+    if end == gf.metadata_end:
+        return memoryview(gf._buf)[gf.metadata_end : old_end]
+    if gf.data_offset >= gf.file_size and not gf.ends_padded:
+        return b""
+    return bytes(-end % gf.alignment)
+
+
+def _new_head(gf: G.GGUFFile, entries: Sequence[Entry]) -> list[Any]:
+    """The new file's bytes up to its data region (header, metadata, tensor infos, padding)."""
     raw, keys = _raw_records(gf), list(gf.kv)
     parts: list[Any] = [struct.pack("<4sIQQ", G.MAGIC, gf.version, len(gf.tensors), len(entries))]
     for e in entries:
         parts += _record(e, raw, keys)
     parts.append(memoryview(gf._buf)[gf.tensor_infos_offset : gf.metadata_end])
-    end = sum(len(p) for p in parts)
-    data_offset = -(-end // gf.alignment) * gf.alignment
-    if end == gf.metadata_end:  # same length: the old padding, so a no-op edit is byte-identical
-        parts.append(memoryview(gf._buf)[gf.metadata_end : gf.data_offset])
-    else:
-        parts.append(bytes(data_offset - end))
-    return parts, data_offset
+    parts.append(_padding(gf, sum(len(p) for p in parts)))
+    return parts
 
 
 def _write_first(out: Any, gf: G.GGUFFile, entries: Sequence[Entry], src_fd: int) -> None:
-    parts, data_offset = _new_head(gf, entries)
+    parts = _new_head(gf, entries)
     for p in parts:
         out.write(p)
-    n = gf.file_size - gf.data_offset
+    data_offset = sum(len(p) for p in parts)
+    n = max(0, gf.file_size - gf.data_offset)  # tensor data, the padding between, the tail
     pw = PositionalWriter(out, data_offset + n)
     if n:
         pw.copy(src_fd, gf.data_offset, n, data_offset)
