@@ -346,3 +346,121 @@ def test_a_split_set_in_place_replaces_only_the_first_shard(tmp_path):
 def test_a_split_set_refuses_its_split_keys(tmp_path):
     with pytest.raises(UsageError, match="split.no"):
         hurray_interop.edit(SPLIT[0], tmp_path / "s.gguf", delete=["split.no"])
+
+
+# -- .hrry, read by pyhurray ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hrry(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("hrry") / "tiny.hrry"
+    hurray_interop.convert(TINY, p)
+    return p
+
+
+def test_hrry_no_edits_is_byte_identical(hrry, tmp_path):
+    out = tmp_path / "out.hrry"
+    hurray_interop.edit(hrry, out)
+    assert out.read_bytes() == hrry.read_bytes()
+
+
+def test_hrry_edits_read_by_pyhurray(hrry, tmp_path):
+    import hurray
+
+    out = tmp_path / "out.hrry"
+    hurray_interop.edit(hrry, out, set=["llama.context_length=8192", "x.f=1.5", "x.u:uint64=18446744073709551615",
+                                        'x.a=["p","q"]', "x.b:bytes=raw"],
+                        delete=["general.name"], rename=["llama.vocab_size=llama.vocab"])
+    before, after = hurray.load_kv(str(hrry)), hurray.load_kv(str(out))
+    expected = {("llama.vocab" if k == "llama.vocab_size" else k): v for k, v in before.items() if k != "general.name"}
+    expected.update({"llama.context_length": 8192, "x.f": 1.5, "x.u": 2**64 - 1, "x.a": ["p", "q"], "x.b": b"raw"})
+    types = after.pop("hurray_interop.gguf.kv_types")  # the GGUF type record, kept in step
+    expected.pop("hurray_interop.gguf.kv_types")
+    assert len(types) == sum(not k.startswith("hurray_interop.") for k in after)
+    assert types[-4:] == ["FLOAT64", "UINT64", "ARRAY[STRING]", "ARRAY[UINT8]"]
+    assert after == expected and list(after)[:3] == ["general.architecture", "llama.context_length", "llama.embedding_length"]
+    tensors_before, tensors_after = hurray.load(str(hrry)), hurray.load(str(out))
+    names = lambda t: sorted(t[0] if isinstance(t, tuple) else t)  # noqa: E731
+    assert names(tensors_after) == names(tensors_before)
+
+
+def test_hrry_from_gguf_exports_with_its_gguf_types(hrry, tmp_path):
+    out, back = tmp_path / "out.hrry", tmp_path / "back.gguf"
+    hurray_interop.edit(hrry, out, set=["llama.context_length=8192", "x.new=7"], delete=["general.name"])
+    hurray_interop.convert(out, back)
+    fields = _fields(back)
+    assert fields["llama.context_length"] == (["UINT32"], 8192)  # the recorded GGUF type kept
+    assert fields["x.new"] == (["INT64"], 7) and "general.name" not in fields
+    assert _tensors(back) == _tensors(TINY)
+
+
+def test_hrry_delete_every_plain_key_and_its_records_are_refused(hrry, tmp_path):
+    with pytest.raises(UsageError, match="'hurray_interop.gguf.version' is refused"):
+        hurray_interop.edit(hrry, tmp_path / "x.hrry", delete=["hurray_interop.gguf.version"])
+    with pytest.raises(UsageError, match="out of the range of int64"):
+        hurray_interop.edit(hrry, tmp_path / "x.hrry", set=["k:int64=9223372036854775808"])
+    assert not (tmp_path / "x.hrry").exists()
+
+
+def test_hrry_without_a_kv_section_gets_one(tmp_path):
+    import hurray
+
+    src, out = tmp_path / "plain.hrry", tmp_path / "out.hrry"
+    hurray.save(str(src), {"w": hurray.Tensor(np.arange(8, dtype=np.float32).tobytes(), hurray.float32, [8])})
+    hurray_interop.edit(src, out, set=["k=v"])
+    assert hurray.load_kv(str(out)) == {"k": "v"}
+    loaded = hurray.load(str(out))
+    assert set(loaded[0] if isinstance(loaded, tuple) else loaded) == {"w"}
+    hurray_interop.edit(out, tmp_path / "again.hrry", delete=["k"])
+    assert hurray.load_kv(str(tmp_path / "again.hrry")) == {}
+
+
+def test_hrry_truncated_exits_2(hrry, tmp_path):
+    src = tmp_path / "bad.hrry"
+    src.write_bytes(hrry.read_bytes()[:-10])
+    out = tmp_path / "out.hrry"
+    status, _, err = run_cli(["edit", str(src), str(out), "--set", "k=v"])
+    assert status == 2 and "bad.hrry" in err
+    assert_cli_contract(status, err, output=out, before={src.name})
+
+
+# -- safetensors, read by safetensors.safe_open -------------------------------------------------
+
+@pytest.mark.parametrize("name", ["ct-mxfp4-tiny.safetensors", "gpt-oss-tiny.safetensors", "mxfp8-tiny.safetensors"])
+def test_safetensors_no_edits_is_byte_identical(name, tmp_path):
+    out = tmp_path / name
+    hurray_interop.edit(FIX / name, out)
+    assert out.read_bytes() == (FIX / name).read_bytes()
+
+
+def _st(path: Path) -> tuple[dict[str, str] | None, dict[str, bytes]]:
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return f.metadata(), {k: f.get_tensor(k).reshape(-1).view(torch.uint8).numpy().tobytes() for k in f.keys()}
+
+
+def test_safetensors_edits_read_by_safe_open(tmp_path):
+    src, out = FIX / "gpt-oss-tiny.safetensors", tmp_path / "out.safetensors"
+    hurray_interop.edit(src, out, set=["format=np", "n=1", "j=[1,2]", "t:STRING=true"])
+    meta, tensors = _st(out)
+    assert meta == {"format": "np", "n": "1", "j": "[1,2]", "t": "true"}  # every value a string, verbatim
+    assert tensors == _st(src)[1]
+    head = out.read_bytes()
+    n = int.from_bytes(head[:8], "little")
+    assert n % 8 == 0 and head[8:9] == b"{" and head[8 + n - 1 : 8 + n] in (b" ", b"}")
+
+
+def test_safetensors_delete_and_rename(tmp_path):
+    src, out = FIX / "gpt-oss-tiny.safetensors", tmp_path / "out.safetensors"
+    hurray_interop.edit(src, out, rename=["format=fmt"])
+    assert _st(out)[0] == {"fmt": "pt"}
+    hurray_interop.edit(src, out, delete=["format"], force=True)
+    assert _st(out)[0] is None and _st(out)[1] == _st(src)[1]
+
+
+def test_safetensors_refuses_other_types(tmp_path):
+    out = tmp_path / "out.safetensors"
+    status, _, err = run_cli(["edit", str(FIX / "gpt-oss-tiny.safetensors"), str(out), "--set", "k:UINT8=1"])
+    assert status == 2 and "unknown TYPE 'UINT8' (one of STRING)" in err
+    assert_cli_contract(status, err, output=out)

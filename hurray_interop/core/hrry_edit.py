@@ -58,7 +58,7 @@ class HrryCodec:
 
     def show(self, value: KVValue) -> str:
         if value.type == "bytes":
-            return f"bytes x {len(value.view)}"
+            return f"bytes x {len(value.view())}"
         if value.type == "array":
             items = list(value.value)
             head = ", ".join(_short(x) for x in items[:4]) + (", ..." if len(items) > 4 else "")

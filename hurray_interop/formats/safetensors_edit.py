@@ -82,7 +82,9 @@ def edit_safetensors(src: str, dst: str | None, edits: Sequence[Edit], *, force:
     """Apply ``edits`` to the ``__metadata__`` of ``src`` into ``dst`` (None: in place)."""
     with SafetensorsFile(src) as st:
         entries, changes = apply_edits(list((st.metadata or {}).items()), edits, ST_CODEC, path=src)
-        metadata = {e.key: e.value for e in entries} or st.metadata  # nothing before, nothing after: as it was
+        metadata = {e.key: e.value for e in entries}
+        if not metadata and not st.metadata:
+            metadata = st.metadata  # nothing before, nothing after: as it was (absent or {})
         header = _header(st, metadata)
         target = src if dst is None else dst
         inputs = () if dst is None else (src,)
