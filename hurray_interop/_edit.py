@@ -60,4 +60,5 @@ def edit(
     target = _check_paths(src, dst, in_place, fmt)
     if fmt.edit is None:
         raise UnsupportedError(f"{fmt.title} files cannot be edited", path=src)
-    return fmt.edit(os.fspath(src), target, edits, force=force, dry_run=dry_run)
+    path = os.path.realpath(src) if in_place else os.fspath(src)  # a symlink stays: its target is replaced
+    return fmt.edit(path, target, edits, force=force, dry_run=dry_run)

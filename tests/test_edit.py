@@ -464,3 +464,71 @@ def test_safetensors_refuses_other_types(tmp_path):
     status, _, err = run_cli(["edit", str(FIX / "gpt-oss-tiny.safetensors"), str(out), "--set", "k:UINT8=1"])
     assert status == 2 and "unknown TYPE 'UINT8' (one of STRING)" in err
     assert_cli_contract(status, err, output=out)
+
+
+# -- more hostile inputs and edge cases ---------------------------------------------------------
+
+def _st_hostile() -> dict[str, bytes]:
+    data = (FIX / "gpt-oss-tiny.safetensors").read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    return {"truncated data": data[:-7], "header length past the end": (len(data) * 2).to_bytes(8, "little") + data[8:],
+            "header not JSON": data[:8] + b"[" + data[9 : 8 + n] + data[8 + n :]}
+
+
+@pytest.mark.parametrize("case", list(_st_hostile()))
+def test_hostile_safetensors_exits_2_and_writes_nothing(case, tmp_path):
+    src = tmp_path / "bad.safetensors"
+    src.write_bytes(_st_hostile()[case])
+    before = src.read_bytes()
+    out = tmp_path / "out.safetensors"
+    status, _, err = run_cli(["edit", str(src), str(out), "--set", "k=v"])
+    assert status == 2 and "bad.safetensors" in err
+    assert_cli_contract(status, err, output=out, before={src.name})
+    assert src.read_bytes() == before
+
+
+def test_in_place_old_bytes_are_intact_at_the_rename(tmp_path, monkeypatch):
+    """The moment the new file is renamed over SRC, SRC still holds every old byte."""
+    from hurray_interop.files import atomic
+
+    src = _copy(TINY, tmp_path)
+    before, seen = src.read_bytes(), []
+    real = atomic.os.replace
+
+    def replace(a, b):
+        seen.append(Path(b).read_bytes() == before)
+        return real(a, b)
+
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    hurray_interop.edit(src, in_place=True, set=["general.name=x"])
+    assert seen == [True] and _fields(src)["general.name"][1] == "x"
+
+
+def test_in_place_through_a_symlink_replaces_its_target(tmp_path):
+    real = _copy(TINY, tmp_path)
+    link = tmp_path / "link.gguf"
+    link.symlink_to(real.name)
+    hurray_interop.edit(link, in_place=True, set=["general.name=via link"])
+    assert link.is_symlink() and _fields(real)["general.name"][1] == "via link"
+
+
+def test_set_to_the_same_value_is_reported_and_byte_identical(tmp_path):
+    out = tmp_path / "out.gguf"
+    result = hurray_interop.edit(TINY, out, set=["llama.context_length=256"])
+    assert [c.op for c in result.changes] == ["unchanged"]
+    assert out.read_bytes() == TINY.read_bytes()
+
+
+def test_set_file_must_be_utf8(tmp_path):
+    bad = tmp_path / "t.jinja"
+    bad.write_bytes(b"ok \xff")
+    with pytest.raises(UsageError, match="not UTF-8 text .byte at offset 3"):
+        hurray_interop.edit(TINY, tmp_path / "out.gguf", set_file=[f"k={bad}"])
+
+
+def test_dry_run_checks_dst(tmp_path):
+    out = tmp_path / "out.gguf"
+    out.write_bytes(b"x")
+    with pytest.raises(UsageError, match="output exists"):
+        hurray_interop.edit(TINY, out, set=["k=1"], dry_run=True)
+    assert out.read_bytes() == b"x"
