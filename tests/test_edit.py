@@ -532,3 +532,21 @@ def test_dry_run_checks_dst(tmp_path):
     with pytest.raises(UsageError, match="output exists"):
         hurray_interop.edit(TINY, out, set=["k=1"], dry_run=True)
     assert out.read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "hrry", "safetensors"])
+def test_in_place_keeps_the_permission_bits(fmt, hrry, tmp_path):
+    src = {"gguf": TINY, "hrry": hrry, "safetensors": FIX / "gpt-oss-tiny.safetensors"}[fmt]
+    p = _copy(src, tmp_path)
+    os.chmod(p, 0o640)
+    hurray_interop.edit(p, in_place=True, set=["k.new=v"])
+    assert p.stat().st_mode & 0o7777 == 0o640
+    out = tmp_path / ("copy." + p.suffix.lstrip("."))
+    hurray_interop.edit(p, out)
+    assert out.stat().st_mode & 0o7777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    old = os.umask(0o022)
+    os.umask(old)
+    return old

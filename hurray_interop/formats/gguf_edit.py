@@ -175,7 +175,8 @@ def _outputs(shards: list[G.GGUFFile], paths: list[str], dst: str | None) -> lis
 
 def _write(shards: list[G.GGUFFile], paths: list[str], targets: list[str], entries: list[Entry],
            *, force: bool, in_place: bool) -> None:
-    with AtomicOutputSet(targets, force=force or in_place, inputs=() if in_place else paths) as outs:
+    mode = os.stat(targets[0]).st_mode & 0o7777 if in_place else None  # in place: the file's own
+    with AtomicOutputSet(targets, force=force or in_place, inputs=() if in_place else paths, mode=mode) as outs:
         for i, (gf, p) in enumerate(zip(shards[: len(targets)], paths)):
             fd = _open_fd(p, gf.file_size)
             try:

@@ -91,7 +91,8 @@ def edit_safetensors(src: str, dst: str | None, edits: Sequence[Edit], *, force:
         if dry_run:
             check_output_path(target, force=force or dst is None, inputs=inputs)
         else:
-            with AtomicOutput(target, force=force or dst is None, inputs=inputs) as out:
+            mode = os.stat(src).st_mode & 0o7777 if dst is None else None  # in place: the file's own
+            with AtomicOutput(target, force=force or dst is None, inputs=inputs, mode=mode) as out:
                 fd = os.open(src, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                 try:
                     _write(st, out, header, fd, os.fstat(fd).st_size)
