@@ -66,10 +66,12 @@ def test_no_edits_on_the_real_samples(gguf_samples_dir, tmp_path):
         assert out.read_bytes() == p.read_bytes(), p.name
 
 
-def test_no_edits_on_a_split_set_copies_every_shard(tmp_path):
-    result = hurray_interop.edit(SPLIT[1], tmp_path / "s-00001-of-00003.gguf")
+@pytest.mark.parametrize("prefix", ["tiny-split", "nofirst"])  # nofirst: a first shard without tensors
+def test_no_edits_on_a_split_set_copies_every_shard(prefix, tmp_path):
+    shards = [FIX / f"{prefix}-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    result = hurray_interop.edit(shards[1], tmp_path / "s-00001-of-00003.gguf")
     assert [Path(p).name for p in result.outputs] == [f"s-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
-    for src, out in zip(SPLIT, result.outputs):
+    for src, out in zip(shards, result.outputs):
         assert Path(out).read_bytes() == src.read_bytes()
 
 
@@ -399,6 +401,22 @@ def test_hrry_delete_every_plain_key_and_its_records_are_refused(hrry, tmp_path)
     with pytest.raises(UsageError, match="out of the range of int64"):
         hurray_interop.edit(hrry, tmp_path / "x.hrry", set=["k:int64=9223372036854775808"])
     assert not (tmp_path / "x.hrry").exists()
+
+
+@pytest.mark.parametrize("name, lo, hi", [("int64", -2**63, 2**63 - 1), ("uint64", 0, 2**64 - 1)])
+@pytest.mark.parametrize("v_at", ["lo-1", "lo", "lo+1", "hi-1", "hi", "hi+1"])
+def test_hrry_integer_limits(name, lo, hi, v_at, hrry, tmp_path):
+    import hurray
+
+    base, delta = v_at[:2], int(v_at[2:] or 0)
+    v = (lo if base == "lo" else hi) + delta
+    out = tmp_path / "out.hrry"
+    if lo <= v <= hi:
+        hurray_interop.edit(hrry, out, set=[f"k:{name}={v}"])
+        assert hurray.load_kv(str(out))["k"] == v
+    else:
+        with pytest.raises(UsageError, match=f"out of the range of {name}"):
+            hurray_interop.edit(hrry, out, set=[f"k:{name}={v}"])
 
 
 def test_hrry_without_a_kv_section_gets_one(tmp_path):
