@@ -162,6 +162,8 @@ def test_an_empty_array_keeps_its_element_type(tmp_path):
     ("llama.context_length=-1", ["INT32"], -1),  # does not fit the UINT32: inferred
     ("llama.rope.freq_base=2", ["FLOAT32"], 2.0),  # an integer fits a float
     ("general.name=123", ["STRING"], "123"),  # any text fits a string
+    ("general.name=[INST] x", ["STRING"], "[INST] x"),  # not read as JSON
+    ("general.name=[1,2]", ["STRING"], "[1,2]"),
     ("tokenizer.ggml.token_type=[1,2]", ["ARRAY", "INT32"], [1, 2]),
     ("tokenizer.ggml.add_bos_token=false", ["BOOL"], False),
 ])

@@ -223,7 +223,7 @@ def _json_array(text: str, flag: str) -> list[Any]:
     try:
         value = json.loads(text)
     except ValueError as e:
-        raise UsageError(f"{flag}: not a JSON array ({e.msg} at offset {e.pos})") from None
+        raise UsageError(f"{flag}: not a JSON array ({e.msg} at offset {e.pos}); KEY:STRING=... sets text") from None
     if not isinstance(value, list):
         raise UsageError(f"{flag}: expected a JSON array, got {type(value).__name__}")
     for i, v in enumerate(value):
@@ -342,6 +342,9 @@ def build_value(codec: Codec, e: Edit, old: Any | None) -> Any:
         return _typed(codec, kind, array, text, e.flag)
     if codec.strings_only or e.op == SET_FILE:
         return codec.make(codec.infer(""), text, False)
+    found = codec.kind_of(old) if old is not None else None
+    if found is not None and found == (codec.infer(""), False):  # a string key stays one: any text fits
+        return codec.make(found[0], text, False)
     lit = _literal(text, e.flag)
     if old is not None:
         kept = _kept_type(codec, old, lit, text, e.flag)
