@@ -9,6 +9,8 @@
                                           [--json] [--quiet] [--jobs N] [--workers N | --scheduler ADDRESS]
     hurray-interop verify SRC DST [the options of the convert SRC DST that wrote DST]
     hurray-interop inspect FILE [--fallback F] [--json | --markdown] [--full | --max-items N]
+    hurray-interop edit SRC (DST | --in-place) [--set KEY[:TYPE]=VALUE] [--set-file KEY=PATH] [--delete KEY]
+                        [--rename OLD=NEW] [--dry-run] [--force] [--json] [--quiet]
 
 Exit status: 0 success; 1 refused or inexact conversion, failed verification;
 2 bad input or usage.  One line on stderr for every error; ``--debug`` adds the
