@@ -1,11 +1,12 @@
 """hurray-interop: byte-exact conversion between GGUF, OCP MX and Hurray, with proof.
 
-The public API is five verbs, the same for every format (the format of a file is
+The public API is six verbs, the same for every format (the format of a file is
 told by its magic bytes, through :mod:`hurray_interop.registry`):
 
 * :func:`convert` — one file into another (``.gguf``, ``.hrry``, ``.safetensors``);
 * :func:`verify` — a round trip through Hurray, or two files compared;
 * :func:`inspect` — what a file holds, as plain data;
+* :func:`edit` — a copy (or the file itself) with its metadata changed, tensor data untouched;
 * :func:`open` — a file's reader (a context manager);
 * :func:`dequantize` — a tensor's float32 values (Hurray and safetensors: the one shared
   dequantizer; GGUF: gguf-py's decoding).
@@ -22,13 +23,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
+    from .core.edits import EditResult
     from .core.model import Tensor
     from .report import ConversionReport
     from .verification.common import VerifyResult
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "convert", "verify", "inspect", "open", "dequantize"]
+__all__ = ["__version__", "convert", "verify", "inspect", "edit", "open", "dequantize"]
 
 
 def convert(src: str | _os.PathLike[str], dst: str | _os.PathLike[str], **options: Any) -> "ConversionReport":
@@ -114,6 +116,30 @@ def inspect(path: str | _os.PathLike[str], *, fallback: str | None = None, max_i
     from ._inspect import inspect_file
 
     return inspect_file(path, fallback=fallback, max_items=max_items)
+
+
+def edit(src: str | _os.PathLike[str], dst: str | _os.PathLike[str] | None = None, **options: Any) -> "EditResult":
+    """Write ``src`` (GGUF, a split GGUF set, .hrry or safetensors) with its metadata edited into
+    ``dst``, or over ``src`` with ``in_place=True``; the tensor data is copied by the kernel,
+    every other key keeps its type, bytes and place.  ``options``: ``set`` (``"KEY=VALUE"``,
+    ``"KEY:TYPE=VALUE"``, ``"KEY:[TYPE]=[JSON]"``), ``set_file`` (``"KEY=PATH"``), ``delete``
+    (keys), ``rename`` (``"OLD=NEW"``), ``in_place``, ``force``, ``dry_run``, ``src_format``
+    (see :func:`hurray_interop._edit.edit` and docs/commands.md, ``edit``).
+
+    >>> import os, tempfile, hurray_interop
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     out = os.path.join(tmp, "tiny.gguf")
+    ...     result = hurray_interop.edit("fixtures/tiny-llama.gguf", out, set=["llama.context_length=4096"])
+    ...     with hurray_interop.open(out) as f:
+    ...         value = f.kv["llama.context_length"]
+    >>> print(result.changes[0].line())
+    set     llama.context_length: UINT32 256 -> UINT32 4096
+    >>> value.type.name, int(value.value)
+    ('UINT32', 4096)
+    """
+    from ._edit import edit as _edit
+
+    return _edit(src, dst, **options)
 
 
 def open(path: str | _os.PathLike[str], format: str | None = None) -> Any:  # noqa: A001 - the verb is the API

@@ -2,7 +2,7 @@
 module-level or inside a function, TYPE_CHECKING blocks included): it has no cycle, and
 its layers import only downwards --
 
-    cli -> public verbs (__init__) -> _convert/_verify/_inspect -> plugins/ -> registry
+    cli -> public verbs (__init__) -> _convert/_verify/_inspect/_edit -> plugins/ -> registry
         -> inspection, verification/ -> conversions/ -> formats/, dequant -> core/
         -> files/, parallel, errors, tables (generic, anyone may import them)
 
@@ -117,9 +117,10 @@ ALLOWED = {
     "_convert": {"registry", "report"},
     "_verify": {"_convert", "registry", "verification", "report"},
     "_inspect": {"registry"},
-    "__init__": {"_convert", "_verify", "_inspect", "registry", "dequant", "core", "report", "verification"},
+    "_edit": {"registry", "core"},
+    "__init__": {"_convert", "_verify", "_inspect", "_edit", "registry", "dequant", "core", "report", "verification"},
     "batch": {"_convert", "_verify", "registry", "report", "verification"},
-    "cli": {"__init__", "_convert", "_verify", "_inspect", "registry", "report", "batch"},
+    "cli": {"__init__", "_convert", "_verify", "_inspect", "_edit", "registry", "report", "batch"},
     "__main__": {"cli"},
     **{low: set(LOW) for low in LOW},
 }

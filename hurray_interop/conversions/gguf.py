@@ -1925,6 +1925,34 @@ def gguf_metadata_records(kv: dict[str, KVValue], path: str) -> list[tuple[str, 
 gguf_value = _gguf_value_from_record
 
 
+def _edited_type(key: str, value: KVValue, recorded: str | None, path: str) -> str:
+    """The GGUF type of an edited value: the one recorded for the key when the value fits it,
+    else the plain mapping's (:func:`_gguf_value_from_plain`)."""
+    if recorded is not None:
+        try:
+            gguf_value(key, value, recorded, path)
+            return recorded
+        except FormatError:
+            pass
+    return _type_string(_gguf_value_from_plain(value))
+
+
+def edited_gguf_records(old: dict[str, KVValue], entries: list[Any], path: str) -> list[Any]:
+    """``edit`` of a .hrry imported from GGUF: the :data:`K_TYPES` record in step with the
+    edited keys (a kept value keeps its type, a new one takes the type recorded for its key
+    when it fits, else the plain mapping's); ``entries``: :class:`~..core.edits.Entry` in order."""
+    recorded = gguf_metadata_records(old, path)
+    if recorded is None:
+        return entries
+    plain_index = [i for i, k in enumerate(old) if not k.startswith(KEY_PREFIX)]
+    by_index = {i: ts for i, (_, ts, _) in zip(plain_index, recorded)}
+    by_key = {k: ts for k, ts, _ in recorded}
+    types = [by_index[e.source] if e.source is not None else _edited_type(e.key, e.value, by_key.get(e.key), path)
+             for e in entries if not e.key.startswith(KEY_PREFIX)]
+    record = KVValue("array", types, "string")
+    return [type(e)(e.key, record, None) if e.key == K_TYPES else e for e in entries]
+
+
 def _export_kv(kv: dict[str, KVValue], rec: _Records | None, path: str, alignment: int) -> list[tuple[str, "G.GGUFValue"]]:
     recorded = gguf_metadata_records(kv, path)
     if recorded is not None:

@@ -105,6 +105,12 @@ def _inspect(path: str, fallback: str | None = None, **shown: Any) -> dict[str, 
     return inspect_gguf(path, fallback=fallback, **shown)
 
 
+def _edit(src: str, dst: str | None, edits: Any, **options: Any) -> Any:
+    from ..formats.gguf_edit import edit_gguf
+
+    return edit_gguf(src, dst, edits, **options)
+
+
 def _verifier() -> Any:
     from ..verification.gguf import VERIFIER
 
@@ -129,5 +135,5 @@ FORMAT = Format(
     name="gguf", title="GGUF", extensions=(".gguf",), sniff=_sniff, open=_open, inspect=_inspect,
     verifier=_verifier, to_hurray=_to_hurray, from_hurray=_from_hurray, options=OPTIONS,
     member_of=_member_of, outputs=_outputs, relayout=_relayout, dequantize=_dequantize,
-    tensor_type="hurray_interop.formats.gguf.GGUFTensorInfo", exact_fallback=True,
+    tensor_type="hurray_interop.formats.gguf.GGUFTensorInfo", exact_fallback=True, edit=_edit,
 )

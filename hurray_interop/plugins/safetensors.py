@@ -52,6 +52,12 @@ def _inspect(path: str, fallback: str | None = None, **shown: Any) -> dict[str, 
     return inspect_safetensors(path, **shown)  # no safetensors tensor has an expanded form
 
 
+def _edit(src: str, dst: str | None, edits: Any, **options: Any) -> Any:
+    from ..formats.safetensors_edit import edit_safetensors
+
+    return edit_safetensors(src, dst, edits, **options)
+
+
 def _verifier() -> Any:
     from ..verification.safetensors import VERIFIER
 
@@ -68,5 +74,5 @@ OPTIONS = (
 FORMAT = Format(
     name="safetensors", title="safetensors", extensions=(".safetensors",), sniff=_sniff, open=_open,
     inspect=_inspect, verifier=_verifier, to_hurray=_to_hurray, from_hurray=_from_hurray, options=OPTIONS,
-    dequantize=_dequantize, tensor_type="hurray_interop.formats.safetensors.STTensor",
+    dequantize=_dequantize, tensor_type="hurray_interop.formats.safetensors.STTensor", edit=_edit,
 )
