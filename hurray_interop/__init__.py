@@ -1,12 +1,13 @@
 """hurray-interop: byte-exact conversion between GGUF, OCP MX and Hurray, with proof.
 
-The public API is six verbs, the same for every format (the format of a file is
+The public API is seven verbs, the same for every format (the format of a file is
 told by its magic bytes, through :mod:`hurray_interop.registry`):
 
 * :func:`convert` — one file into another (``.gguf``, ``.hrry``, ``.safetensors``);
 * :func:`verify` — a round trip through Hurray, or two files compared;
 * :func:`compare` — how far apart two models are: error figures per tensor, metadata differences;
 * :func:`inspect` — what a file holds, as plain data;
+* :func:`edit` — a copy (or the file itself) with its metadata changed, tensor data untouched;
 * :func:`open` — a file's reader (a context manager);
 * :func:`dequantize` — a tensor's float32 values (Hurray and safetensors: the one shared
   dequantizer; GGUF: gguf-py's decoding).
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
+    from .core.edits import EditResult
     from .core.model import Tensor
     from .report import ConversionReport
     from .verification.common import VerifyResult
@@ -30,12 +32,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "convert", "verify", "compare", "inspect", "open", "dequantize"]
+__all__ = ["__version__", "convert", "verify", "compare", "inspect", "edit", "open", "dequantize"]
 
 
 def convert(src: str | _os.PathLike[str], dst: str | _os.PathLike[str], **options: Any) -> "ConversionReport":
     """Convert ``src`` into ``dst`` (formats from the extensions, the source's confirmed by its
-    magic bytes; GGUF ⇄ safetensors goes through Hurray) and return the per-tensor report.
+    magic bytes; GGUF ⇄ safetensors goes through Hurray; GGUF → GGUF with ``merge`` or
+    ``split_max_*`` lays the model out again, tensors copied as they are) and return the
+    per-tensor report.
 
     ``options``: the keyword parameters of :func:`hurray_interop._convert.convert`, one per
     option the formats declare in their registry records
@@ -132,6 +136,30 @@ def inspect(path: str | _os.PathLike[str], *, fallback: str | None = None, max_i
     from ._inspect import inspect_file
 
     return inspect_file(path, fallback=fallback, max_items=max_items)
+
+
+def edit(src: str | _os.PathLike[str], dst: str | _os.PathLike[str] | None = None, **options: Any) -> "EditResult":
+    """Write ``src`` (GGUF, a split GGUF set, .hrry or safetensors) with its metadata edited into
+    ``dst``, or over ``src`` with ``in_place=True``; the tensor data is copied by the kernel,
+    every other key keeps its type, bytes and place.  ``options``: ``set`` (``"KEY=VALUE"``,
+    ``"KEY:TYPE=VALUE"``, ``"KEY:[TYPE]=[JSON]"``), ``set_file`` (``"KEY=PATH"``), ``delete``
+    (keys), ``rename`` (``"OLD=NEW"``), ``in_place``, ``force``, ``dry_run``, ``src_format``
+    (see :func:`hurray_interop._edit.edit` and docs/commands.md, ``edit``).
+
+    >>> import os, tempfile, hurray_interop
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     out = os.path.join(tmp, "tiny.gguf")
+    ...     result = hurray_interop.edit("fixtures/tiny-llama.gguf", out, set=["llama.context_length=4096"])
+    ...     with hurray_interop.open(out) as f:
+    ...         value = f.kv["llama.context_length"]
+    >>> print(result.changes[0].line())
+    set     llama.context_length: UINT32 256 -> UINT32 4096
+    >>> value.type.name, int(value.value)
+    ('UINT32', 4096)
+    """
+    from ._edit import edit as _edit
+
+    return _edit(src, dst, **options)
 
 
 def open(path: str | _os.PathLike[str], format: str | None = None) -> Any:  # noqa: A001 - the verb is the API

@@ -6,7 +6,8 @@ extension and is always confirmed by the file's magic bytes; the destination
 format from ``dst_format`` or the extension.  Every conversion goes through
 Hurray: a foreign source to a foreign destination is converted through a
 temporary .hrry beside the destination (formats never talk to each other
-directly).
+directly).  A conversion within one format is the format's ``relayout`` (GGUF: a split
+set merged, a model split, as gguf-split writes them), or a usage error.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
     if os.path.abspath(src_s) == os.path.abspath(dst_s) or (os.path.exists(dst_s) and os.path.samefile(src_s, dst_s)):
         raise UsageError(f"{dst_s}: output is the input file")
     if sf is df:
-        raise UsageError(f"{src_s} is already {sf.name}; nothing to convert")
+        return _relayout(sf, src_s, dst_s, opts, progress)
     if not force and not dry_run and os.path.exists(dst_s):
         raise OutputExistsError(f"{dst_s}: exists (use --force to overwrite)")
     import_opts, export_opts = format_options(sf, df, opts)
@@ -74,6 +75,23 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, progres
         mid = os.path.join(tmp, "intermediate.hrry")
         first_opts, second_opts = {**common, **import_opts}, {**common, **export_opts}
         return _through_hurray(src_s, sf, dst_s, df, mid, first_opts, second_opts)
+
+
+def _relayout(fmt: Format, src_s: str, dst_s: str, opts: dict[str, Any], progress: Progress) -> ConversionReport:
+    """A conversion within one format: the file(s) laid out again by the format's ``relayout``
+    (GGUF: a set merged, a model split; nothing is converted, so no fallback and no import
+    option applies), or a usage error when the format has none."""
+    if fmt.relayout is None:
+        raise UsageError(f"{src_s} is already {fmt.name}; nothing to convert")
+    import_opts, export_opts = format_options(fmt, fmt, opts)
+    check_jobs(opts["jobs"], "--jobs")
+    changed = [o.cli_flag for o in fmt.options if o.name in import_opts and import_opts[o.name] != o.default]
+    if opts["fallback"] is not None:
+        changed.insert(0, "--fallback")
+    if changed:
+        raise UsageError(f"{changed[0]}: {fmt.title} -> {fmt.title} copies every tensor as it is; nothing is converted")
+    return fmt.relayout(src_s, dst_s, dry_run=opts["dry_run"], force=opts["force"], progress=progress,
+                        **export_opts)  # type: ignore[no-any-return]
 
 
 def _given(options: dict[str, Any]) -> dict[str, Any]:

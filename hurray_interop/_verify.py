@@ -137,7 +137,9 @@ def verify_pair(a: str | os.PathLike[str], b: str | os.PathLike[str], *, jobs: i
         fb = detect_format(named, opts["dst_format"], must_exist=False)
         b_path = _existing_output(pa, named, fb, opts)
         result.other, result.source_format = b_path, fa.name  # the file that stands for DST
-        if fa is fb:
+        if fa is fb and _relayout_asked(fa, opts):
+            _relaid(pa, fa, b_path, result, opts)
+        elif fa is fb:
             _check_same_format_pair(fa, opts)
             fa.verifier().pair_same(pa, b_path, result)
         elif fb.name == HURRAY:
@@ -154,6 +156,30 @@ def _check_same_format_pair(fmt: Format, opts: dict[str, Any]) -> None:
     extra = _given(opts, but=("src_format", "dst_format"))
     if extra:
         raise UsageError(f"{', '.join(extra)}: two {fmt.title} files are not a conversion; give SRC and the file converted from it")
+
+
+def _relayout_asked(fmt: Format, opts: dict[str, Any]) -> bool:
+    """``verify SRC DST`` of one format with the options of a relayout (``--merge``,
+    ``--split-max-*`` of GGUF): DST was written by ``convert SRC DST`` with them."""
+    return fmt.relayout is not None and any(opts[k] != d for k, d in fmt.export_options.items())
+
+
+def _relaid(src: str, fmt: Format, dst: str, result: VerifyResult, opts: dict[str, Any]) -> None:
+    """``dst`` laid out again from ``src`` by the format's ``relayout`` (which copies every
+    tensor's bytes as they are): the relayout repeated into a temporary directory, and its
+    output compared with ``dst`` as two files of one format (every shard byte for byte,
+    every tensor's values)."""
+    _check_same_format_pair(fmt, {**opts, **{k: d for k, d in fmt.export_options.items()}})
+    _, export_opts = format_options(fmt, fmt, opts)
+    member = fmt.member_of(dst) if fmt.member_of is not None else None
+    name = member[2] + os.path.splitext(dst)[1] if member is not None else os.path.basename(dst)
+    with scratch_dir() as tmp:
+        out = os.path.join(tmp, name)
+        fmt.relayout(src, out, **export_opts)  # type: ignore[misc]
+        fmt.verifier().pair_same(_existing_output(src, out, fmt, opts), dst, result)
+    where = os.path.join(tmp, "")  # the repeated output is "convert's", not a vanished temporary file
+    result.problems = [p.replace(where, "convert's ") for p in result.problems]
+    result.source = src
 
 
 def _in_directory(src: str, dst: str, src_fmt: Format, opts: dict[str, Any]) -> str:
@@ -287,9 +313,10 @@ def plan_checks(
             fb = detect_format(_in_directory(files[0], files[1], fa, opts), opts["dst_format"], must_exist=False)
         except HurrayInteropError:
             fa = fb = None  # a missing or unknown file: the pair check reports it (not two round trips)
-        if pair and fa is not None and fa is fb:
+        relaid = fa is not None and fa is fb and _relayout_asked(fa, opts)
+        if pair and fa is not None and fa is fb and not relaid:
             _check_same_format_pair(fa, opts)
-        if pair or fa is None or fa is not fb:
+        if pair or relaid or fa is None or fa is not fb:
             return [(files[0], files[1])]
     _check_roundtrip_options(opts)
     return [g[:1] for g in group_models(files)]

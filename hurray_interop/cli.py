@@ -9,6 +9,8 @@
                                           [--json] [--quiet] [--jobs N] [--workers N | --scheduler ADDRESS]
     hurray-interop verify SRC DST [the options of the convert SRC DST that wrote DST]
     hurray-interop inspect FILE [--fallback F] [--json | --markdown] [--full | --max-items N]
+    hurray-interop edit SRC (DST | --in-place) [--set KEY[:TYPE]=VALUE] [--set-file KEY=PATH] [--delete KEY]
+                        [--rename OLD=NEW] [--dry-run] [--force] [--json] [--quiet]
 
 Exit status: 0 success; 1 refused or inexact conversion, failed verification;
 2 bad input or usage.  One line on stderr for every error; ``--debug`` adds the
@@ -26,7 +28,7 @@ from typing import Any, Callable, Iterator, Sequence, TextIO
 
 from . import __version__
 from .errors import ConversionRefused, HurrayInteropError, UsageError
-from .registry import FALLBACK_CHOICES, conversion_options, lossy_options, option_defaults, run_options
+from .registry import FALLBACK_CHOICES, conversion_options, format_names, lossy_options, option_defaults, run_options
 from .report import ConversionReport
 
 EXIT_OK = 0
@@ -196,6 +198,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "inspect", fill=_inspect_arguments,
         help="show tensors, their mapping and metadata of a .hrry, .gguf or .safetensors file",
     )
+    sub.add_parser(
+        "edit", fill=_edit_arguments,
+        help="write SRC with its metadata changed into DST (or over SRC with --in-place); tensor data untouched",
+        description="Change the metadata of a GGUF file (a split set: its first shard's), a .hrry's KV section or a "
+        "safetensors __metadata__. Every other key keeps its type, bytes and place; the tensor data is copied by the "
+        "kernel. No edits: a byte-identical copy.",
+    )
     return p
 
 
@@ -265,6 +274,41 @@ def _inspect_arguments(i: argparse.ArgumentParser) -> None:
     many.add_argument("--full", action="store_true", help="whole arrays and strings (default: the first 16 items)")
     many.add_argument("--max-items", type=_count_arg, metavar="N", help="show the first N items of each array")
     i.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+
+def _edit_arguments(e: argparse.ArgumentParser) -> None:
+    e.add_argument("src", metavar="SRC")
+    e.add_argument("dst", metavar="DST", nargs="?", help="the edited copy (the same format; a split set: its first shard's name)")
+    e.add_argument("--set", action="append", default=[], metavar="KEY[:TYPE]=VALUE", dest="set",
+                   help="set KEY (an existing key keeps its type when VALUE fits it; else the type is inferred: "
+                   "true/false, integer, float, [JSON array], string); TYPE e.g. UINT32, STRING, [INT32] (repeatable)")
+    e.add_argument("--set-file", action="append", default=[], metavar="KEY[:TYPE]=PATH", dest="set_file",
+                   help="set KEY to the UTF-8 text of the file PATH, as a string (a chat template) (repeatable)")
+    e.add_argument("--delete", action="append", default=[], metavar="KEY", help="remove KEY (repeatable)")
+    e.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                   help="rename the key OLD to NEW, in its place (repeatable)")
+    e.add_argument("--in-place", action="store_true",
+                   help="replace SRC: a new file renamed over it when complete (SRC's bytes never change before)")
+    e.add_argument("--from", dest="src_format", choices=format_names(), help="force the source format")
+    e.add_argument("--dry-run", action="store_true", help="show what would change; write nothing")
+    e.add_argument("--force", **_RUN["force"].argparse_kwargs())
+    e.add_argument("--json", action="store_true", help="print the changes as JSON")
+    e.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
+    e.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+
+def _cmd_edit(args: argparse.Namespace, out: TextIO) -> int:
+    from ._edit import edit
+
+    result = edit(args.src, args.dst, set=args.set, set_file=args.set_file, delete=args.delete, rename=args.rename,
+                  in_place=args.in_place, force=args.force, dry_run=args.dry_run, src_format=args.src_format)
+    if args.json:
+        out.write(json.dumps(result.to_dict(), indent=2) + "\n")
+    elif not args.quiet:
+        lines = [c.line() for c in result.changes] or ["no changes (a byte-identical copy)"]
+        verb = "would write" if result.dry_run else "wrote"
+        out.write("".join(line + "\n" for line in lines) + f"{verb} {', '.join(result.outputs)}\n")
+    return EXIT_OK
 
 
 def _count_arg(text: str) -> int:
@@ -603,7 +647,8 @@ def _write_line(stream: TextIO, line: str) -> None:
         stream.flush()
 
 
-_COMMANDS = {"convert": _cmd_convert_any, "verify": _cmd_verify_any, "compare": _cmd_compare, "inspect": _cmd_inspect}
+_COMMANDS = {"convert": _cmd_convert_any, "verify": _cmd_verify_any, "compare": _cmd_compare, "inspect": _cmd_inspect,
+             "edit": _cmd_edit}
 
 
 def _print_traceback() -> None:  # --debug only: not imported on every start
@@ -629,7 +674,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _build_parser().parse_args(argv)
         if args.command is None:
-            raise UsageError("no command given (use convert, verify, compare or inspect; --help for help)")
+            raise UsageError("no command given (use convert, verify, compare, inspect or edit; --help for help)")
         return _COMMANDS[args.command](args, out)
     except HurrayInteropError as exc:
         if debug:

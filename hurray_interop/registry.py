@@ -4,8 +4,8 @@ A :class:`Format` record names a format and says how to recognise it
 (extensions, and a sniff predicate over the file's first bytes -- the one place
 the magic bytes are declared for detection), what the tool can do with it:
 ``to_hurray`` / ``from_hurray`` (its converters), ``open`` (its reader),
-``inspect`` (what ``inspect`` shows) and ``verifier`` (its round-trip and pair
-checks), and the options its import or export takes (:class:`Option`: name,
+``inspect`` (what ``inspect`` shows), ``verifier`` (its round-trip and pair
+checks) and ``edit`` (its metadata rewriter), and the options its import or export takes (:class:`Option`: name,
 type, default, choices, help, the direction it applies to, the check).
 ``convert``, ``verify``, ``inspect``, :func:`hurray_interop.open`, the batch
 layer and the CLI dispatch through :func:`get_format` and
@@ -209,9 +209,19 @@ class Format:
     #: the format a file of this one converts to when only a directory is given
     #: (``convert SRC DIR/``, without ``--to``)
     counterpart: str = "hurray"
+    #: for a format a file of which can be written to the same format laid out again (GGUF:
+    #: a split set merged, a model split): ``relayout(src, dst, *, dry_run, force, progress,
+    #: **export_options)``; ``convert`` calls it when source and destination formats are this
+    #: one (None: such a conversion is a usage error, "nothing to convert")
+    relayout: Converter | None = None
     #: the import takes ``fallback="exact"`` (exact expanded forms of what has no native
     #: mapping, with the values of the dtype fallbacks' reference decoder, bit for bit)
     exact_fallback: bool = False
+    #: ``edit(src, dst, edits, *, force, dry_run)``: the container's metadata rewritten
+    #: (:mod:`hurray_interop.core.edits` records; ``dst`` None: in place), the tensor data
+    #: copied by the kernel; returns an :class:`~hurray_interop.core.edits.EditResult`
+    #: (None: the format cannot be edited)
+    edit: Converter | None = None
 
     @property
     def import_options(self) -> dict[str, Any]:

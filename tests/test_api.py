@@ -1,4 +1,4 @@
-"""The public API (six verbs at the top level) and the format registry behind it.
+"""The public API (seven verbs at the top level) and the format registry behind it.
 
 The verbs' docstring examples are run here (from the repository root, where they
 find ``fixtures/``); the README's Python API section names the same verbs."""

@@ -2,7 +2,7 @@
 module-level or inside a function, TYPE_CHECKING blocks included): it has no cycle, and
 its layers import only downwards --
 
-    cli -> public verbs (__init__) -> _convert/_verify/_inspect -> plugins/ -> registry
+    cli -> public verbs (__init__) -> _convert/_verify/_inspect/_edit -> plugins/ -> registry
         -> inspection, verification/ -> conversions/ -> formats/, dequant -> core/
         -> files/, parallel, errors, tables (generic, anyone may import them)
 
@@ -118,9 +118,11 @@ ALLOWED = {
     "_verify": {"_convert", "registry", "verification", "report"},
     "_inspect": {"registry"},
     "_compare": {"registry", "_inspect", "verification"},
-    "__init__": {"_convert", "_verify", "_inspect", "_compare", "registry", "dequant", "core", "report", "verification"},
+    "_edit": {"registry", "core"},
+    "__init__": {"_convert", "_verify", "_inspect", "_compare", "_edit", "registry", "dequant", "core", "report",
+                 "verification"},
     "batch": {"_convert", "_verify", "registry", "report", "verification"},
-    "cli": {"__init__", "_convert", "_verify", "_inspect", "_compare", "registry", "report", "batch"},
+    "cli": {"__init__", "_convert", "_verify", "_inspect", "_compare", "_edit", "registry", "report", "batch"},
     "__main__": {"cli"},
     **{low: set(LOW) for low in LOW},
 }

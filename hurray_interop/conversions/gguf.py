@@ -1925,6 +1925,34 @@ def gguf_metadata_records(kv: dict[str, KVValue], path: str) -> list[tuple[str, 
 gguf_value = _gguf_value_from_record
 
 
+def _edited_type(key: str, value: KVValue, recorded: str | None, path: str) -> str:
+    """The GGUF type of an edited value: the one recorded for the key when the value fits it,
+    else the plain mapping's (:func:`_gguf_value_from_plain`)."""
+    if recorded is not None:
+        try:
+            gguf_value(key, value, recorded, path)
+            return recorded
+        except FormatError:
+            pass
+    return _type_string(_gguf_value_from_plain(value))
+
+
+def edited_gguf_records(old: dict[str, KVValue], entries: list[Any], path: str) -> list[Any]:
+    """``edit`` of a .hrry imported from GGUF: the :data:`K_TYPES` record in step with the
+    edited keys (a kept value keeps its type, a new one takes the type recorded for its key
+    when it fits, else the plain mapping's); ``entries``: :class:`~..core.edits.Entry` in order."""
+    recorded = gguf_metadata_records(old, path)
+    if recorded is None:
+        return entries
+    plain_index = [i for i, k in enumerate(old) if not k.startswith(KEY_PREFIX)]
+    by_index = {i: ts for i, (_, ts, _) in zip(plain_index, recorded)}
+    by_key = {k: ts for k, ts, _ in recorded}
+    types = [by_index[e.source] if e.source is not None else _edited_type(e.key, e.value, by_key.get(e.key), path)
+             for e in entries if not e.key.startswith(KEY_PREFIX)]
+    record = KVValue("array", types, "string")
+    return [type(e)(e.key, record, None) if e.key == K_TYPES else e for e in entries]
+
+
 def _export_kv(kv: dict[str, KVValue], rec: _Records | None, path: str, alignment: int) -> list[tuple[str, "G.GGUFValue"]]:
     recorded = gguf_metadata_records(kv, path)
     if recorded is not None:
@@ -1966,7 +1994,7 @@ def hurray_to_gguf(
     from any .hrry; otherwise one file."""
     _check_options(fallback)
     fallback = fallbacks.dtype_choice(fallback)  # exact: the records restore, nothing is dequantized
-    request = _split_request(merge, split_max_tensors, split_max_size)
+    request = split_request(merge, split_max_tensors, split_max_size)
     with use_jobs(jobs):
         return _hurray_to_gguf(os.fspath(src), dst, fallback=fallback, dry_run=dry_run, force=force, progress=progress,
                                request=request)
@@ -1985,7 +2013,8 @@ class SplitRequest:
         return self.max_tensors is not None or self.max_size is not None
 
 
-def _split_request(merge: bool, max_tensors: int | None, max_size: int | str | None) -> SplitRequest:
+def split_request(merge: bool, max_tensors: int | None, max_size: int | str | None) -> SplitRequest:
+    """The export's (and the GGUF -> GGUF relayout's) split options, checked (:class:`UsageError`)."""
     from ..formats import gguf_split as S
 
     if isinstance(max_size, str):
@@ -2019,7 +2048,7 @@ def _hurray_to_gguf(
         if not report.refused:
             report.notes.extend(_padding_lost_note(records, exports, split is not None, request))
         if split is not None:
-            report.notes.append(_set_note(split, dst, request.merge, dry_run))
+            report.notes.append(set_note(split, dst, request.merge, dry_run))
         elif request.merge and not report.refused:
             report.notes.append("--merge: the file records no split GGUF set; it exports to one file, as without --merge")
         if _plan_only(report, src, "have no exact GGML equivalent", dst, dry_run):
@@ -2201,7 +2230,7 @@ def _set_layout(kv: dict[str, KVValue], records: _Records | None, src: str, expo
     return layout.with_tensor_types(changed) if changed else layout
 
 
-def _set_note(layout: "S.SplitLayout", dst: Any, merge: bool, dry_run: bool) -> str:
+def set_note(layout: "S.SplitLayout", dst: Any, merge: bool, dry_run: bool) -> str:
     """What the export writes: the set's files and the tensors in each (or one merged file)."""
     from ..formats import gguf_split as S
 

@@ -137,10 +137,13 @@ class AtomicOutput:
         *,
         force: bool = False,
         inputs: Iterable["str | os.PathLike[str]"] = (),
+        mode: int | None = None,
     ) -> None:
         self.path = Path(os.fspath(path))
         self.force = force
         self.inputs = tuple(inputs)
+        #: the permission bits of the file (None: 0o666 less the umask, as ``open`` creates files)
+        self.mode = mode
         self.temp_path: Path | None = None
         self._file: IO[bytes] | None = None
         self.committed = False
@@ -255,7 +258,7 @@ class AtomicOutput:
         f = self.file
         try:
             f.flush()
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            os.fchmod(f.fileno(), 0o666 & ~_umask() if self.mode is None else self.mode)
             if self.durable:
                 os.fsync(f.fileno())
             f.close()
@@ -361,10 +364,12 @@ class AtomicOutputSet:
         *,
         force: bool = False,
         inputs: Iterable["str | os.PathLike[str]"] = (),
+        mode: int | None = None,
     ) -> None:
         self.paths = [Path(os.fspath(p)) for p in paths]
         self.force = force
         self.inputs = tuple(inputs)
+        self.mode = mode  # every member's (see AtomicOutput)
         self._members: list[AtomicOutput | None] = [None] * len(self.paths)
         self._entered = False
         self.committed = False
@@ -395,7 +400,7 @@ class AtomicOutputSet:
             raise UsageError("AtomicOutputSet is not open", path=self.paths[i] if self.paths else None)
         m = self._members[i]
         if m is None:
-            m = AtomicOutput(self.paths[i], force=self.force, inputs=self.inputs)
+            m = AtomicOutput(self.paths[i], force=self.force, inputs=self.inputs, mode=self.mode)
             self._members[i] = m
             m.open()
         return m

@@ -25,6 +25,12 @@ def _from_hurray(src: str, dst: str | None, *, jobs: int | None = None, **option
     return hurray_to_gguf(src, dst, jobs=jobs, **options)
 
 
+def _relayout(src: str, dst: str | None, **options: Any) -> Any:
+    from ..conversions.gguf_resplit import relayout_gguf
+
+    return relayout_gguf(src, dst, **options)
+
+
 def _member_of(path: str) -> tuple[str, int, str] | None:
     from ..formats.gguf_split import parse_shard_name
 
@@ -113,6 +119,12 @@ def _values(path: str) -> Any:
     return opened_sources(open_model, VERIFIER.checks, path, "gguf")
 
 
+def _edit(src: str, dst: str | None, edits: Any, **options: Any) -> Any:
+    from ..formats.gguf_edit import edit_gguf
+
+    return edit_gguf(src, dst, edits, **options)
+
+
 def _verifier() -> Any:
     from ..verification.gguf import VERIFIER
 
@@ -136,7 +148,7 @@ OPTIONS = (
 FORMAT = Format(
     name="gguf", title="GGUF", extensions=(".gguf",), sniff=_sniff, open=_open, inspect=_inspect,
     verifier=_verifier, to_hurray=_to_hurray, from_hurray=_from_hurray, options=OPTIONS,
-    member_of=_member_of, outputs=_outputs, dequantize=_dequantize,
-    tensor_type="hurray_interop.formats.gguf.GGUFTensorInfo", exact_fallback=True,
+    member_of=_member_of, outputs=_outputs, relayout=_relayout, dequantize=_dequantize,
+    tensor_type="hurray_interop.formats.gguf.GGUFTensorInfo", exact_fallback=True, edit=_edit,
     metadata=_metadata, values=_values,
 )

@@ -35,6 +35,13 @@ def _values(path: str) -> Any:
     return hurray_sources(path)
 
 
+def _edit(src: str, dst: str | None, edits: Any, **options: Any) -> Any:
+    from ..conversions.gguf import edited_gguf_records
+    from ..core.hrry_edit import edit_hrry
+
+    return edit_hrry(src, dst, edits, records=edited_gguf_records, **options)  # an import from GGUF keeps its types
+
+
 def _verifier() -> Any:
     from ..verification.hurray import VERIFIER
 
@@ -44,5 +51,5 @@ def _verifier() -> Any:
 #: the record; the registry registers it when it loads the built-in formats
 FORMAT = Format(
     name=HURRAY, title="Hurray", extensions=(".hrry",), sniff=sniff, open=_open, inspect=_inspect,
-    verifier=_verifier, counterpart="gguf", metadata=_metadata, values=_values,
+    verifier=_verifier, counterpart="gguf", edit=_edit, metadata=_metadata, values=_values,
 )

@@ -66,6 +66,12 @@ def _values(path: str) -> Any:
     return opened_sources(SafetensorsFile, VERIFIER.checks, path, "safetensors")
 
 
+def _edit(src: str, dst: str | None, edits: Any, **options: Any) -> Any:
+    from ..formats.safetensors_edit import edit_safetensors
+
+    return edit_safetensors(src, dst, edits, **options)
+
+
 def _verifier() -> Any:
     from ..verification.safetensors import VERIFIER
 
@@ -82,6 +88,6 @@ OPTIONS = (
 FORMAT = Format(
     name="safetensors", title="safetensors", extensions=(".safetensors",), sniff=_sniff, open=_open,
     inspect=_inspect, verifier=_verifier, to_hurray=_to_hurray, from_hurray=_from_hurray, options=OPTIONS,
-    dequantize=_dequantize, tensor_type="hurray_interop.formats.safetensors.STTensor",
+    dequantize=_dequantize, tensor_type="hurray_interop.formats.safetensors.STTensor", edit=_edit,
     metadata=_metadata, values=_values,
 )
