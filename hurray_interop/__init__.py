@@ -1,10 +1,11 @@
 """hurray-interop: byte-exact conversion between GGUF, OCP MX and Hurray, with proof.
 
-The public API is six verbs, the same for every format (the format of a file is
+The public API is seven verbs, the same for every format (the format of a file is
 told by its magic bytes, through :mod:`hurray_interop.registry`):
 
 * :func:`convert` — one file into another (``.gguf``, ``.hrry``, ``.safetensors``);
 * :func:`verify` — a round trip through Hurray, or two files compared;
+* :func:`compare` — how far apart two models are: error figures per tensor, metadata differences;
 * :func:`inspect` — what a file holds, as plain data;
 * :func:`edit` — a copy (or the file itself) with its metadata changed, tensor data untouched;
 * :func:`open` — a file's reader (a context manager);
@@ -27,10 +28,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from .core.model import Tensor
     from .report import ConversionReport
     from .verification.common import VerifyResult
+    from ._compare import CompareResult
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "convert", "verify", "inspect", "edit", "open", "dequantize"]
+__all__ = ["__version__", "convert", "verify", "compare", "inspect", "edit", "open", "dequantize"]
 
 
 def convert(src: str | _os.PathLike[str], dst: str | _os.PathLike[str], **options: Any) -> "ConversionReport":
@@ -90,6 +92,24 @@ def verify(
     if other is None:
         return verify_roundtrip(path, jobs=jobs, oracle=oracle, **options)
     return verify_pair(path, other, jobs=jobs, oracle=oracle, **options)
+
+
+def compare(a: str | _os.PathLike[str], b: str | _os.PathLike[str], *, tensors: Any = None,
+            jobs: int | None = None) -> "CompareResult":
+    """Compare two models of any formats (GGUF -- a shard stands for its split set --, .hrry,
+    safetensors), tensors matched by name: types, shapes, max abs error, RMSE, NMSE (relative
+    to ``b``), cosine similarity, the first differing element; tensors and metadata keys only in
+    one, keys that differ.  ``tensors``: only these names.  ``result.identical`` is the answer,
+    ``result.to_json()`` every figure, ``result.render_text()`` the report (docs/commands.md).
+
+    >>> import hurray_interop
+    >>> r = hurray_interop.compare("fixtures/tiny-llama.gguf", "fixtures/tiny-llama.gguf")
+    >>> r.identical, len(r.tensors)
+    (True, 27)
+    """
+    from ._compare import compare as _compare
+
+    return _compare(a, b, tensors=tensors, jobs=jobs)
 
 
 def inspect(path: str | _os.PathLike[str], *, fallback: str | None = None, max_items: int | None = 16) -> dict[str, Any]:

@@ -35,7 +35,7 @@
 typedef ptrdiff_t hk_stride;
 
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
-HK_API int hk_abi_version(void) { return 8; }
+HK_API int hk_abi_version(void) { return 9; }
 
 /* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -1148,4 +1148,134 @@ HK_API size_t hk_first_bad_scale(const void *scales, size_t n, int bits, uint32_
                     return k;
     }
     return n;
+}
+
+/* compare's sums over two float32 windows a, b of n values (kernels.compare_stats): sums[0..4] =
+ * Σd², Σa², Σb², Σab (float64, in four interleaved lanes added at the end) and max|d|,
+ * counts[0] = the unequal pairs, counts[1] = the first of them (n: none).  A pair is equal when
+ * a == b as floats (+0 == -0) or both are NaN; d = (double)a - (double)b elsewhere, 0 there.
+ * max|d| is NaN when some d is NaN (one side alone NaN), as numpy's max says it. */
+typedef struct { double ss[4], sa[4], sb[4], ab[4], mx; uint64_t differing, first; int nan; } hk_cmp;
+
+static int hk_cmp_equal(float x, float y) { return x == y || (x != x && y != y); }
+
+static void hk_cmp_scalar(hk_cmp *c, const float *a, const float *b, size_t i, size_t n) {
+    for (; i < n; i++) {
+        const double x = a[i], y = b[i];
+        const int k = (int)(i & 3);
+        c->sa[k] += x * x;
+        c->sb[k] += y * y;
+        c->ab[k] += x * y;
+        if (hk_cmp_equal(a[i], b[i]))
+            continue;
+        const double d = x - y;
+        if (c->first == (uint64_t)-1)
+            c->first = i;
+        c->differing++;
+        c->ss[k] += d * d;
+        if (d != d)
+            c->nan = 1;
+        else if (fabs(d) > c->mx)
+            c->mx = fabs(d);
+    }
+}
+
+#if defined(HK_SSE2)
+/* Σx² of 4k floats into two float64 lanes each of lo, hi (a run equal bit for bit in a and b:
+ * there Σa² = Σb² = Σab, added once; d = 0). */
+static void hk_cmp_sq(const float *a, size_t n, __m128d *lo, __m128d *hi) {
+    for (size_t i = 0; i < n; i += 4) {
+        const __m128 v = _mm_loadu_ps(a + i);
+        const __m128d x0 = _mm_cvtps_pd(v), x1 = _mm_cvtps_pd(_mm_movehl_ps(v, v));
+        *lo = _mm_add_pd(*lo, _mm_mul_pd(x0, x0));
+        *hi = _mm_add_pd(*hi, _mm_mul_pd(x1, x1));
+    }
+}
+
+static int hk_same_bits(const float *a, const float *b, size_t n) {  /* n: a multiple of 16 */
+    __m128i x = _mm_setzero_si128();
+    for (size_t i = 0; i < n; i += 4)
+        x = _mm_or_si128(x, _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)(a + i)),
+                                          _mm_loadu_si128((const __m128i *)(const void *)(b + i))));
+    return _mm_movemask_epi8(_mm_cmpeq_epi32(x, _mm_setzero_si128())) == 0xFFFF;
+}
+
+/* Four pairs at a time: two float64 lanes for the low pair, two for the high one; runs of 64
+ * pairs equal bit for bit take the one-sum path. */
+static size_t hk_cmp_sse2(hk_cmp *c, const float *a, const float *b, size_t n) {
+    static const unsigned char pop[16] = {0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4};
+    const __m128d sign = _mm_set1_pd(-0.0);
+    __m128d ss0 = _mm_setzero_pd(), ss1 = ss0, sa0 = ss0, sa1 = ss0, sb0 = ss0, sb1 = ss0, ab0 = ss0, ab1 = ss0;
+    __m128d eq0 = ss0, eq1 = ss0, mx = ss0;
+    int nan = 0;
+    size_t i = 0;
+    while (i + 4 <= n) {
+        if ((i & 63) == 0 && i + 64 <= n && hk_same_bits(a + i, b + i, 64)) {
+            hk_cmp_sq(a + i, 64, &eq0, &eq1);
+            i += 64;
+            continue;
+        }
+        const __m128 va = _mm_loadu_ps(a + i), vb = _mm_loadu_ps(b + i);
+        const __m128 eq = _mm_or_ps(_mm_cmpeq_ps(va, vb), _mm_and_ps(_mm_cmpunord_ps(va, va), _mm_cmpunord_ps(vb, vb)));
+        const int mask = _mm_movemask_ps(eq);
+        const __m128d xa0 = _mm_cvtps_pd(va), xa1 = _mm_cvtps_pd(_mm_movehl_ps(va, va));
+        const __m128d xb0 = _mm_cvtps_pd(vb), xb1 = _mm_cvtps_pd(_mm_movehl_ps(vb, vb));
+        sa0 = _mm_add_pd(sa0, _mm_mul_pd(xa0, xa0));
+        sa1 = _mm_add_pd(sa1, _mm_mul_pd(xa1, xa1));
+        sb0 = _mm_add_pd(sb0, _mm_mul_pd(xb0, xb0));
+        sb1 = _mm_add_pd(sb1, _mm_mul_pd(xb1, xb1));
+        ab0 = _mm_add_pd(ab0, _mm_mul_pd(xa0, xb0));
+        ab1 = _mm_add_pd(ab1, _mm_mul_pd(xa1, xb1));
+        if (mask != 0xF) {
+            if (c->first == (uint64_t)-1)
+                for (int k = 0; k < 4; k++)
+                    if (!(mask >> k & 1)) {
+                        c->first = i + (size_t)k;
+                        break;
+                    }
+            c->differing += 4u - pop[mask];
+            const __m128d d0 = _mm_andnot_pd(_mm_castps_pd(_mm_unpacklo_ps(eq, eq)), _mm_sub_pd(xa0, xb0));
+            const __m128d d1 = _mm_andnot_pd(_mm_castps_pd(_mm_unpackhi_ps(eq, eq)), _mm_sub_pd(xa1, xb1));
+            ss0 = _mm_add_pd(ss0, _mm_mul_pd(d0, d0));
+            ss1 = _mm_add_pd(ss1, _mm_mul_pd(d1, d1));
+            nan |= _mm_movemask_pd(_mm_cmpunord_pd(d0, d1));
+            mx = _mm_max_pd(mx, _mm_max_pd(_mm_andnot_pd(sign, d0), _mm_andnot_pd(sign, d1)));
+        }
+        i += 4;
+    }
+    sa0 = _mm_add_pd(sa0, eq0), sa1 = _mm_add_pd(sa1, eq1);
+    sb0 = _mm_add_pd(sb0, eq0), sb1 = _mm_add_pd(sb1, eq1);
+    ab0 = _mm_add_pd(ab0, eq0), ab1 = _mm_add_pd(ab1, eq1);
+    double t[2];
+    _mm_storeu_pd(t, ss0); c->ss[0] += t[0]; c->ss[1] += t[1];
+    _mm_storeu_pd(t, ss1); c->ss[2] += t[0]; c->ss[3] += t[1];
+    _mm_storeu_pd(t, sa0); c->sa[0] += t[0]; c->sa[1] += t[1];
+    _mm_storeu_pd(t, sa1); c->sa[2] += t[0]; c->sa[3] += t[1];
+    _mm_storeu_pd(t, sb0); c->sb[0] += t[0]; c->sb[1] += t[1];
+    _mm_storeu_pd(t, sb1); c->sb[2] += t[0]; c->sb[3] += t[1];
+    _mm_storeu_pd(t, ab0); c->ab[0] += t[0]; c->ab[1] += t[1];
+    _mm_storeu_pd(t, ab1); c->ab[2] += t[0]; c->ab[3] += t[1];
+    _mm_storeu_pd(t, mx);
+    c->mx = t[0] > t[1] ? t[0] : t[1];
+    c->nan |= nan != 0;
+    return i;
+}
+#endif
+
+HK_API void hk_compare_stats(const float *a, const float *b, size_t n, double *sums, uint64_t *counts) {
+    hk_cmp c;
+    memset(&c, 0, sizeof c);
+    c.first = (uint64_t)-1;
+    size_t i = 0;
+#if defined(HK_SSE2)
+    i = hk_cmp_sse2(&c, a, b, n);
+#endif
+    hk_cmp_scalar(&c, a, b, i, n);
+    sums[0] = (c.ss[0] + c.ss[1]) + (c.ss[2] + c.ss[3]);
+    sums[1] = (c.sa[0] + c.sa[1]) + (c.sa[2] + c.sa[3]);
+    sums[2] = (c.sb[0] + c.sb[1]) + (c.sb[2] + c.sb[3]);
+    sums[3] = (c.ab[0] + c.ab[1]) + (c.ab[2] + c.ab[3]);
+    sums[4] = c.nan ? (double)NAN : c.mx;
+    counts[0] = c.differing;
+    counts[1] = c.first == (uint64_t)-1 ? n : c.first;
 }

@@ -187,6 +187,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "for a pair, --force is ignored (verify writes nothing).",
     )
     sub.add_parser(
+        "compare", fill=_compare_arguments,
+        help="compare two models of any formats: per tensor types, shapes and error figures, and metadata",
+        description="Compare two models (GGUF, split sets, .hrry, safetensors), tensors matched by name: "
+        "types, shapes, max abs error, RMSE, NMSE (relative to B), cosine similarity, the first differing "
+        "element; tensors only in one; metadata keys only in one or different. Exit 0 when every value and "
+        "key is identical, 1 when anything differs, 2 for bad input.",
+    )
+    sub.add_parser(
         "inspect", fill=_inspect_arguments,
         help="show tensors, their mapping and metadata of a .hrry, .gguf or .safetensors file",
     )
@@ -242,6 +250,18 @@ def _verify_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument("--force", action="store_true", help="accepted as convert takes it, and ignored: verify writes nothing")
     _add_run_options(v, quiet="print summary lines only")
     _add_batch_options(v)
+
+
+def _compare_arguments(c: argparse.ArgumentParser) -> None:
+    c.add_argument("a", metavar="A", help="a model: .gguf (a shard stands for its set), .hrry or .safetensors")
+    c.add_argument("b", metavar="B", help="the model A is compared with (NMSE is relative to B)")
+    c.add_argument("--json", action="store_true", help="machine-readable output: every tensor, every figure")
+    c.add_argument("--full", action="store_true", help="metadata values whole (default: shortened to 60 characters)")
+    c.add_argument("-v", "--verbose", action="store_true", help="list identical tensors too (default: counted)")
+    c.add_argument("--tensor", action="append", metavar="NAME", dest="tensors",
+                   help="compare only this tensor (repeatable); the metadata is still compared")
+    c.add_argument("--jobs", **_RUN["jobs"].argparse_kwargs())
+    c.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
 
 def _inspect_arguments(i: argparse.ArgumentParser) -> None:
@@ -497,6 +517,19 @@ def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
+    from ._compare import compare, to_json_text
+
+    result = compare(args.a, args.b, tensors=args.tensors, jobs=args.jobs)
+    # the whole text is made before any of it is written: an error leaves no half output
+    text = to_json_text(result, full=args.full) if args.json else result.render_text(verbose=args.verbose, full=args.full)
+    enc = getattr(out, "encoding", None) or "utf-8"
+    if not _encodes(enc, text):
+        text = text.encode(enc, "backslashreplace").decode(enc)
+    out.write(text)
+    return EXIT_OK if result.identical else EXIT_FAILED
+
+
 def _encodes(encoding: str, text: str = "\u2581\U0001f600") -> bool:
     """Can ``encoding`` write ``text`` (by default: does it write any Unicode)?"""
     try:
@@ -614,7 +647,8 @@ def _write_line(stream: TextIO, line: str) -> None:
         stream.flush()
 
 
-_COMMANDS = {"convert": _cmd_convert_any, "verify": _cmd_verify_any, "inspect": _cmd_inspect, "edit": _cmd_edit}
+_COMMANDS = {"convert": _cmd_convert_any, "verify": _cmd_verify_any, "compare": _cmd_compare, "inspect": _cmd_inspect,
+             "edit": _cmd_edit}
 
 
 def _print_traceback() -> None:  # --debug only: not imported on every start
@@ -640,7 +674,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _build_parser().parse_args(argv)
         if args.command is None:
-            raise UsageError("no command given (use convert, verify, inspect or edit; --help for help)")
+            raise UsageError("no command given (use convert, verify, compare, inspect or edit; --help for help)")
         return _COMMANDS[args.command](args, out)
     except HurrayInteropError as exc:
         if debug:

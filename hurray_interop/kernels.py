@@ -54,6 +54,7 @@ __all__ = [
     "string_starts",
     "first_diff_f32",
     "first_bad_scale",
+    "compare_stats",
     "DequantMember",
     "dequant_plan",
     "dequant_window",
@@ -62,7 +63,7 @@ __all__ = [
 
 ENV_VAR = "HURRAY_INTEROP_KERNEL"
 LIBRARY = Path(__file__).with_name("_kernel.dll" if os.name == "nt" else "_kernel.so")
-_ABI_VERSION = 8  # hk_abi_version() in _kernel.c
+_ABI_VERSION = 9  # hk_abi_version() in _kernel.c
 
 #: scale classes returned by :func:`scale_class`, one byte per block
 SCALE_OK, SCALE_ZERO, SCALE_BAD = 0, 1, 2
@@ -92,6 +93,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "hk_first_diff_f32": (_N, [_P, _P, _N, ctypes.c_int]),
     "hk_dequant_diff": (_N, [_P, _N, _N, _N, _P, ctypes.c_int]),
     "hk_first_bad_scale": (_N, [_P, _N, ctypes.c_int, ctypes.c_uint32]),
+    "hk_compare_stats": (None, [_P, _P, _N, _P, _P]),
     "hk_dsc_scales": (_N, [_P, _S, _N, _N, _N, _P, _N, ctypes.c_int, ctypes.c_int, _S, _P, _N, _P, _P, _P]),
 }
 
@@ -765,3 +767,20 @@ def first_bad_scale(bits: np.ndarray, kind: str) -> int:
         return numpy_first_bad_scale(bits, kind)
     i = int(_lib.hk_first_bad_scale(_at(bits), bits.size, 8 * width, _EXP16.get(kind, 0)))
     return -1 if i == bits.size else i
+
+
+def compare_stats(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float, float, float, int, int] | None:
+    """``compare``'s sums of two equal-length 1-D C-contiguous float32 windows in one C pass:
+    ``(Σd², Σa², Σb², Σab, max|d|, unequal pairs, first unequal index or -1)`` (the semantics of
+    :mod:`hurray_interop.verification.compare`, whose ``window_stats_numpy`` is the twin: counts,
+    index and max exact, the float64 sums to a relative 1e-12 -- another order of addition);
+    None when the library is not loaded or the arrays are not such."""
+    if (_lib is None or a.shape != b.shape or a.ndim != 1 or a.dtype != np.float32 or b.dtype != np.float32
+            or not (a.flags.c_contiguous and b.flags.c_contiguous)):
+        return None
+    sums = np.empty(5, np.float64)
+    counts = np.empty(2, np.uint64)
+    _lib.hk_compare_stats(_at(a), _at(b), a.size, _at(sums), _at(counts))
+    first = int(counts[1])
+    return (float(sums[0]), float(sums[1]), float(sums[2]), float(sums[3]), float(sums[4]), int(counts[0]),
+            -1 if first == a.size else first)

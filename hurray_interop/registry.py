@@ -199,6 +199,13 @@ class Format:
     #: the class of that reader's tensors, ``"module.Class"`` (looked up only once its module is
     #: loaded: such a tensor exists only then)
     tensor_type: str | None = None
+    #: ``metadata(path)`` for ``compare``: ``(entries, keys left out)``, an entry ``(key, item as
+    #: inspect shows it, comparable value)`` (see :mod:`hurray_interop.inspection.metadata`)
+    metadata: Callable[[str], Any] | None = None
+    #: ``values(path)`` for ``compare``: a context manager giving ``(value sources, release)``, the
+    #: model's tensors (:class:`hurray_interop.verification.compare.ValueSource`) and a callable
+    #: that drops the mapped pages read so far
+    values: Callable[[str], Any] | None = None
     #: the format a file of this one converts to when only a directory is given
     #: (``convert SRC DIR/``, without ``--to``)
     counterpart: str = "hurray"

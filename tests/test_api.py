@@ -1,4 +1,4 @@
-"""The public API (five verbs at the top level) and the format registry behind it.
+"""The public API (seven verbs at the top level) and the format registry behind it.
 
 The verbs' docstring examples are run here (from the repository root, where they
 find ``fixtures/``); the README's Python API section names the same verbs."""
@@ -24,7 +24,7 @@ from hurray_interop.formats.gguf import GGUFFile
 from hurray_interop.formats.safetensors import SafetensorsFile
 
 REPO = Path(__file__).resolve().parents[1]
-VERBS = ("convert", "verify", "inspect", "open", "dequantize")
+VERBS = ("convert", "verify", "compare", "inspect", "open", "dequantize")
 
 
 @pytest.mark.parametrize("module", [hurray_interop, registry], ids=lambda m: m.__name__)

@@ -105,6 +105,20 @@ def _inspect(path: str, fallback: str | None = None, **shown: Any) -> dict[str, 
     return inspect_gguf(path, fallback=fallback, **shown)
 
 
+def _metadata(path: str) -> Any:
+    from ..inspection.metadata import gguf_metadata
+
+    return gguf_metadata(path)
+
+
+def _values(path: str) -> Any:
+    from ..formats.gguf_split import open_model
+    from ..verification.compare import opened_sources
+    from ..verification.gguf import VERIFIER
+
+    return opened_sources(open_model, VERIFIER.checks, path, "gguf")
+
+
 def _edit(src: str, dst: str | None, edits: Any, **options: Any) -> Any:
     from ..formats.gguf_edit import edit_gguf
 
@@ -136,4 +150,5 @@ FORMAT = Format(
     verifier=_verifier, to_hurray=_to_hurray, from_hurray=_from_hurray, options=OPTIONS,
     member_of=_member_of, outputs=_outputs, relayout=_relayout, dequantize=_dequantize,
     tensor_type="hurray_interop.formats.gguf.GGUFTensorInfo", exact_fallback=True, edit=_edit,
+    metadata=_metadata, values=_values,
 )

@@ -23,6 +23,18 @@ def _inspect(path: str, fallback: str | None = None, **shown: Any) -> dict[str, 
     return inspect_hurray(path, **shown)  # a .hrry has no conversion plan into it
 
 
+def _metadata(path: str) -> Any:
+    from ..inspection.metadata import hurray_metadata
+
+    return hurray_metadata(path)
+
+
+def _values(path: str) -> Any:
+    from ..verification.compare import hurray_sources
+
+    return hurray_sources(path)
+
+
 def _edit(src: str, dst: str | None, edits: Any, **options: Any) -> Any:
     from ..conversions.gguf import edited_gguf_records
     from ..core.hrry_edit import edit_hrry
@@ -39,5 +51,5 @@ def _verifier() -> Any:
 #: the record; the registry registers it when it loads the built-in formats
 FORMAT = Format(
     name=HURRAY, title="Hurray", extensions=(".hrry",), sniff=sniff, open=_open, inspect=_inspect,
-    verifier=_verifier, counterpart="gguf", edit=_edit,
+    verifier=_verifier, counterpart="gguf", edit=_edit, metadata=_metadata, values=_values,
 )

@@ -52,6 +52,20 @@ def _inspect(path: str, fallback: str | None = None, **shown: Any) -> dict[str, 
     return inspect_safetensors(path, **shown)  # no safetensors tensor has an expanded form
 
 
+def _metadata(path: str) -> Any:
+    from ..inspection.metadata import safetensors_metadata
+
+    return safetensors_metadata(path)
+
+
+def _values(path: str) -> Any:
+    from ..formats.safetensors import SafetensorsFile
+    from ..verification.compare import opened_sources
+    from ..verification.safetensors import VERIFIER
+
+    return opened_sources(SafetensorsFile, VERIFIER.checks, path, "safetensors")
+
+
 def _edit(src: str, dst: str | None, edits: Any, **options: Any) -> Any:
     from ..formats.safetensors_edit import edit_safetensors
 
@@ -75,4 +89,5 @@ FORMAT = Format(
     name="safetensors", title="safetensors", extensions=(".safetensors",), sniff=_sniff, open=_open,
     inspect=_inspect, verifier=_verifier, to_hurray=_to_hurray, from_hurray=_from_hurray, options=OPTIONS,
     dequantize=_dequantize, tensor_type="hurray_interop.formats.safetensors.STTensor", edit=_edit,
+    metadata=_metadata, values=_values,
 )

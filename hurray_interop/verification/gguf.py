@@ -65,19 +65,26 @@ def _reference(info: "G.GGUFTensorInfo", name: str) -> Rows | None:
         # the reader bounds-checked the tensor's bytes: a whole number of contiguous blocks
         blocks = info.data.reshape(-1, t.block_bytes)
 
-        def c(start: int, stop: int) -> np.ndarray:
-            # into this thread's window (valid until its next call: compare_values reads it at once)
-            out = thread_buffer("verify.ggml", ((stop - start) * t.block_elements,), np.float32)
+        def c(start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+            # into this thread's window (valid until its next call: compare_values reads it at once),
+            # or into ``out`` (C-contiguous float32 of the blocks' values: compare's own window)
+            if out is None:
+                out = thread_buffer("verify.ggml", ((stop - start) * t.block_elements,), np.float32)
             return ggml.decode_blocks(t.id, t.block_elements, t.block_bytes, blocks[start:stop], out)
 
+        c.into = True  # type: ignore[attr-defined]
         return c
     dt = t.dtype()
     if dt is not None:
         flat = info.data.view(dt)
 
-        def plain(start: int, stop: int) -> np.ndarray:
-            return flat[start:stop].astype(np.float32)
+        def plain(start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+            if out is None:
+                return flat[start:stop].astype(np.float32)
+            np.copyto(out, flat[start:stop], casting="unsafe")  # numpy's cast, as astype
+            return out
 
+        plain.into = True  # type: ignore[attr-defined]
         return plain
     decode = reference_dequantizer(t) if name == "gguf-py" else None
     if decode is None:
