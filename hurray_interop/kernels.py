@@ -62,7 +62,7 @@ __all__ = [
 
 ENV_VAR = "HURRAY_INTEROP_KERNEL"
 LIBRARY = Path(__file__).with_name("_kernel.dll" if os.name == "nt" else "_kernel.so")
-_ABI_VERSION = 8  # hk_abi_version() in _kernel.c
+_ABI_VERSION = 9  # hk_abi_version() in _kernel.c
 
 #: scale classes returned by :func:`scale_class`, one byte per block
 SCALE_OK, SCALE_ZERO, SCALE_BAD = 0, 1, 2
@@ -88,6 +88,9 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "hk_q5_k_join": (None, [_P, _S, _P, _S, _N, _N, _P, _S]),
     "hk_factor_first": (None, [_P, _P, _P, _N, _N, ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_float,
                                 ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_int, _P, _P, _P, _P]),
+    "hk_factor_rows": (_N, [_P, _P, _N, _N, ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_float,
+                            ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_uint,
+                            ctypes.c_int, _P, _P]),
     "hk_dequant": (None, [_P, _N, _N, _N, _P]),
     "hk_first_diff_f32": (_N, [_P, _P, _N, ctypes.c_int]),
     "hk_dequant_diff": (_N, [_P, _N, _N, _N, _P, ctypes.c_int]),
