@@ -682,6 +682,86 @@ HK_API void hk_factor_first(const float *t, const float *tg, const uint8_t *z, s
     }
 }
 
+/* One row's raw values at the half `d` (hk_factor_first's loop, raw as int16): nonzero when a
+ * non-zero sub-block's rule(d, raw) is not tg as bits, or its quotient is NaN. */
+static uint32_t factor_tail(const float *tr, const float *gr, const uint8_t *zr, size_t subs, float d, float add,
+                            float mul, float post, float rmin, float rmax, int16_t zraw, int16_t *rr) {
+    for (size_t j = 0; j < subs; j++) {
+        if (zr[j]) {
+            rr[j] = zraw;
+            continue;
+        }
+        float q = tr[j] / d;
+        if (add != 0.0f)
+            q -= add;
+        if (mul != 1.0f)
+            q /= mul;
+        if (q != q) /* (NaN: not an int16; the caller's rounds decide) */
+            return 1;
+        q = rint_even(q);
+        if (q < rmin)
+            q = rmin;
+        else if (q > rmax)
+            q = rmax;
+        rr[j] = (int16_t)q;
+        float f = q;
+        if (mul != 1.0f)
+            f = f * mul;
+        if (add != 0.0f)
+            f = add + f;
+        float s = d * f;
+        if (post != 1.0f)
+            s = s * post;
+        uint32_t sb, gb;
+        memcpy(&sb, &s, 4), memcpy(&gb, gr + j, 4);
+        if (sb != gb)
+            return 1;
+    }
+    return 0;
+}
+
+/* The derived record's factorization when every row takes the first candidate (gguf_expanded.py
+ * _all_first; its numpy twin is _factor's rounds): as hk_factor_first on every row, with t = tg /
+ * post computed here (one IEEE division, as numpy's; none when post is 1) and the raw values
+ * written as int16; a row of zero sub-blocks only takes the `empty` d bits and raw value. Stops at
+ * the first row that does not factor at the first candidate (or whose quotient is NaN) and returns
+ * its index; n: every row factored. At most 64 sub-blocks a row (the caller checks). */
+HK_API size_t hk_factor_rows(const float *tg, const uint8_t *z, size_t n, size_t subs, float v0, float add, float mul,
+                             float post, float rmin, float rmax, float zraw, int has_zraw, unsigned empty_d,
+                             int empty_raw, uint16_t *d_out, int16_t *raw_out) {
+    float tr[64];
+    for (size_t r = 0; r < n; r++) {
+        const float *gr = tg + r * subs;
+        const uint8_t *zr = z + r * subs;
+        int16_t *rr = raw_out + r * subs;
+        size_t a = 0, zeros = 0;
+        float best = -1.0f;
+        for (size_t j = 0; j < subs; j++) {
+            tr[j] = post != 1.0f ? gr[j] / post : gr[j];
+            float v = zr[j] ? 0.0f : fabsf(tr[j]);
+            zeros += zr[j] != 0;
+            if (v > best)
+                best = v, a = j;
+        }
+        if (zeros == subs) {
+            d_out[r] = (uint16_t)empty_d;
+            for (size_t j = 0; j < subs; j++) rr[j] = (int16_t)empty_raw;
+            continue;
+        }
+        if (zeros && !has_zraw)
+            return r;
+        float ta = tr[a];
+        uint16_t h = float_to_half(ta / v0);
+        float d = half_to_float(h);
+        if ((h & 0x7FFFu) == 0 || (h & 0x7C00u) == 0x7C00u || d * v0 != ta)
+            return r;
+        d_out[r] = h;
+        if (factor_tail(tr, gr, zr, subs, d, add, mul, post, rmin, rmax, (int16_t)zraw, rr))
+            return r;
+    }
+    return n;
+}
+
 /* ---------------------------------------------------------------------------
  * The shared dequantizer's compiled path (hurray_interop/dequant.py): per-block affine and
  * MXFP tensors along the last axis, alone or as the members of a sealed overlay `add`

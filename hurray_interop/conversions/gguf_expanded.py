@@ -1873,6 +1873,22 @@ def _first_compiled(t: np.ndarray, target: np.ndarray, zero: np.ndarray | None, 
                            float(field.raws.min()), float(field.raws.max()), field.zraw)
 
 
+def _all_first(target: np.ndarray, zero: np.ndarray, field: _Field, post: float, empty: tuple[float, int],
+               kernel: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """:func:`_factor`'s result when every block factors at the first candidate (ggml's
+    output), by one compiled pass (:func:`~.gguf_kernels.factor_rows`) where the first round
+    would be compiled (:func:`_first_compiled`); None: a block does not, or no kernel, and
+    the rounds run (they give these same bytes for such blocks)."""
+    if kernel is None or kernel != (float(field.add), float(field.mul)) or not target.size:
+        return None
+    nz = field.v != 0
+    if not nz.any():
+        return None
+    got = GK.factor_rows(target, zero, float(field.v[np.argmax(nz)]), kernel[0], kernel[1], post,
+                         float(field.raws.min()), float(field.raws.max()), field.zraw, empty)
+    return None if got is None else (got[0], got[1], np.ones(target.shape[0], dtype=bool))
+
+
 def _factor(target: np.ndarray, zero: np.ndarray, field: _Field, post: float,
             rule: Callable[[np.ndarray, np.ndarray], np.ndarray],
             empty: tuple[float, int] = (0.0, 0),
@@ -1889,6 +1905,9 @@ def _factor(target: np.ndarray, zero: np.ndarray, field: _Field, post: float,
     every block (on ggml's output it nearly always works), then the next ones of the
     first :data:`_CANDIDATES` at once for the blocks left, the anchor alone tested before
     the whole block; a block none of them factors is undefined (its header is recorded)."""
+    fast = _all_first(target, zero, field, post, empty, kernel)
+    if fast is not None:
+        return fast
     n, subs = target.shape
     any_zero = bool(zero.any())
     ok = zero.all(axis=1) if any_zero else np.zeros(n, dtype=bool)

@@ -28,6 +28,7 @@ __all__ = [
     "q5k_plane",
     "q5k_join",
     "factor_first",
+    "factor_rows",
 ]
 
 
@@ -306,3 +307,23 @@ def factor_first(t: np.ndarray, target: np.ndarray, zero: np.ndarray | None, ski
                                rmin, rmax, float(zraw or 0), int(zraw is not None), K._at(sk), K._at(d), K._at(raw),
                                K._at(ok))
     return d.view(np.float16), raw, ok.view(bool)
+
+
+def factor_rows(target: np.ndarray, zero: np.ndarray, v0: float, add: float, mul: float, post: float, rmin: float,
+                rmax: float, zraw: int | None, empty: tuple[float, int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every row of ``target`` (``(n, subs)`` float32) factored at the first candidate in one
+    compiled pass (``hk_factor_rows``; ``t = target / post`` computed there), a row of ``zero``
+    sub-blocks only ``empty`` (``d``, raw): ``(d as float16, raw values as int16)``; None
+    without the compiled library, for more than 64 sub-blocks, or when a row does not factor
+    so (the caller's rounds run)."""
+    n, subs = target.shape
+    if K._lib is None or not 0 < subs <= 64 or not n:
+        return None
+    target = np.ascontiguousarray(target, dtype=np.float32)
+    z = np.ascontiguousarray(zero).view(np.uint8)  # (bool: one byte each)
+    d = np.empty(n, dtype=np.uint16)
+    raw = np.empty((n, subs), dtype=np.int16)
+    stop = K._lib.hk_factor_rows(K._at(target), K._at(z), n, subs, v0, add, mul, post, rmin, rmax, float(zraw or 0),
+                                 int(zraw is not None), int(np.float16(empty[0]).view(np.uint16)), int(empty[1]),
+                                 K._at(d), K._at(raw))
+    return (d.view(np.float16), raw) if stop == n else None
