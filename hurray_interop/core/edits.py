@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from ..errors import UsageError
+from ..files.atomic import AtomicOutput, check_output_path
 
 __all__ = ["Edit", "ValueKind", "Codec", "Change", "Entry", "EditResult", "parse_edits", "apply_edits",
            "build_value", "int_kinds"]
@@ -400,3 +402,25 @@ def _set(codec: Codec, e: Edit, entries: list[Entry], at: int | None, path: str 
         return Change("unchanged", e.key, old=codec.show(old))
     entries[at] = Entry(e.key, new, None)
     return Change("set", e.key, old=codec.show(old), new=codec.show(new))
+
+
+def write_edited(src: str, dst: str | None, write: Callable[[AtomicOutput, int], None], *, force: bool = False,
+                 dry_run: bool = False) -> str:
+    """The one file an edit writes: ``write(out, src_fd)`` into an atomic output at ``dst``
+    (None: in place, over ``src`` with its permission bits, renamed over it only when complete),
+    ``src`` open read-only for the kernel's copies.  A dry run only checks the output path.
+    Returns the path written (or that would be)."""
+    target = src if dst is None else dst
+    inputs = () if dst is None else (src,)
+    if dry_run:
+        check_output_path(target, force=force or dst is None, inputs=inputs)
+        return target
+    mode = os.stat(src).st_mode & 0o7777 if dst is None else None  # in place: the file's own
+    with AtomicOutput(target, force=force or dst is None, inputs=inputs, mode=mode) as out:
+        fd = os.open(src, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            write(out, fd)
+        finally:
+            os.close(fd)
+        out.commit()
+    return target

@@ -16,9 +16,9 @@ import os
 from typing import Any, Callable, Sequence
 
 from ..errors import UnsupportedError
-from ..files.atomic import AtomicOutput, check_output_path
+from ..files.atomic import AtomicOutput
 from ..files.positional import PositionalWriter
-from .edits import Edit, EditResult, Entry, ValueKind, apply_edits, int_kinds
+from .edits import Edit, EditResult, Entry, ValueKind, apply_edits, int_kinds, write_edited
 from .hrry import FLAG_HAS_KV_METADATA, FileHeader, HrryFile, Trailer, TRAILER_SIZE
 from .kv import KVValue, encode_kv
 
@@ -117,19 +117,7 @@ def edit_hrry(src: str, dst: str | None, edits: Sequence[Edit], *, force: bool =
         entries, changes = apply_edits(list(old.items()), edits, HRRY_CODEC, path=src)
         if records is not None:
             entries = records(old, entries, src)
-        target = src if dst is None else dst
-        inputs = () if dst is None else (src,)
         kv = encode_kv({e.key: e.value for e in entries}) if entries else b""
         _cut(hf)
-        if dry_run:
-            check_output_path(target, force=force or dst is None, inputs=inputs)
-        else:
-            mode = os.stat(src).st_mode & 0o7777 if dst is None else None  # in place: the file's own
-            with AtomicOutput(target, force=force or dst is None, inputs=inputs, mode=mode) as out:
-                fd = os.open(src, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                try:
-                    _write(hf, out, kv, fd)
-                finally:
-                    os.close(fd)
-                out.commit()
+        target = write_edited(src, dst, lambda out, fd: _write(hf, out, kv, fd), force=force, dry_run=dry_run)
     return EditResult(os.fspath(src), "hurray", (os.fspath(target),), tuple(changes), dry_run)

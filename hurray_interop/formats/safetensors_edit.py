@@ -16,8 +16,8 @@ import json
 import os
 from typing import Any, Sequence
 
-from ..core.edits import Edit, EditResult, ValueKind, apply_edits
-from ..files.atomic import AtomicOutput, check_output_path
+from ..core.edits import Edit, EditResult, ValueKind, apply_edits, write_edited
+from ..files.atomic import AtomicOutput
 from ..files.positional import PositionalWriter
 from .safetensors import SafetensorsFile
 
@@ -86,17 +86,6 @@ def edit_safetensors(src: str, dst: str | None, edits: Sequence[Edit], *, force:
         if not metadata and not st.metadata:
             metadata = st.metadata  # nothing before, nothing after: as it was (absent or {})
         header = _header(st, metadata)
-        target = src if dst is None else dst
-        inputs = () if dst is None else (src,)
-        if dry_run:
-            check_output_path(target, force=force or dst is None, inputs=inputs)
-        else:
-            mode = os.stat(src).st_mode & 0o7777 if dst is None else None  # in place: the file's own
-            with AtomicOutput(target, force=force or dst is None, inputs=inputs, mode=mode) as out:
-                fd = os.open(src, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                try:
-                    _write(st, out, header, fd, os.fstat(fd).st_size)
-                finally:
-                    os.close(fd)
-                out.commit()
+        target = write_edited(src, dst, lambda out, fd: _write(st, out, header, fd, os.fstat(fd).st_size),
+                              force=force, dry_run=dry_run)
     return EditResult(os.fspath(src), "safetensors", (os.fspath(target),), tuple(changes), dry_run)
