@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ._inspect import _value_text, json_safe, terminal_safe
+from ._inspect import value_text, json_safe, terminal_safe
 from .errors import UsageError
 from .parallel import check_jobs, use_jobs
 from .registry import detect_format
@@ -166,7 +166,7 @@ def _tensor_table(tensors: list[TensorDiff], verbose: bool) -> list[str]:
 
 
 def _shown(item: dict[str, Any], full: bool) -> str:
-    text = _value_text(item, None if full else SHORT)
+    text = value_text(item, None if full else SHORT)
     if not full and len(text) > SHORT:
         text = text[: SHORT - 1] + "…"
     return terminal_safe(f"[{item['type']}] {text}")
@@ -179,7 +179,7 @@ def _first_item_diff(x: dict[str, Any], y: dict[str, Any]) -> str:
     at = next((i for i, (p, q) in enumerate(zip(x["value"], y["value"])) if p != q), None)
     if at is not None:
         show = {"key": "", "type": "", "value": None}
-        a, b = (_value_text({**show, "value": v}, SHORT) for v in (x["value"][at], y["value"][at]))
+        a, b = (value_text({**show, "value": v}, SHORT) for v in (x["value"][at], y["value"][at]))
         return f"(first differing item {at}: {a} vs {b})"
     return f"({x['count']:,} vs {y['count']:,} items)" if x["count"] != y["count"] else ""
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from .registry import detect_format
 
-__all__ = ["inspect_file", "json_safe", "render_text", "render_markdown", "summary_text", "terminal_safe"]
+__all__ = ["inspect_file", "json_safe", "render_text", "render_markdown", "summary_text", "terminal_safe", "value_text"]
 
 
 def inspect_file(path: str | os.PathLike[str], *, fallback: str | None = None, **shown: Any) -> dict[str, Any]:
@@ -111,7 +111,7 @@ def _wrap(text: str, width: int) -> list[str]:
     return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
 
 
-def _value_text(item: dict[str, Any], limit: int | None, top: bool = True) -> str:
+def value_text(item: dict[str, Any], limit: int | None, top: bool = True) -> str:
     """A metadata value: a string as text (cut at ``limit`` characters unless ``None``), an
     array as its items shown and its count."""
     v = item["value"]
@@ -119,7 +119,7 @@ def _value_text(item: dict[str, Any], limit: int | None, top: bool = True) -> st
         s = _cell(v)
         return s if limit is None or len(s) <= limit else s[: limit - 1] + "…"
     if any(isinstance(x, dict) for x in v):  # an array of arrays
-        items = [_value_text(x, limit, False) for x in v]
+        items = [value_text(x, limit, False) for x in v]
     elif str(item.get("type", "")).upper().startswith("ARRAY[FLOAT"):  # non-finite items as inf, -inf, nan
         items = [x if isinstance(x, str) else json.dumps(x) for x in v]
     else:  # one dump of the whole list: a --full vocabulary is 10^5 items
@@ -174,7 +174,7 @@ def render_text(info: dict[str, Any], *, width: int | None = None, full: bool = 
     if kv:
         lines.append(f"metadata ({_plural(len(kv), 'key')}):")
         limit = None if full else 100
-        lines += [f"  {_cell(m['key'])} [{m['type']}] = {_value_text(m, limit)}" for m in kv]
+        lines += [f"  {_cell(m['key'])} [{m['type']}] = {value_text(m, limit)}" for m in kv]
     lines += [terminal_safe(f"note: {n}") for n in info.get("notes", [])]
     lines.append(summary_text(info))
     return "\n".join(lines) + "\n"
@@ -203,7 +203,7 @@ def render_markdown(info: dict[str, Any], *, full: bool = False) -> str:
     limit = None if full else 100
     out += ["", f"## Metadata ({_plural(len(kv), 'key')})", ""]
     out += _md_table(["#", "key", "type", "count", "value"],
-                     [[str(i), _cell(m["key"]), m["type"], str(m.get("count", 1)), _value_text(m, limit)]
+                     [[str(i), _cell(m["key"]), m["type"], str(m.get("count", 1)), value_text(m, limit)]
                       for i, m in enumerate(kv, 1)], {0, 3})
     tensors = info.get("tensors", [])
     cols = info.get("tensor_columns") or (list(tensors[0].keys()) if tensors else [])
