@@ -25,6 +25,10 @@
 #include <emmintrin.h>
 #define HK_SSE2 1
 #endif
+#if defined(HK_SSE2) && defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#define HK_AVX2 1  /* compiled with target("avx2"), run only where the CPU has it (hk_dequant) */
+#endif
 
 #if defined(_WIN32)
 #define HK_API __declspec(dllexport)
@@ -35,7 +39,7 @@
 typedef ptrdiff_t hk_stride;
 
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
-HK_API int hk_abi_version(void) { return 10; }
+HK_API int hk_abi_version(void) { return 11; }
 
 /* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -1007,6 +1011,55 @@ static inline size_t dq_fused16(const hk_dq_member *ms, size_t nm, uint8_t (*c)[
 }
 #endif
 
+#if defined(HK_AVX2)
+/* dq_fused16 with eight lanes a vector: the same operations on the same values in the same
+ * order (integer codes widened, minus the zero point, converted, times the scale; members
+ * added in order), so the same bits; no FMA (not in the target, and C99 mode contracts
+ * nothing).  Only integer-code or constant members come here (dq_fusable).  `tame` 2: as 1,
+ * and every zero point is 0 (the subtraction is left out). */
+__attribute__((target("avx2"))) static inline __m256 dq_add8(__m256 x, __m256 y) {
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    __m256 xq = _mm256_or_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x00400000)));
+    return _mm256_blendv_ps(_mm256_add_ps(x, y), xq, nan);
+}
+
+__attribute__((target("avx2"))) static inline size_t dq_fused16_avx2(const hk_dq_member *ms, size_t nm,
+                                                                    uint8_t (*c)[HK_DQ_CHUNK], size_t c0, size_t i,
+                                                                    size_t stop, const float *s, const int32_t *z,
+                                                                    const float *w, int tame, float *restrict o) {
+    for (; i + 16 <= stop; i += 16) {
+        __m256 x0 = _mm256_setzero_ps(), x1 = x0;
+        for (size_t j = 0; j < nm; j++) {
+            __m256 y0, y1;
+            if (ms[j].constant) {
+                y0 = y1 = _mm256_set1_ps(w[j]);
+            } else {
+                __m128i v = _mm_loadu_si128((const __m128i *)(c[j] + (i - c0)));
+                __m256i a, b, zv = _mm256_set1_epi32(z[j]);
+                if (ms[j].is_signed)
+                    a = _mm256_cvtepi8_epi32(v), b = _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8));
+                else
+                    a = _mm256_cvtepu8_epi32(v), b = _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));
+                __m256 sv = _mm256_set1_ps(s[j]);
+                if (tame != 2)  /* 2: every zero point is 0 */
+                    a = _mm256_sub_epi32(a, zv), b = _mm256_sub_epi32(b, zv);
+                y0 = _mm256_mul_ps(_mm256_cvtepi32_ps(a), sv);
+                y1 = _mm256_mul_ps(_mm256_cvtepi32_ps(b), sv);
+            }
+            if (!j)
+                x0 = y0, x1 = y1;
+            else if (tame)
+                x0 = _mm256_add_ps(x0, y0), x1 = _mm256_add_ps(x1, y1);
+            else
+                x0 = dq_add8(x0, y0), x1 = dq_add8(x1, y1);
+        }
+        _mm256_storeu_ps(o + (i - c0), x0);
+        _mm256_storeu_ps(o + (i - c0) + 8, x1);
+    }
+    return i;
+}
+#endif
+
 /* Block by block over every member at once (members of one block size, integer codes
  * with zero points within int32 range, or constant): per element base, then + each
  * member, in registers -- the generic path's operations in its order, stored once. */
@@ -1038,15 +1091,57 @@ static void dq_scales(const hk_dq_member *m, size_t b0, size_t nb, float *restri
 /* Blocks per chunk at most (the smallest block size is 2), plus one straddling block. */
 #define HK_DQ_CHUNK_BLOCKS (HK_DQ_CHUNK / 2 + 1)
 
-static inline void dq_fused(const hk_dq_member *ms, size_t nm, size_t c0, size_t end, uint8_t (*c)[HK_DQ_CHUNK],
-                            float *restrict o) {
+static inline __attribute__((always_inline)) void dq_fused(const hk_dq_member *ms, size_t nm, size_t c0,
+                                                           size_t end, uint8_t (*c)[HK_DQ_CHUNK], float *restrict o,
+                                                           int avx2) {
     size_t K = (size_t)ms[0].block;
     size_t b0 = c0 / K, nb = (end - 1) / K - b0 + 1;
     float sb[HK_DQ_FUSED][HK_DQ_CHUNK_BLOCKS];
     float s[HK_DQ_FUSED], w[HK_DQ_FUSED];
     int32_t z[HK_DQ_FUSED];
-    for (size_t j = 0; j < nm; j++)
+    int easy = 1;
+    for (size_t j = 0; j < nm; j++) {
         dq_scales(ms + j, b0, nb, sb[j]);
+        easy &= !ms[j].zero && !ms[j].table;
+    }
+    for (size_t j = 0; easy && j < nm; j++) {
+        int ok = 1;
+        for (size_t k = 0; k < nb; k++)
+            ok &= fabsf(sb[j][k]) < 0x1p90f;  /* false for NaN */
+        easy &= ok;
+    }
+    if (easy) {  /* no zero points, integer codes, every scale tame: the per-block checks below
+                  * hold for the whole chunk (|code| <= 255, so every value and sum is finite) */
+        float cq[HK_DQ_FUSED];
+        for (size_t j = 0; j < nm; j++) {
+            z[j] = 0;
+            cq[j] = ms[j].constant ? (float)(ms[j].is_signed ? (int32_t)(int8_t)c[j][0] : (int32_t)c[j][0]) : 0.0f;
+        }
+        for (size_t g = c0, b = b0; g < end; b++) {  /* b = g / K without a division per block */
+            size_t stop = (b + 1) * K < end ? (b + 1) * K : end, i = g;
+            for (size_t j = 0; j < nm; j++) {
+                s[j] = sb[j][b - b0];
+                w[j] = cq[j] * s[j];  /* a constant member's value: (float)(q - 0) * s */
+            }
+#if defined(HK_AVX2)
+            if (avx2)
+                i = dq_fused16_avx2(ms, nm, c, c0, i, stop, s, z, w, 2, o);
+#endif
+#if defined(HK_SSE2)
+            i = dq_fused16(ms, nm, c, c0, i, stop, s, z, w, 1, o);
+#endif
+            for (; i < stop; i++) {
+                float x = 0.0f;
+                for (size_t j = 0; j < nm; j++) {
+                    float y = ms[j].constant ? w[j] : dq_one(ms + j, c[j][i - c0], s[j], 0);
+                    x = j ? x + y : y;
+                }
+                o[i - c0] = x;
+            }
+            g = stop;
+        }
+        return;
+    }
     for (size_t g = c0; g < end;) {
         size_t b = g / K, stop = (b + 1) * K < end ? (b + 1) * K : end, i = g;
         int wide = 0, tame = 1;
@@ -1062,6 +1157,11 @@ static inline void dq_fused(const hk_dq_member *ms, size_t nm, size_t c0, size_t
                 tame &= fabsf(w[j]) < 0x1p122f;
             }
         }
+#if defined(HK_AVX2)
+        if (!wide && avx2)
+            i = tame ? dq_fused16_avx2(ms, nm, c, c0, i, stop, s, z, w, 1, o)
+                     : dq_fused16_avx2(ms, nm, c, c0, i, stop, s, z, w, 0, o);
+#endif
 #if defined(HK_SSE2)
         if (!wide)
             i = tame ? dq_fused16(ms, nm, c, c0, i, stop, s, z, w, 1, o) : dq_fused16(ms, nm, c, c0, i, stop, s, z, w, 0, o);
@@ -1078,6 +1178,52 @@ static inline void dq_fused(const hk_dq_member *ms, size_t nm, size_t c0, size_t
     }
 }
 
+/* dq_fused over one chunk, the member count a constant where it is small (the loops over
+ * members unroll); `avx2`: the eight-lane loop (dq_fused_avx2 is the same code compiled for
+ * AVX2, called only where the CPU has it). */
+static inline __attribute__((always_inline)) void dq_fused_n(const hk_dq_member *ms, size_t nm, size_t c0,
+                                                             size_t end, uint8_t (*c)[HK_DQ_CHUNK],
+                                                             float *restrict o, int avx2) {
+    if (nm == 1)
+        dq_fused(ms, 1, c0, end, c, o, avx2);
+    else if (nm == 2)
+        dq_fused(ms, 2, c0, end, c, o, avx2);
+    else if (nm == 3)
+        dq_fused(ms, 3, c0, end, c, o, avx2);
+    else
+        dq_fused(ms, nm, c0, end, c, o, avx2);
+}
+
+static void dq_fused_plain(const hk_dq_member *ms, size_t nm, size_t c0, size_t end, uint8_t (*c)[HK_DQ_CHUNK],
+                           float *restrict o) {
+    dq_fused_n(ms, nm, c0, end, c, o, 0);
+}
+
+#if defined(HK_AVX2)
+__attribute__((target("avx2"))) static void dq_fused_avx2(const hk_dq_member *ms, size_t nm, size_t c0, size_t end,
+                                                          uint8_t (*c)[HK_DQ_CHUNK], float *restrict o) {
+    dq_fused_n(ms, nm, c0, end, c, o, 1);
+}
+#endif
+
+/* Whether the AVX2 loops run: where the CPU has AVX2, unless switched off.  mode < 0 asks,
+ * 0 switches them off, 1 on (where the CPU has AVX2); returns the state after the call.  The
+ * tests run both loops against each other and against numpy (kernels.dequant_avx2). */
+static int dq_avx2_state = -1;
+
+HK_API int hk_dequant_avx2(int mode) {
+#if defined(HK_AVX2)
+    if (dq_avx2_state < 0 || mode >= 0) {
+        __builtin_cpu_init();
+        dq_avx2_state = __builtin_cpu_supports("avx2") && mode != 0;
+    }
+    return dq_avx2_state;
+#else
+    (void)mode;
+    return 0;
+#endif
+}
+
 /* Whether dq_fused takes the members. */
 static int dq_fusable(const hk_dq_member *ms, size_t nm) {
     if (nm < 1 || nm > HK_DQ_FUSED)
@@ -1092,7 +1238,7 @@ static int dq_fusable(const hk_dq_member *ms, size_t nm) {
  * HK_DQ_CHUNK elements at a time (every member over one chunk while it is in L1). */
 HK_API void hk_dequant(const hk_dq_member *members, size_t nm, size_t g0, size_t n, float *out) {
     uint8_t c[HK_DQ_FUSED][HK_DQ_CHUNK];
-    int fused = dq_fusable(members, nm);
+    int fused = dq_fusable(members, nm), avx2 = fused && (dq_avx2_state < 0 ? hk_dequant_avx2(-1) : dq_avx2_state);
     for (size_t c0 = g0; c0 < g0 + n; c0 += HK_DQ_CHUNK) {
         size_t end = c0 + HK_DQ_CHUNK < g0 + n ? c0 + HK_DQ_CHUNK : g0 + n;
         if (fused) {
@@ -1102,14 +1248,13 @@ HK_API void hk_dequant(const hk_dq_member *members, size_t nm, size_t g0, size_t
                 else
                     dq_codes(members + j, c0, end - c0, c[j]);
             }
-            if (nm == 1)  /* member counts as constants: the loops over members unroll */
-                dq_fused(members, 1, c0, end, c, out + (c0 - g0));
-            else if (nm == 2)
-                dq_fused(members, 2, c0, end, c, out + (c0 - g0));
-            else if (nm == 3)
-                dq_fused(members, 3, c0, end, c, out + (c0 - g0));
-            else
-                dq_fused(members, nm, c0, end, c, out + (c0 - g0));
+#if defined(HK_AVX2)
+            if (avx2) {
+                dq_fused_avx2(members, nm, c0, end, c, out + (c0 - g0));
+                continue;
+            }
+#endif
+            dq_fused_plain(members, nm, c0, end, c, out + (c0 - g0));
             continue;
         }
         for (size_t j = 0; j < nm; j++) {
@@ -1202,9 +1347,30 @@ HK_API size_t hk_dequant_diff(const hk_dq_member *members, size_t nm, size_t g0,
  * 16 (exponent mask `expm`: float16 0x7C00, bfloat16 0x7F80) or 32 (float32) -- or n:
  * the descriptor rules' check of every per-block scale, one pass (kernels.first_bad_scale). */
 HK_API size_t hk_first_bad_scale(const void *scales, size_t n, int bits, uint32_t expm) {
+    size_t i0 = 0;
+#if defined(HK_SSE2)
+    {  /* 64 scales a run, in vectors: a run with a bad one is searched by the loops below */
+        const __m128i zero = _mm_setzero_si128();
+        const __m128i e = bits == 16 ? _mm_set1_epi16((short)expm) : _mm_set1_epi32(0x7F800000);
+        const __m128i m = bits == 16 ? _mm_set1_epi16(0x7FFF) : _mm_set1_epi32(0x7FFFFFFF);
+        size_t per = bits == 16 ? 8 : 4;
+        const __m128i *p = (const __m128i *)scales;
+        for (; i0 + 64 <= n; i0 += 64, p += 64 / per) {
+            __m128i bad = zero;
+            for (size_t k = 0; k < 64 / per; k++) {
+                __m128i v = _mm_loadu_si128(p + k);
+                __m128i x = _mm_and_si128(v, e), y = _mm_and_si128(v, m);
+                bad = _mm_or_si128(bad, bits == 16 ? _mm_or_si128(_mm_cmpeq_epi16(x, e), _mm_cmpeq_epi16(y, zero))
+                                                   : _mm_or_si128(_mm_cmpeq_epi32(x, e), _mm_cmpeq_epi32(y, zero)));
+            }
+            if (_mm_movemask_epi8(bad))
+                break;
+        }
+    }
+#endif
     if (bits == 16) {
         const uint16_t *p = (const uint16_t *)scales;
-        for (size_t i = 0; i < n; i += 64) {  /* 64 at a time: a flag per run, then the lane */
+        for (size_t i = i0; i < n; i += 64) {  /* 64 at a time: a flag per run, then the lane */
             size_t e = i + 64 < n ? i + 64 : n;
             unsigned bad = 0;
             for (size_t k = i; k < e; k++)
@@ -1217,7 +1383,7 @@ HK_API size_t hk_first_bad_scale(const void *scales, size_t n, int bits, uint32_
         return n;
     }
     const uint32_t *p = (const uint32_t *)scales;
-    for (size_t i = 0; i < n; i += 64) {
+    for (size_t i = i0; i < n; i += 64) {
         size_t e = i + 64 < n ? i + 64 : n;
         unsigned bad = 0;
         for (size_t k = i; k < e; k++)

@@ -26,6 +26,11 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence, TextIO
 
+# Nothing here asks BLAS for threads, and numpy's OpenBLAS starts one per core at numpy's
+# import that spins for about 0.1 s of CPU: on two cores, time verify's workers lose.  Set
+# before numpy is imported (nothing above imports it); a user's own setting stands.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 from . import __version__
 from .errors import ConversionRefused, HurrayInteropError, UsageError
 from .registry import FALLBACK_CHOICES, conversion_options, format_names, lossy_options, option_defaults, run_options

@@ -303,7 +303,12 @@ class _Dense:
         self._prepare_layout(desc.layout)
         # ---- the compiled path (kernels.dequant_window) where the tensor fits it
         self.spec = self._compiled_spec()
-        self.plan = kernels.dequant_plan([self.spec], self.size) if self.spec is not None else None
+
+    @functools.cached_property
+    def plan(self) -> "kernels.DequantPlan | None":
+        """The compiled plan of this tensor alone, built when first asked for: an overlay's
+        members are evaluated through the overlay's plan (their specs) and never need theirs."""
+        return kernels.dequant_plan([self.spec], self.size) if self.spec is not None else None
 
     # -- scheme ------------------------------------------------------------------
 

@@ -63,7 +63,7 @@ __all__ = [
 
 ENV_VAR = "HURRAY_INTEROP_KERNEL"
 LIBRARY = Path(__file__).with_name("_kernel.dll" if os.name == "nt" else "_kernel.so")
-_ABI_VERSION = 10  # hk_abi_version() in _kernel.c
+_ABI_VERSION = 11  # hk_abi_version() in _kernel.c
 
 #: scale classes returned by :func:`scale_class`, one byte per block
 SCALE_OK, SCALE_ZERO, SCALE_BAD = 0, 1, 2
@@ -93,6 +93,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
                             ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_uint,
                             ctypes.c_int, _P, _P]),
     "hk_dequant": (None, [_P, _N, _N, _N, _P]),
+    "hk_dequant_avx2": (ctypes.c_int, [ctypes.c_int]),
     "hk_first_diff_f32": (_N, [_P, _P, _N, ctypes.c_int]),
     "hk_dequant_diff": (_N, [_P, _N, _N, _N, _P, ctypes.c_int]),
     "hk_first_bad_scale": (_N, [_P, _N, ctypes.c_int, ctypes.c_uint32]),
@@ -724,6 +725,15 @@ def dequant_window(plan: DequantPlan, g0: int, out: np.ndarray) -> None:
     if not 0 <= g0 <= plan.size - out.size:
         raise ValueError(f"elements {g0}..{g0 + out.size} are not inside the tensor's {plan.size}")
     _lib.hk_dequant(plan.members, plan.count, int(g0), out.size, _at(out))
+
+
+def dequant_avx2(enabled: bool | None = None) -> bool:
+    """Whether :func:`dequant_window` and :func:`dequant_diff` run their AVX2 loops (eight
+    lanes; the SSE2 loops otherwise, the same bits): on where the CPU has AVX2.  ``enabled``
+    switches them off or back on (the tests run both); False without the library."""
+    if _lib is None:
+        return False
+    return bool(_lib.hk_dequant_avx2(-1 if enabled is None else int(bool(enabled))))
 
 
 def numpy_first_diff_f32(a: np.ndarray, b: np.ndarray, zero_equal: bool = False) -> int:

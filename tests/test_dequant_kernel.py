@@ -40,9 +40,14 @@ def compiled(t) -> bool:
     return dq._make(t, False).plan is not None
 
 
+HAS_AVX2 = K.dequant_avx2()
+
+
 def both_ways(t, *, max_elements: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``t``'s values through C (which must run) and through numpy; with ``max_elements``, in
-    windows of that many values (starting inside blocks when it is not a multiple of them)."""
+    windows of that many values (starting inside blocks when it is not a multiple of them).
+    Where the CPU has AVX2, C runs twice, with its AVX2 loops and with the SSE2 ones, which
+    must give the same bits."""
     assert compiled(t)
 
     def run() -> np.ndarray:
@@ -52,34 +57,45 @@ def both_ways(t, *, max_elements: int | None = None) -> tuple[np.ndarray, np.nda
         return np.concatenate(flat).reshape(t.descriptor.shape)
 
     c = run()
+    if HAS_AVX2:
+        try:
+            assert K.dequant_avx2(False) is False
+            assert same_bits(c, run()), "the AVX2 and SSE2 loops differ"
+        finally:
+            K.dequant_avx2(True)
     with numpy_path():
         assert not compiled(t)
         n = run()
     return c, n
 
 
-def special_scales(n: int, scale_type: str) -> np.ndarray:
-    """Random scales with the edge values mixed in: ±0, subnormals, ±inf, NaN, the extremes."""
+def special_scales(n: int, scale_type: str, edges: bool | slice = True) -> np.ndarray:
+    """Random scales with the edge values mixed in: ±0, subnormals, ±inf, NaN, the extremes --
+    anywhere (``edges`` True), only in the blocks of a slice, or nowhere (False: finite,
+    non-zero scales, which C takes a whole 4096-value chunk at a time)."""
     st = element_type(scale_type)
     if scale_type == "float8_e8m0":
         s = RNG.integers(0, 256, n).astype(np.uint8)
         s[: min(n, 4)] = [0, 255, 1, 254][: min(n, 4)]
         return s
     s = RNG.uniform(-3, 3, n).astype(np.float32)
+    s[s == 0] = 1.0
     edge = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, 6e-8, 65504.0], np.float32)
-    k = min(n, edge.size)
-    s[RNG.choice(n, k, replace=False)] = edge[:k]
+    where = np.arange(n)[slice(None) if edges is True else edges] if edges is not False else np.arange(0)
+    k = min(where.size, edge.size)
+    s[RNG.choice(where, k, replace=False)] = edge[:k]
     if scale_type == "bfloat16":
         return (s.view(np.uint32) >> 16).astype(np.uint16)
     return s.astype(st.dtype)
 
 
 def block_case(etype: str, shape, K_: int, scale_type: str = "float16", zero: str | None = None,
-               scheme: str = "affine"):
-    """A per-block (or MXFP / NF4) tensor along the last axis with random codes."""
+               scheme: str = "affine", edges: bool | slice = True):
+    """A per-block (or MXFP / NF4) tensor along the last axis with random codes (``edges``:
+    where the edge scales go, see :func:`special_scales`)."""
     codes = rand_codes(etype, shape)
     nblocks = int(np.prod(shape)) // K_
-    params = [special_scales(nblocks, scale_type)]
+    params = [special_scales(nblocks, scale_type, edges)]
     if scheme == "mxfp":
         quant = MXFP(axis=len(shape) - 1, block_size=K_, scale_buffer_index=1)
     elif scheme == "nf4":
@@ -137,12 +153,14 @@ def member_of(t, parent, role, strides=None):
                 shard=Shard(parent_shape=parent, offset=(0,) * len(parent)), role=role)
 
 
-def overlay(parts, shape=(6, 256), op=OP_ADD, etype="float32"):
+def overlay(parts, shape=(6, 256), op=OP_ADD, etype="float32", edges: bool | slice = True):
     """An overlay of per-block members: ``parts`` = ((storage, block size, scale type, zero,
-    constant), ...)."""
+    constant), ...); ``edges`` as :func:`special_scales` takes it, in element units (each
+    member's blocks over those elements)."""
     members = []
     for i, (storage, K_, st, zero, constant) in enumerate(parts):
-        t = block_case(storage, shape, K_, st, zero)
+        e = edges if isinstance(edges, bool) else slice(edges.start // K_, -(-edges.stop // K_))
+        t = block_case(storage, shape, K_, st, zero, edges=e)
         members.append(member_of(t, shape, ROLE_BASE if i == 0 else ROLE_CORRECTION,
                                  (0,) * len(shape) if constant else None))
     return head("ov", shape, RULE_OVERLAY, op, members, etype)
@@ -173,6 +191,61 @@ def test_overlays_c_and_numpy_agree(name: str) -> None:
     assert same_bits(*whole)
     c, n = both_ways(t, max_elements=1000)
     assert same_bits(c, n) and same_bits(c, whole[0])
+
+
+#: the chunk of 4096 values C evaluates at once (HK_DQ_CHUNK in _kernel.c)
+CHUNK = 4096
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAYS))
+@pytest.mark.parametrize("edges", ["none", "third_chunk"])
+def test_overlays_with_finite_scales_agree_chunk_by_chunk(name: str, edges: str) -> None:
+    """Finite non-zero scales and no zero points: C takes a chunk in one vector pass without the
+    per-block checks.  Four chunks, the edge scales (or none) in the third only, so chunks of
+    both kinds meet in one tensor; windows start inside chunks and blocks."""
+    e = False if edges == "none" else slice(2 * CHUNK, 3 * CHUNK)
+    t = overlay(OVERLAYS[name], shape=(8, 2048), edges=e)
+    whole = both_ways(t)
+    assert same_bits(*whole)
+    c, n = both_ways(t, max_elements=CHUNK + 1000)
+    assert same_bits(c, n) and same_bits(c, whole[0])
+
+
+@pytest.mark.parametrize("K_", [2, 4, 8, 16, 32, 64, 256, 1024])
+@pytest.mark.parametrize("etype", ["int8", "uint8", "int4", "uint4", "int2", "uint2"])
+def test_one_member_with_finite_scales_agrees(K_: int, etype: str) -> None:
+    """A single per-block member, every scale finite and non-zero: each storage type and block
+    size (under 16: no vector at all), in windows that start inside blocks."""
+    t = block_case(etype, (4, 3 * 1024), K_, "float32", edges=False)
+    whole = both_ways(t)
+    assert same_bits(*whole)
+    c, n = both_ways(t, max_elements=CHUNK - 3)
+    assert same_bits(c, n)
+
+
+@pytest.mark.parametrize("delta", [-1, 0, 1])
+def test_a_scale_at_the_chunk_paths_limit_agrees(delta: int) -> None:
+    """|scale| < 2^90 is where a whole chunk goes without the per-block checks (the values and
+    their sums stay finite): one scale at 2^90 in ulps -1, 0, +1, in the middle chunk."""
+    parts = OVERLAYS["q5_k"]
+    t = overlay(parts, shape=(3, CHUNK), edges=False)
+    limit = np.float32(2.0 ** 90)
+    s = {-1: np.nextafter(limit, np.float32(0)), 0: limit, 1: np.nextafter(limit, np.float32(np.inf))}[delta]
+    for m in t.members:
+        scale = m.data[1].view(np.float32)  # the member's scales, float32 (the buffer itself)
+        scale[scale.size // 2] = s * (-1 if delta else 1)
+    assert same_bits(*both_ways(t))
+
+
+def test_the_avx2_switch_reports_and_restores() -> None:
+    """kernels.dequant_avx2: off, then back to what the CPU has."""
+    before = K.dequant_avx2()
+    try:
+        assert K.dequant_avx2(False) is False and K.dequant_avx2() is False
+    finally:
+        assert K.dequant_avx2(True) is before
+    with numpy_path():
+        assert K.dequant_avx2() is False
 
 
 def test_an_overlay_with_an_mxfp_member_agrees() -> None:
