@@ -39,7 +39,7 @@
 typedef ptrdiff_t hk_stride;
 
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
-HK_API int hk_abi_version(void) { return 11; }
+HK_API int hk_abi_version(void) { return 12; }
 
 /* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -1291,6 +1291,18 @@ HK_API void hk_dequant(const hk_dq_member *members, size_t nm, size_t g0, size_t
     }
 }
 
+/* float32 values of n 16-bit floats (the dequantizer's plain float16 / bfloat16 tensors):
+ * kind 1 float16 through `table` (numpy's own cast of every bit pattern, 64 Ki entries, so
+ * numpy's bits by construction), 2 bfloat16 (the high half of a float32). */
+HK_API void hk_halves(const uint16_t *h, size_t n, int kind, const float *table, float *out) {
+    if (kind == 2) {
+        uint32_t *o = (uint32_t *)(void *)out;
+        for (size_t i = 0; i < n; i++) o[i] = (uint32_t)h[i] << 16;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) out[i] = table[h[i]];
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
 #endif
@@ -1335,6 +1347,22 @@ HK_API size_t hk_dequant_diff(const hk_dq_member *members, size_t nm, size_t g0,
     for (size_t c0 = 0; c0 < n; c0 += HK_DQ_CHUNK) {
         size_t len = n - c0 < HK_DQ_CHUNK ? n - c0 : HK_DQ_CHUNK;
         hk_dequant(members, nm, g0 + c0, len, buf);
+        size_t i = hk_first_diff_f32((const uint32_t *)(const void *)buf, (const uint32_t *)(const void *)(ref + c0),
+                                     len, zero_equal);
+        if (i < len)
+            return c0 + i;
+    }
+    return n;
+}
+
+/* hk_dequant_diff for hk_halves: the first of h[0 .. n) whose value differs in its bits from
+ * ref (zero_equal: +0 and -0 alike), or n; each chunk converted into L1 and compared there. */
+HK_API size_t hk_halves_diff(const uint16_t *h, size_t n, int kind, const float *table, const float *ref,
+                             int zero_equal) {
+    float buf[HK_DQ_CHUNK];
+    for (size_t c0 = 0; c0 < n; c0 += HK_DQ_CHUNK) {
+        size_t len = n - c0 < HK_DQ_CHUNK ? n - c0 : HK_DQ_CHUNK;
+        hk_halves(h + c0, len, kind, table, buf);
         size_t i = hk_first_diff_f32((const uint32_t *)(const void *)buf, (const uint32_t *)(const void *)(ref + c0),
                                      len, zero_equal);
         if (i < len)

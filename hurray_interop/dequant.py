@@ -303,6 +303,7 @@ class _Dense:
         self._prepare_layout(desc.layout)
         # ---- the compiled path (kernels.dequant_window) where the tensor fits it
         self.spec = self._compiled_spec()
+        self.halves = self._halves_spec()
 
     @functools.cached_property
     def plan(self) -> "kernels.DequantPlan | None":
@@ -411,6 +412,20 @@ class _Dense:
                 "zero": self.bufs[zbi].view("<i4") if zbi is not None else None,
                 "table": None if integer else _values_by_key(self.values_key),
                 "block": self.block, "bits": et.bits, "signed": et.kind == "int", "constant": self.constant}
+
+    def _halves_spec(self) -> tuple[np.ndarray, str, np.ndarray | None] | None:
+        """``(bits, kind, table)`` of a row-major float16/bfloat16 tensor without a scheme --
+        its 16-bit patterns from element 0 (aligned), the kind and float16's value table --
+        for the compiled conversion (kernels.halves_window; the same values as
+        :meth:`_decode`'s cast and shift), or None."""
+        et = self.et
+        if (not kernels.loaded() or self.q is not None or et.name not in kernels.HALF_KINDS or not self.row_major
+                or self.size == 0 or self.storage_shape != self.shape):
+            return None
+        raw = self.bufs[0][self.byte_offset : self.byte_offset + 2 * self.size]
+        if raw.size != 2 * self.size or raw.ctypes.data % 2:
+            return None
+        return raw.view("<u2"), et.name, _f16_table() if et.name == "float16" else None
 
     # -- fetching codes ----------------------------------------------------------
 
@@ -585,6 +600,11 @@ class _Dense:
         inner = _prod(self.shape[d + 1 :])
         if self.plan is not None and not accumulate:
             kernels.dequant_window(self.plan, _linear(self.shape, d, prefix, a), out[: (b - a) * inner])
+            return
+        if self.halves is not None and not accumulate:
+            g0, n = _linear(self.shape, d, prefix, a), (b - a) * inner
+            bits, kind, table = self.halves
+            kernels.halves_window(bits[g0 : g0 + n], kind, table, out[:n])
             return
         pos = 0
         ad, al = self.align
@@ -965,17 +985,22 @@ class Windows:
     def first_diff(self, region: tuple, ref: np.ndarray, zero_equal: bool = False) -> int | None:
         """Where the window's values first differ in their bits from ``ref`` (C-contiguous
         float32, its count; ``zero_equal``: +0 and -0 alike): an index, -1 when they are all
-        equal -- computed and compared chunk by chunk in the compiled path, the values never
-        written out -- or None when the tensor is not on the compiled path (then :meth:`fill`
-        and compare)."""
+        equal -- computed and compared chunk by chunk in the compiled path (a per-block plan, or
+        a plain float16/bfloat16 tensor), the values never written out -- or None when the
+        tensor is not on the compiled path (then :meth:`fill` and compare)."""
         plan = getattr(self._dec, "plan", None)
-        if plan is None:
+        halves = getattr(self._dec, "halves", None)
+        if plan is None and halves is None:
             return None
         d, prefix, a, b = region
-        if ref.size != (b - a) * _prod(self._dec.shape[d + 1 :]):
-            raise UsageError(f"the reference window holds {ref.size} values, the window "
-                             f"{(b - a) * _prod(self._dec.shape[d + 1 :])}", tensor=self._dec.name)
-        return kernels.dequant_diff(plan, _linear(self._dec.shape, d, prefix, a), ref, zero_equal)
+        n = (b - a) * _prod(self._dec.shape[d + 1 :])
+        if ref.size != n:
+            raise UsageError(f"the reference window holds {ref.size} values, the window {n}", tensor=self._dec.name)
+        g0 = _linear(self._dec.shape, d, prefix, a)
+        if plan is None:
+            bits, kind, table = halves
+            return kernels.halves_diff(bits[g0 : g0 + n], kind, table, ref, zero_equal)
+        return kernels.dequant_diff(plan, g0, ref, zero_equal)
 
 
 def windows(tensor: Tensor, *, max_elements: int = DEFAULT_MAX_ELEMENTS, strict: bool = True) -> Windows:

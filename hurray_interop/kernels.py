@@ -63,7 +63,7 @@ __all__ = [
 
 ENV_VAR = "HURRAY_INTEROP_KERNEL"
 LIBRARY = Path(__file__).with_name("_kernel.dll" if os.name == "nt" else "_kernel.so")
-_ABI_VERSION = 11  # hk_abi_version() in _kernel.c
+_ABI_VERSION = 12  # hk_abi_version() in _kernel.c
 
 #: scale classes returned by :func:`scale_class`, one byte per block
 SCALE_OK, SCALE_ZERO, SCALE_BAD = 0, 1, 2
@@ -94,6 +94,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
                             ctypes.c_int, _P, _P]),
     "hk_dequant": (None, [_P, _N, _N, _N, _P]),
     "hk_dequant_avx2": (ctypes.c_int, [ctypes.c_int]),
+    "hk_halves": (None, [_P, _N, ctypes.c_int, _P, _P]),
+    "hk_halves_diff": (_N, [_P, _N, ctypes.c_int, _P, _P, ctypes.c_int]),
     "hk_first_diff_f32": (_N, [_P, _P, _N, ctypes.c_int]),
     "hk_dequant_diff": (_N, [_P, _N, _N, _N, _P, ctypes.c_int]),
     "hk_first_bad_scale": (_N, [_P, _N, ctypes.c_int, ctypes.c_uint32]),
@@ -725,6 +727,46 @@ def dequant_window(plan: DequantPlan, g0: int, out: np.ndarray) -> None:
     if not 0 <= g0 <= plan.size - out.size:
         raise ValueError(f"elements {g0}..{g0 + out.size} are not inside the tensor's {plan.size}")
     _lib.hk_dequant(plan.members, plan.count, int(g0), out.size, _at(out))
+
+
+def loaded() -> bool:
+    """Whether the compiled library is loaded now (the tests switch it off to run the twins)."""
+    return _lib is not None
+
+
+#: kinds of ``hk_halves``: float16 through its value table, bfloat16 by a shift
+HALF_KINDS = {"float16": 1, "bfloat16": 2}
+
+
+def _halves_args(h: np.ndarray, kind: str, table: np.ndarray | None) -> tuple[int, int]:
+    if not (isinstance(h, np.ndarray) and h.dtype == np.dtype("<u2") and h.ndim == 1 and h.flags.c_contiguous
+            and _at(h) % 2 == 0):
+        raise ValueError("hk_halves reads a 1-D C-contiguous aligned little-endian uint16 array")
+    k = HALF_KINDS[kind]
+    if k == 1 and not (isinstance(table, np.ndarray) and table.dtype == np.float32 and table.size == 1 << 16
+                       and table.flags.c_contiguous):
+        raise ValueError("float16 values need the 65536-entry float32 table")
+    return k, (_at(table) if k == 1 else 0)
+
+
+def halves_window(h: np.ndarray, kind: str, table: np.ndarray | None, out: np.ndarray) -> None:
+    """``out`` (C-contiguous float32, ``h``'s size) = the values of the 16-bit floats ``h``
+    (``kind`` float16 through ``table``, numpy's cast of every bit pattern; bfloat16 by a shift)."""
+    k, t = _halves_args(h, kind, table)
+    if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.flags.c_contiguous
+            and out.flags.writeable and out.size == h.size):
+        raise ValueError("halves_window writes a writeable C-contiguous float32 array of the input's size")
+    _lib.hk_halves(_at(h), h.size, k, t, _at(out))
+
+
+def halves_diff(h: np.ndarray, kind: str, table: np.ndarray | None, ref: np.ndarray, zero_equal: bool = False) -> int:
+    """:func:`dequant_diff` for :func:`halves_window`: the index of the first value of ``h``
+    whose bits differ from ``ref``'s, or -1, the values never written out."""
+    k, t = _halves_args(h, kind, table)
+    if not (isinstance(ref, np.ndarray) and ref.dtype == np.float32 and ref.flags.c_contiguous and ref.size == h.size):
+        raise ValueError("halves_diff compares with a C-contiguous float32 array of the input's size")
+    i = int(_lib.hk_halves_diff(_at(h), h.size, k, t, _at(ref), 1 if zero_equal else 0))
+    return -1 if i == h.size else i
 
 
 def dequant_avx2(enabled: bool | None = None) -> bool:

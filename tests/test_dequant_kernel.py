@@ -400,3 +400,72 @@ def test_first_diff_is_none_off_the_compiled_path() -> None:
     wins = dq.windows(t, strict=False)
     (lo, n, region), = wins.spans()
     assert wins.first_diff(region, np.zeros(n, np.float32)) is None
+
+
+# ---------------------------------------------------------------------------
+# plain float16 / bfloat16 tensors: hk_halves against numpy's cast and shift
+
+
+def halves_case(etype: str, shape=(4, 65536 // 4), byte_offset: int = 0, layout=None):
+    """Every 16-bit pattern once (shuffled), as a float16/bfloat16 tensor without a scheme."""
+    bits = RNG.permutation(np.arange(1 << 16, dtype=np.uint32)).astype("<u2")[: int(np.prod(shape))]
+    data = np.concatenate([np.zeros(byte_offset, np.uint8), bits.view(np.uint8)])
+    return make("h", etype, shape, data, byte_offset=byte_offset, layout=layout)
+
+
+@pytest.mark.parametrize("etype", ["float16", "bfloat16"])
+def test_every_half_pattern_agrees_with_numpy(etype: str) -> None:
+    """All 65536 bit patterns (NaN payloads, signalling NaNs, subnormals, ±0, ±inf) through C
+    and through numpy, whole and in windows that start anywhere."""
+    t = halves_case(etype)
+    assert dq._make(t, True).halves is not None
+    c = dq.dequantize(t, threads=1)
+    flat = np.concatenate([v.reshape(-1) for _, v in dq.iter_dequantize(t, max_elements=4096 * 3 + 7, threads=1)])
+    with numpy_path():
+        assert dq._make(t, True).halves is None
+        n = dq.dequantize(t, threads=1)
+    assert same_bits(c, n) and same_bits(flat.reshape(c.shape), n)
+
+
+@pytest.mark.parametrize("etype", ["float16", "bfloat16"])
+def test_half_first_diff_finds_the_first_difference(etype: str) -> None:
+    """Windows.first_diff of a plain half tensor (hk_halves_diff): -1 on equal values, else the
+    index, at the first, the chunk's last and first and the last element."""
+    t = halves_case(etype, shape=(2, 3 * 4096 + 5))
+    wins = dq.windows(t, max_elements=2 * 4096 + 9)
+    for lo, n, region in wins.spans():
+        ref = wins.fill(region, np.empty(n, np.float32))
+        assert wins.first_diff(region, ref.copy()) == -1
+        for at in (0, 4095, 4096, n - 1):
+            if at < n:
+                bad = ref.copy()
+                bad.view(np.uint32)[at] ^= 1
+                assert wins.first_diff(region, bad) == at
+
+
+@pytest.mark.parametrize("case", ["odd_byte_offset", "column_major"])
+def test_halves_the_c_conversion_cannot_take_stay_on_numpy(case: str) -> None:
+    if case == "odd_byte_offset":
+        t = halves_case("float16", shape=(2, 64), byte_offset=1)
+    else:
+        t = halves_case("float16", shape=(2, 64), layout=ColumnMajor())
+    assert dq._make(t, True).halves is None
+    c = dq.dequantize(t)
+    with numpy_path():
+        assert same_bits(c, dq.dequantize(t))
+
+
+def test_halves_window_refuses_what_it_cannot_read() -> None:
+    h = np.zeros(8, "<u2")
+    table = dq._f16_table()
+    with pytest.raises(ValueError):
+        K.halves_window(h, "float16", None, np.empty(8, np.float32))  # no table
+    with pytest.raises(ValueError):
+        K.halves_window(h, "float16", table, np.empty(7, np.float32))  # wrong size
+    with pytest.raises(ValueError):
+        K.halves_window(np.zeros(9, np.uint8)[1:].view("<u2"), "bfloat16", None, np.empty(4, np.float32))  # misaligned
+    with pytest.raises(ValueError):
+        K.halves_diff(h, "bfloat16", None, np.empty(9, np.float32))
+    out = np.empty(8, np.float32)
+    K.halves_window(h, "float16", table, out)
+    assert same_bits(out, np.zeros(8, np.float32))
