@@ -39,7 +39,7 @@
 typedef ptrdiff_t hk_stride;
 
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
-HK_API int hk_abi_version(void) { return 12; }
+HK_API int hk_abi_version(void) { return 14; }
 
 /* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -1338,6 +1338,19 @@ HK_API size_t hk_first_diff_f32(const uint32_t *a, const uint32_t *b, size_t n, 
     return n;
 }
 
+/* The index of the first differing byte of a and b (n bytes each), or n: memcmp over 4 KiB
+ * runs, then the run's bytes (kernels.first_diff_bytes; verify's byte comparisons). */
+HK_API size_t hk_first_diff_u8(const uint8_t *a, const uint8_t *b, size_t n) {
+    for (size_t i = 0; i < n; i += 4096) {
+        size_t k = n - i < 4096 ? n - i : 4096;
+        if (memcmp(a + i, b + i, k) != 0)
+            for (size_t j = i; j < i + k; j++)
+                if (a[j] != b[j])
+                    return j;
+    }
+    return n;
+}
+
 /* The first element of g0 .. g0+n-1 whose value (hk_dequant's) differs in its bits from
  * ref[0 .. n) (zero_equal: +0 and -0 alike), or n: each chunk is evaluated into a buffer
  * that stays in L1 and compared there, so the values never travel through memory. */
@@ -1349,6 +1362,33 @@ HK_API size_t hk_dequant_diff(const hk_dq_member *members, size_t nm, size_t g0,
         hk_dequant(members, nm, g0 + c0, len, buf);
         size_t i = hk_first_diff_f32((const uint32_t *)(const void *)buf, (const uint32_t *)(const void *)(ref + c0),
                                      len, zero_equal);
+        if (i < len)
+            return c0 + i;
+    }
+    return n;
+}
+
+/* hk_dequant_diff against a reference decoder run here, chunk by chunk, instead of a
+ * reference window: `decode` (a ggml to_float: void (const void *blocks, float *out,
+ * int64_t count)) decodes whole blocks of `src` (element g0 is the first of its first
+ * block; block_elems values of block_bytes bytes each, block_elems <= HK_DQ_CHUNK, n a
+ * multiple of it) into an L1 buffer beside ours, and the two are compared there: neither
+ * window travels through memory.  The caller bounds-checks src for the n / block_elems
+ * blocks (kernels.dequant_diff_decoded). */
+typedef void (*hk_to_float)(const void *, float *, int64_t);
+
+HK_API size_t hk_dequant_diff_decoded(const hk_dq_member *members, size_t nm, size_t g0, size_t n, void *decode,
+                                      const uint8_t *src, size_t block_elems, size_t block_bytes, int zero_equal) {
+    float buf[HK_DQ_CHUNK], ref[HK_DQ_CHUNK];
+    hk_to_float fn;
+    memcpy(&fn, &decode, sizeof fn);  /* an object pointer to a function pointer, as POSIX allows */
+    size_t step = HK_DQ_CHUNK / block_elems * block_elems;
+    for (size_t c0 = 0; c0 < n; c0 += step) {
+        size_t len = n - c0 < step ? n - c0 : step;
+        fn(src + c0 / block_elems * block_bytes, ref, (int64_t)len);
+        hk_dequant(members, nm, g0 + c0, len, buf);
+        size_t i = hk_first_diff_f32((const uint32_t *)(const void *)buf, (const uint32_t *)(const void *)ref, len,
+                                     zero_equal);
         if (i < len)
             return c0 + i;
     }

@@ -1002,6 +1002,22 @@ class Windows:
             return kernels.halves_diff(bits[g0 : g0 + n], kind, table, ref, zero_equal)
         return kernels.dequant_diff(plan, g0, ref, zero_equal)
 
+    def first_diff_decoded(self, region: tuple, decode: int, blocks: np.ndarray, block_elements: int,
+                           zero_equal: bool = False) -> int | None:
+        """:meth:`first_diff` against a reference decoder run in C over the window's source
+        blocks (``decode``: a ggml ``to_float``'s address; ``blocks``: one row per block of
+        ``block_elements`` values, the window's first value first): both sides computed and
+        compared 4096 values at a time, no reference window at all
+        (kernels.dequant_diff_decoded).  None when the tensor is not on the compiled
+        per-block path."""
+        plan = getattr(self._dec, "plan", None)
+        if plan is None:
+            return None
+        d, prefix, a, b = region
+        n = (b - a) * _prod(self._dec.shape[d + 1 :])
+        return kernels.dequant_diff_decoded(plan, _linear(self._dec.shape, d, prefix, a), n, decode, blocks,
+                                            block_elements, zero_equal)
+
 
 def windows(tensor: Tensor, *, max_elements: int = DEFAULT_MAX_ELEMENTS, strict: bool = True) -> Windows:
     """``tensor`` validated (as :func:`iter_dequantize` does) and ready to be evaluated window

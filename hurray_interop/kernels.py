@@ -63,7 +63,7 @@ __all__ = [
 
 ENV_VAR = "HURRAY_INTEROP_KERNEL"
 LIBRARY = Path(__file__).with_name("_kernel.dll" if os.name == "nt" else "_kernel.so")
-_ABI_VERSION = 12  # hk_abi_version() in _kernel.c
+_ABI_VERSION = 14  # hk_abi_version() in _kernel.c
 
 #: scale classes returned by :func:`scale_class`, one byte per block
 SCALE_OK, SCALE_ZERO, SCALE_BAD = 0, 1, 2
@@ -97,7 +97,9 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "hk_halves": (None, [_P, _N, ctypes.c_int, _P, _P]),
     "hk_halves_diff": (_N, [_P, _N, ctypes.c_int, _P, _P, ctypes.c_int]),
     "hk_first_diff_f32": (_N, [_P, _P, _N, ctypes.c_int]),
+    "hk_first_diff_u8": (_N, [_P, _P, _N]),
     "hk_dequant_diff": (_N, [_P, _N, _N, _N, _P, ctypes.c_int]),
+    "hk_dequant_diff_decoded": (_N, [_P, _N, _N, _N, _P, _P, _N, _N, ctypes.c_int]),
     "hk_first_bad_scale": (_N, [_P, _N, ctypes.c_int, ctypes.c_uint32]),
     "hk_compare_stats": (None, [_P, _P, _N, _P, _P]),
     "hk_dsc_scales": (_N, [_P, _S, _N, _N, _N, _P, _N, ctypes.c_int, ctypes.c_int, _S, _P, _N, _P, _P, _P]),
@@ -718,6 +720,32 @@ def dequant_diff(plan: DequantPlan, g0: int, ref: np.ndarray, zero_equal: bool =
     return -1 if i == ref.size else i
 
 
+#: the largest block a reference decoder may have in :func:`dequant_diff_decoded` (HK_DQ_CHUNK)
+DECODED_CHUNK = 4096
+
+
+def dequant_diff_decoded(plan: DequantPlan, g0: int, n: int, decode: int, blocks: np.ndarray, block_elements: int,
+                         zero_equal: bool = False) -> int:
+    """:func:`dequant_diff` of elements ``g0 .. g0 + n`` against a reference decoder run in C
+    over ``blocks`` (C-contiguous uint8, one row per block of ``block_elements`` values, the
+    first holding element ``g0``): ``decode`` is the address of a ggml ``to_float``
+    (``void (const void *, float *, int64_t)``).  Both sides are computed 4096 values at a
+    time and compared in L1.  Returns the index (from ``g0``) of the first value whose bits
+    differ, or -1."""
+    if not (isinstance(blocks, np.ndarray) and blocks.dtype == np.uint8 and blocks.ndim == 2
+            and blocks.flags.c_contiguous):
+        raise ValueError("dequant_diff_decoded reads C-contiguous uint8 blocks, one per row")
+    if not 1 <= block_elements <= DECODED_CHUNK or blocks.shape[0] * block_elements != n:
+        raise ValueError(f"{blocks.shape[0]} blocks of {block_elements} values are not the {n} values compared")
+    if not 0 <= g0 <= plan.size - n:
+        raise ValueError(f"elements {g0}..{g0 + n} are not inside the tensor's {plan.size}")
+    if not decode:
+        raise ValueError("no decoder")
+    i = int(_lib.hk_dequant_diff_decoded(plan.members, plan.count, int(g0), n, decode, _at(blocks), block_elements,
+                                         blocks.shape[1], 1 if zero_equal else 0))
+    return -1 if i == n else i
+
+
 def dequant_window(plan: DequantPlan, g0: int, out: np.ndarray) -> None:
     """``out`` (C-contiguous float32) = the values of elements ``g0 .. g0 + out.size`` (row-major),
     which must lie inside the plan's tensor (the C code reads codes and scales there)."""
@@ -785,6 +813,23 @@ def numpy_first_diff_f32(a: np.ndarray, b: np.ndarray, zero_equal: bool = False)
     if zero_equal:
         diff &= ~((a == 0) & (b == 0))
     return int(np.argmax(diff)) if diff.any() else -1
+
+
+def numpy_first_diff_bytes(a: np.ndarray, b: np.ndarray) -> int:
+    """Index of the first differing item of two equal-length 1-D arrays, or -1."""
+    return -1 if np.array_equal(a, b) else int(np.argmax(a != b))
+
+
+def first_diff_bytes(a: np.ndarray, b: np.ndarray) -> int:
+    """:func:`numpy_first_diff_bytes` of two equal-length 1-D uint8 arrays, in one C pass
+    (``memcmp``, no temporaries) when both are C-contiguous."""
+    if (_lib is None or a.dtype != np.uint8 or b.dtype != np.uint8 or a.ndim != 1 or a.shape != b.shape
+            or not (a.flags.c_contiguous and b.flags.c_contiguous)):
+        return numpy_first_diff_bytes(a, b)
+    if a.size == 0:
+        return -1
+    i = int(_lib.hk_first_diff_u8(_at(a), _at(b), a.size))
+    return -1 if i == a.size else i
 
 
 def first_diff_f32(a: np.ndarray, b: np.ndarray, zero_equal: bool = False) -> int:

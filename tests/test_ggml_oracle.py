@@ -274,3 +274,81 @@ def test_an_unknown_oracle_is_bad_usage() -> None:
     assert status == 2 and "invalid choice: 'torch'" in err
     with pytest.raises(UsageError, match="--oracle must be one of ggml, gguf-py, not 'torch'"):
         verify(FIXTURES / "tiny-llama.gguf", oracle="torch")
+
+
+# ---------------------------------------------------------------------------
+# ggml's to_float run by our kernel beside our values (kernels.dequant_diff_decoded)
+
+
+@pytest.fixture(scope="module")
+def quantized_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """ggml's quantizer output of every type both oracles decode, and its exact import."""
+    from hurray_interop import convert
+
+    src = FIXTURES / "ggml-quantized-types.gguf"
+    dst = tmp_path_factory.mktemp("decoded") / "types.hrry"
+    convert(str(src), str(dst), fallback="exact")
+    return src, dst
+
+
+def _decoded_cases(quantized_pair):
+    from hurray_interop.core.hrry import HrryFile
+    from hurray_interop.dequant import windows
+
+    src, dst = quantized_pair
+    with G.read_gguf(src) as gf, HrryFile(str(dst)) as hf:
+        for info in gf.tensors:
+            ref = VG._reference(info, "ggml")
+            decoded = getattr(ref, "decoded", None)
+            if decoded is None or info.name not in hf:
+                continue
+            wins = windows(hf.tensor(info.name), max_elements=3 * 4096 + 2 * info.ggml_type.block_elements)
+            if getattr(wins._dec, "plan", None) is None:
+                continue
+            yield info, decoded, wins
+
+
+def test_the_decoded_compare_agrees_with_the_window_compare(quantized_pair) -> None:
+    """Per type on the compiled path: equal values give -1 as the window compare does; a flipped
+    byte in one block of a copy of the source gives the same first index as decoding that copy
+    into a window and comparing (at the window's first, a middle and its last block)."""
+    from hurray_interop import kernels as K
+
+    seen = found = 0
+    for info, (addr, blocks, be), wins in _decoded_cases(quantized_pair):
+        seen += 1
+        for lo, n, region in wins.spans():
+            r0, r1 = lo // be, (lo + n) // be
+            assert wins.first_diff_decoded(region, addr, blocks[r0:r1], be) == -1, info.name
+            ours = wins.fill(region, np.empty(n, np.float32))
+            for k in (0, (r1 - r0) // 2, r1 - r0 - 1):
+                bad = np.array(blocks[r0:r1])
+                bad[k, -1] ^= 0x11  # codes at the block's end (every type keeps codes last)
+                expect = K.numpy_first_diff_f32(ours, ggml.decode_blocks(info.ggml_type.id, be, blocks.shape[1], bad))
+                assert wins.first_diff_decoded(region, addr, bad, be) == expect, (info.name, k)
+                found += expect >= 0
+    assert seen >= 10  # Q4_0 … Q6_K, IQ types: the compiled-path types of the fixture
+    assert found >= 2 * seen  # the flipped bytes do change values
+
+
+@pytest.mark.parametrize("delta", [-1, 0, 1])
+def test_the_decoded_compare_takes_exactly_the_windows_blocks(quantized_pair, delta: int) -> None:
+    """One block more or less than the window's values, a block larger than the C chunk, a
+    window past the tensor, no decoder: refused before C runs."""
+    from hurray_interop import kernels as K
+
+    info, (addr, blocks, be), wins = next(iter(_decoded_cases(quantized_pair)))
+    lo, n, region = next(iter(wins.spans()))
+    plan = wins._dec.plan
+    r1 = n // be + delta
+    if delta == 0:
+        assert K.dequant_diff_decoded(plan, lo, n, addr, np.ascontiguousarray(blocks[:r1]), be) == -1
+    else:
+        with pytest.raises(ValueError):
+            K.dequant_diff_decoded(plan, lo, n, addr, np.ascontiguousarray(blocks[: max(r1, 0)]), be)
+    with pytest.raises(ValueError):
+        K.dequant_diff_decoded(plan, plan.size - n + be * (1 + delta + 1), n, addr, np.ascontiguousarray(blocks[: n // be]), be)
+    with pytest.raises(ValueError):
+        K.dequant_diff_decoded(plan, lo, n, 0, np.ascontiguousarray(blocks[: n // be]), be)
+    with pytest.raises(ValueError):
+        K.dequant_diff_decoded(plan, lo, 8192, addr, np.zeros((1, blocks.shape[1]), np.uint8), 8192)

@@ -802,3 +802,33 @@ def test_first_bad_scale_c_and_numpy_agree_at_every_position(kind: str, n: int) 
             assert K.numpy_first_bad_scale(b, kind) == want, (name, at)
             with numpy_path():
                 assert K.first_bad_scale(b, kind) == want
+
+
+# ---------------------------------------------------------------------------
+# first_diff_bytes: verify's byte comparisons (memcmp in C)
+
+
+@pytest.mark.parametrize("n", [0, 1, 4095, 4096, 4097, 3 * 4096 + 5])
+def test_first_diff_bytes_c_and_numpy_agree_at_every_edge(n: int) -> None:
+    rng = np.random.default_rng(n)
+    a = rng.integers(0, 256, n, dtype=np.uint8)
+    assert K.first_diff_bytes(a, a.copy()) == K.numpy_first_diff_bytes(a, a.copy()) == -1
+    for at in {0, 4095, 4096, 4097, n // 2, n - 1} - {-1}:
+        if not 0 <= at < n:
+            continue
+        b = a.copy()
+        b[at] ^= 0x80
+        b[min(at + 1, n - 1):] ^= 0x01 if at + 1 < n else 0  # later differences never win
+        assert K.first_diff_bytes(a, b) == at, at
+        assert K.numpy_first_diff_bytes(a, b) == at, at
+
+
+def test_first_diff_bytes_takes_any_arrays_through_numpy() -> None:
+    a = np.arange(20, dtype=np.uint8)
+    b = a.copy()
+    b[13] = 0
+    assert K.first_diff_bytes(a[::2], b[::2]) == -1  # strided: numpy's answer (13 is odd)
+    assert K.first_diff_bytes(a[1::2], b[1::2]) == 6
+    assert K.first_diff_bytes(a.astype(np.int32), b.astype(np.int32)) == 13
+    with numpy_path():
+        assert K.first_diff_bytes(a, b) == 13

@@ -29,6 +29,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import UsageError
+from ..kernels import first_diff_bytes
 from .atomic import AtomicOutput
 from .positional import _pread_function
 
@@ -136,9 +137,9 @@ class ComparingOutput:
         stop = min(offset + n, self.reference_size)
         first: int | None = None
         if offset < stop:
-            want = self._ref[offset:stop]
-            if not np.array_equal(got[: stop - offset], want):
-                first = offset + int(np.argmax(got[: stop - offset] != want))
+            i = first_diff_bytes(got[: stop - offset], self._ref[offset:stop])
+            if i >= 0:
+                first = offset + i
             self._drop(offset, stop - offset)
         if first is None and offset + n > self.reference_size:
             first = max(offset, self.reference_size)  # past the reference's end

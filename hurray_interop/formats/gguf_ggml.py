@@ -125,6 +125,13 @@ def _decoder(type_id: int, block_elements: int, block_bytes: int) -> Any:
     return _TO_FLOAT(tr.to_float)
 
 
+def decoder_address(type_id: int, block_elements: int, block_bytes: int) -> int | None:
+    """The address of the type's ``to_float`` (:func:`has_decoder`'s), for C code that runs it
+    over bounds-checked whole blocks (kernels.dequant_diff_decoded), or None."""
+    fn = _decoder(type_id, block_elements, block_bytes)
+    return ctypes.cast(fn, ctypes.c_void_p).value if fn is not None else None
+
+
 def has_decoder(type_id: int, block_elements: int, block_bytes: int) -> bool:
     """Whether ggml decodes this type (id and block geometry as our table has them)."""
     return _decoder(type_id, block_elements, block_bytes) is not None

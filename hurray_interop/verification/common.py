@@ -36,7 +36,7 @@ from ..dequant import windows
 from ..errors import ConversionRefused, HurrayInteropError, UsageError
 from ..files.atomic import transient
 from ..files.comparing import comparing
-from ..kernels import first_diff_f32, thread_buffer
+from ..kernels import DECODED_CHUNK, first_diff_bytes, first_diff_f32, thread_buffer
 from ..parallel import in_background, pmap_items
 
 __all__ = [
@@ -249,6 +249,11 @@ def compare_values(
     since = 0
 
     wins = windows(ours, max_elements=CHUNK_ROWS_ELEMENTS)  # validated here, in the caller's thread
+    # a reference that can be run over its blocks in C (ggml's to_float: `decoded` = its address,
+    # the blocks, values per block): ours and it are then compared 4096 values at a time
+    decoded = getattr(reference_rows, "decoded", None)
+    if decoded is not None and (not decoded[0] or decoded[2] != unit or decoded[2] > DECODED_CHUNK):
+        decoded = None
 
     def check(span: tuple[int, int, tuple]) -> tuple[int, int, int, float | None, tuple[float, float]]:
         """One window: our values (into this thread's buffer) against the reference's: its
@@ -257,6 +262,9 @@ def compare_values(
         lo, n, region = span
         hi = lo + n
         r0, r1 = lo // unit, -(-hi // unit)
+        if decoded is not None and lo % unit == 0 and hi % unit == 0:
+            if wins.first_diff_decoded(region, decoded[0], decoded[1][r0:r1], unit, signed_zero_equal) == -1:
+                return lo, n, -1, 0.0, (0.0, 0.0)  # (a difference: located below, from the windows)
         ref = np.asarray(reference_rows(r0, r1), dtype=np.float32).reshape(-1)[lo - r0 * unit : hi - r0 * unit]
         ref = np.ascontiguousarray(ref)
         if wins.first_diff(region, ref, signed_zero_equal) == -1:  # compiled: compared as computed
@@ -329,8 +337,9 @@ def _first_unequal(x: np.ndarray, y: np.ndarray, step: int,
     after each equal step."""
     for lo in range(0, x.size, step):
         xs, ys = x[lo : lo + step], y[lo : lo + step]
-        if not np.array_equal(xs, ys):
-            return lo + int(np.argmax(xs != ys))
+        i = first_diff_bytes(xs, ys)  # memcmp in C for bytes
+        if i >= 0:
+            return lo + i
         if after is not None:
             after(lo, xs.size)
     return None

@@ -73,6 +73,9 @@ def _reference(info: "G.GGUFTensorInfo", name: str) -> Rows | None:
             return ggml.decode_blocks(t.id, t.block_elements, t.block_bytes, blocks[start:stop], out)
 
         c.into = True  # type: ignore[attr-defined]
+        # compare_values may run ggml's to_float itself, window by window in C beside ours
+        c.decoded = (ggml.decoder_address(t.id, t.block_elements, t.block_bytes), blocks,  # type: ignore[attr-defined]
+                     t.block_elements)
         return c
     dt = t.dtype()
     if dt is not None:
