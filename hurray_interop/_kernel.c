@@ -39,7 +39,7 @@
 typedef ptrdiff_t hk_stride;
 
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
-HK_API int hk_abi_version(void) { return 14; }
+HK_API int hk_abi_version(void) { return 15; }
 
 /* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -1387,6 +1387,26 @@ HK_API size_t hk_dequant_diff_decoded(const hk_dq_member *members, size_t nm, si
         size_t len = n - c0 < step ? n - c0 : step;
         fn(src + c0 / block_elems * block_bytes, ref, (int64_t)len);
         hk_dequant(members, nm, g0 + c0, len, buf);
+        size_t i = hk_first_diff_f32((const uint32_t *)(const void *)buf, (const uint32_t *)(const void *)ref, len,
+                                     zero_equal);
+        if (i < len)
+            return c0 + i;
+    }
+    return n;
+}
+
+/* hk_halves_diff against a reference decoder run here (hk_dequant_diff_decoded's contract:
+ * `decode` over whole blocks of `src`, element 0 the first of its first block). */
+HK_API size_t hk_halves_diff_decoded(const uint16_t *h, size_t n, int kind, const float *table, void *decode,
+                                     const uint8_t *src, size_t block_elems, size_t block_bytes, int zero_equal) {
+    float buf[HK_DQ_CHUNK], ref[HK_DQ_CHUNK];
+    hk_to_float fn;
+    memcpy(&fn, &decode, sizeof fn);
+    size_t step = HK_DQ_CHUNK / block_elems * block_elems;
+    for (size_t c0 = 0; c0 < n; c0 += step) {
+        size_t len = n - c0 < step ? n - c0 : step;
+        fn(src + c0 / block_elems * block_bytes, ref, (int64_t)len);
+        hk_halves(h + c0, len, kind, table, buf);
         size_t i = hk_first_diff_f32((const uint32_t *)(const void *)buf, (const uint32_t *)(const void *)ref, len,
                                      zero_equal);
         if (i < len)

@@ -1008,15 +1008,20 @@ class Windows:
         blocks (``decode``: a ggml ``to_float``'s address; ``blocks``: one row per block of
         ``block_elements`` values, the window's first value first): both sides computed and
         compared 4096 values at a time, no reference window at all
-        (kernels.dequant_diff_decoded).  None when the tensor is not on the compiled
-        per-block path."""
+        (kernels.dequant_diff_decoded; plain float16/bfloat16: kernels.halves_diff_decoded).
+        None when the tensor is not on the compiled path."""
         plan = getattr(self._dec, "plan", None)
-        if plan is None:
+        halves = getattr(self._dec, "halves", None)
+        if plan is None and halves is None:
             return None
         d, prefix, a, b = region
         n = (b - a) * _prod(self._dec.shape[d + 1 :])
-        return kernels.dequant_diff_decoded(plan, _linear(self._dec.shape, d, prefix, a), n, decode, blocks,
-                                            block_elements, zero_equal)
+        g0 = _linear(self._dec.shape, d, prefix, a)
+        if plan is None:
+            bits, kind, table = halves
+            return kernels.halves_diff_decoded(bits[g0 : g0 + n], kind, table, decode, blocks, block_elements,
+                                               zero_equal)
+        return kernels.dequant_diff_decoded(plan, g0, n, decode, blocks, block_elements, zero_equal)
 
 
 def windows(tensor: Tensor, *, max_elements: int = DEFAULT_MAX_ELEMENTS, strict: bool = True) -> Windows:

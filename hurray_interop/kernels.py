@@ -63,7 +63,7 @@ __all__ = [
 
 ENV_VAR = "HURRAY_INTEROP_KERNEL"
 LIBRARY = Path(__file__).with_name("_kernel.dll" if os.name == "nt" else "_kernel.so")
-_ABI_VERSION = 14  # hk_abi_version() in _kernel.c
+_ABI_VERSION = 15  # hk_abi_version() in _kernel.c
 
 #: scale classes returned by :func:`scale_class`, one byte per block
 SCALE_OK, SCALE_ZERO, SCALE_BAD = 0, 1, 2
@@ -96,6 +96,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "hk_dequant_avx2": (ctypes.c_int, [ctypes.c_int]),
     "hk_halves": (None, [_P, _N, ctypes.c_int, _P, _P]),
     "hk_halves_diff": (_N, [_P, _N, ctypes.c_int, _P, _P, ctypes.c_int]),
+    "hk_halves_diff_decoded": (_N, [_P, _N, ctypes.c_int, _P, _P, _P, _N, _N, ctypes.c_int]),
     "hk_first_diff_f32": (_N, [_P, _P, _N, ctypes.c_int]),
     "hk_first_diff_u8": (_N, [_P, _P, _N]),
     "hk_dequant_diff": (_N, [_P, _N, _N, _N, _P, ctypes.c_int]),
@@ -724,6 +725,27 @@ def dequant_diff(plan: DequantPlan, g0: int, ref: np.ndarray, zero_equal: bool =
 DECODED_CHUNK = 4096
 
 
+def _decoded_args(n: int, decode: int, blocks: np.ndarray, block_elements: int) -> None:
+    if not (isinstance(blocks, np.ndarray) and blocks.dtype == np.uint8 and blocks.ndim == 2
+            and blocks.flags.c_contiguous):
+        raise ValueError("the reference decoder reads C-contiguous uint8 blocks, one per row")
+    if not 1 <= block_elements <= DECODED_CHUNK or blocks.shape[0] * block_elements != n:
+        raise ValueError(f"{blocks.shape[0]} blocks of {block_elements} values are not the {n} values compared")
+    if not decode:
+        raise ValueError("no decoder")
+
+
+def halves_diff_decoded(h: np.ndarray, kind: str, table: np.ndarray | None, decode: int, blocks: np.ndarray,
+                        block_elements: int, zero_equal: bool = False) -> int:
+    """:func:`halves_diff` against a reference decoder run in C over ``blocks`` (the contract of
+    :func:`dequant_diff_decoded`): the index of the first value of ``h`` whose bits differ, or -1."""
+    k, t = _halves_args(h, kind, table)
+    _decoded_args(h.size, decode, blocks, block_elements)
+    i = int(_lib.hk_halves_diff_decoded(_at(h), h.size, k, t, decode, _at(blocks), block_elements, blocks.shape[1],
+                                        1 if zero_equal else 0))
+    return -1 if i == h.size else i
+
+
 def dequant_diff_decoded(plan: DequantPlan, g0: int, n: int, decode: int, blocks: np.ndarray, block_elements: int,
                          zero_equal: bool = False) -> int:
     """:func:`dequant_diff` of elements ``g0 .. g0 + n`` against a reference decoder run in C
@@ -732,15 +754,9 @@ def dequant_diff_decoded(plan: DequantPlan, g0: int, n: int, decode: int, blocks
     (``void (const void *, float *, int64_t)``).  Both sides are computed 4096 values at a
     time and compared in L1.  Returns the index (from ``g0``) of the first value whose bits
     differ, or -1."""
-    if not (isinstance(blocks, np.ndarray) and blocks.dtype == np.uint8 and blocks.ndim == 2
-            and blocks.flags.c_contiguous):
-        raise ValueError("dequant_diff_decoded reads C-contiguous uint8 blocks, one per row")
-    if not 1 <= block_elements <= DECODED_CHUNK or blocks.shape[0] * block_elements != n:
-        raise ValueError(f"{blocks.shape[0]} blocks of {block_elements} values are not the {n} values compared")
+    _decoded_args(n, decode, blocks, block_elements)
     if not 0 <= g0 <= plan.size - n:
         raise ValueError(f"elements {g0}..{g0 + n} are not inside the tensor's {plan.size}")
-    if not decode:
-        raise ValueError("no decoder")
     i = int(_lib.hk_dequant_diff_decoded(plan.members, plan.count, int(g0), n, decode, _at(blocks), block_elements,
                                          blocks.shape[1], 1 if zero_equal else 0))
     return -1 if i == n else i
