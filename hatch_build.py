@@ -15,7 +15,8 @@ Compiler: ``$CC`` if set (``CC=false`` builds without the kernel), else Python's
 own ``sysconfig`` CC, else ``cc``; flags ``-std=c99 -O2 -shared`` plus
 ``sysconfig`` CCSHARED (``-fPIC``) and ``$CFLAGS``/``$LDFLAGS``.
 ``HURRAY_INTEROP_BUILD_KERNEL=0`` skips the kernel.  ``python hatch_build.py``
-compiles it in place for development.
+compiles it in place for development (exit 1 when it cannot, the previous library then
+removed, as the editable build does: a stale kernel is never loaded beside newer source).
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ if __name__ == "__main__":
     here = Path(__file__).resolve().parent
     reason = compile_kernel(here, here / LIBRARY)
     if reason:
+        # a failed compile leaves the previous library in place: never load it beside newer source
+        (here / LIBRARY).unlink(missing_ok=True)
         _skip(reason)
         sys.exit(1)
     print(f"built {here / LIBRARY}")
