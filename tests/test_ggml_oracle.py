@@ -395,7 +395,7 @@ def test_the_decoded_compare_of_plain_halves_agrees_with_the_window_compare(tmp_
     with G.read_gguf(src) as gf, HrryFile(str(tmp_path / "halves.hrry")) as hf:
         info = gf.tensors[0]
         t = info.ggml_type
-        addr, blocks, be = ggml.decoder_address(t.id, 1, 2), info.data.reshape(-1, 2), 1
+        addr, blocks = ggml.decoder_address(t.id, 1, 2), info.data.reshape(-1, 2)
         assert addr
         # verify runs it for BF16 (F16 takes the exact widening: see the test below)
         assert (getattr(VG._reference(info, "ggml"), "decoded", None) is None) == (type_name == "F16")
