@@ -39,7 +39,7 @@
 typedef ptrdiff_t hk_stride;
 
 /* Bumped whenever a signature changes: the loader refuses a stale library. */
-HK_API int hk_abi_version(void) { return 15; }
+HK_API int hk_abi_version(void) { return 16; }
 
 /* Little-endian 64-bit loads and stores: the movers work on eight bytes at once. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -1091,62 +1091,26 @@ static void dq_scales(const hk_dq_member *m, size_t b0, size_t nb, float *restri
 /* Blocks per chunk at most (the smallest block size is 2), plus one straddling block. */
 #define HK_DQ_CHUNK_BLOCKS (HK_DQ_CHUNK / 2 + 1)
 
-static inline __attribute__((always_inline)) void dq_fused(const hk_dq_member *ms, size_t nm, size_t c0,
-                                                           size_t end, uint8_t (*c)[HK_DQ_CHUNK], float *restrict o,
-                                                           int avx2) {
-    size_t K = (size_t)ms[0].block;
-    size_t b0 = c0 / K, nb = (end - 1) / K - b0 + 1;
-    float sb[HK_DQ_FUSED][HK_DQ_CHUNK_BLOCKS];
+/* dq_fused's blocks from c0 to end, each block's scales from `sb` (from block b0); `easy`
+ * (a constant where it is inlined, so each case is a loop of its own): no zero points,
+ * integer codes, every scale tame -- the per-block checks then hold for the whole chunk
+ * (|code| <= 255: every value and sum finite), and a constant member's value is cq * s. */
+static inline __attribute__((always_inline)) void dq_fused_blocks(const hk_dq_member *ms, size_t nm, size_t c0,
+                                                                  size_t end, uint8_t (*c)[HK_DQ_CHUNK],
+                                                                  float *restrict o, int avx2, int easy,
+                                                                  float (*sb)[HK_DQ_CHUNK_BLOCKS], const float *cq) {
+    size_t K = (size_t)ms[0].block, b0 = c0 / K;
     float s[HK_DQ_FUSED], w[HK_DQ_FUSED];
-    int32_t z[HK_DQ_FUSED];
-    int easy = 1;
-    for (size_t j = 0; j < nm; j++) {
-        dq_scales(ms + j, b0, nb, sb[j]);
-        easy &= !ms[j].zero && !ms[j].table;
-    }
-    for (size_t j = 0; easy && j < nm; j++) {
-        int ok = 1;
-        for (size_t k = 0; k < nb; k++)
-            ok &= fabsf(sb[j][k]) < 0x1p90f;  /* false for NaN */
-        easy &= ok;
-    }
-    if (easy) {  /* no zero points, integer codes, every scale tame: the per-block checks below
-                  * hold for the whole chunk (|code| <= 255, so every value and sum is finite) */
-        float cq[HK_DQ_FUSED];
-        for (size_t j = 0; j < nm; j++) {
-            z[j] = 0;
-            cq[j] = ms[j].constant ? (float)(ms[j].is_signed ? (int32_t)(int8_t)c[j][0] : (int32_t)c[j][0]) : 0.0f;
-        }
-        for (size_t g = c0, b = b0; g < end; b++) {  /* b = g / K without a division per block */
-            size_t stop = (b + 1) * K < end ? (b + 1) * K : end, i = g;
-            for (size_t j = 0; j < nm; j++) {
-                s[j] = sb[j][b - b0];
-                w[j] = cq[j] * s[j];  /* a constant member's value: (float)(q - 0) * s */
-            }
-#if defined(HK_AVX2)
-            if (avx2)
-                i = dq_fused16_avx2(ms, nm, c, c0, i, stop, s, z, w, 2, o);
-#endif
-#if defined(HK_SSE2)
-            i = dq_fused16(ms, nm, c, c0, i, stop, s, z, w, 1, o);
-#endif
-            for (; i < stop; i++) {
-                float x = 0.0f;
-                for (size_t j = 0; j < nm; j++) {
-                    float y = ms[j].constant ? w[j] : dq_one(ms + j, c[j][i - c0], s[j], 0);
-                    x = j ? x + y : y;
-                }
-                o[i - c0] = x;
-            }
-            g = stop;
-        }
-        return;
-    }
-    for (size_t g = c0; g < end;) {
-        size_t b = g / K, stop = (b + 1) * K < end ? (b + 1) * K : end, i = g;
+    int32_t z[HK_DQ_FUSED] = {0};
+    for (size_t g = c0, b = b0; g < end; b++) {  /* b = g / K without a division per block */
+        size_t stop = (b + 1) * K < end ? (b + 1) * K : end, i = g;
         int wide = 0, tame = 1;
         for (size_t j = 0; j < nm; j++) {
             s[j] = sb[j][b - b0];
+            if (easy) {
+                w[j] = cq[j] * s[j];  /* a constant member's value: (float)(q - 0) * s */
+                continue;
+            }
             z[j] = ms[j].zero ? ms[j].zero[b] : 0;
             wide |= z[j] < -(1 << 30) || z[j] > (1 << 30);  /* code - z beyond int32: dq_one */
             tame &= fabsf(s[j]) < 0x1p90f;  /* |code - z| < 2^32: every value and sum finite */
@@ -1158,7 +1122,9 @@ static inline __attribute__((always_inline)) void dq_fused(const hk_dq_member *m
             }
         }
 #if defined(HK_AVX2)
-        if (!wide && avx2)
+        if (avx2 && easy)  /* tame 2: no subtraction of the zero points (all 0) */
+            i = dq_fused16_avx2(ms, nm, c, c0, i, stop, s, z, w, 2, o);
+        else if (avx2 && !wide)
             i = tame ? dq_fused16_avx2(ms, nm, c, c0, i, stop, s, z, w, 1, o)
                      : dq_fused16_avx2(ms, nm, c, c0, i, stop, s, z, w, 0, o);
 #endif
@@ -1176,6 +1142,30 @@ static inline __attribute__((always_inline)) void dq_fused(const hk_dq_member *m
         }
         g = stop;
     }
+}
+
+static inline __attribute__((always_inline)) void dq_fused(const hk_dq_member *ms, size_t nm, size_t c0,
+                                                           size_t end, uint8_t (*c)[HK_DQ_CHUNK], float *restrict o,
+                                                           int avx2) {
+    size_t K = (size_t)ms[0].block;
+    size_t b0 = c0 / K, nb = (end - 1) / K - b0 + 1;
+    float sb[HK_DQ_FUSED][HK_DQ_CHUNK_BLOCKS], cq[HK_DQ_FUSED];
+    int easy = 1;
+    for (size_t j = 0; j < nm; j++) {
+        dq_scales(ms + j, b0, nb, sb[j]);
+        easy &= !ms[j].zero && !ms[j].table;
+    }
+    for (size_t j = 0; easy && j < nm; j++) {
+        int ok = 1;
+        for (size_t k = 0; k < nb; k++)
+            ok &= fabsf(sb[j][k]) < 0x1p90f;  /* false for NaN */
+        easy &= ok;
+        cq[j] = ms[j].constant ? (float)(ms[j].is_signed ? (int32_t)(int8_t)c[j][0] : (int32_t)c[j][0]) : 0.0f;
+    }
+    if (easy)
+        dq_fused_blocks(ms, nm, c0, end, c, o, avx2, 1, sb, cq);
+    else
+        dq_fused_blocks(ms, nm, c0, end, c, o, avx2, 0, sb, cq);
 }
 
 /* dq_fused over one chunk, the member count a constant where it is small (the loops over
@@ -1236,7 +1226,7 @@ static int dq_fusable(const hk_dq_member *ms, size_t nm) {
 
 /* out[0 .. n) = the values of elements g0 .. g0+n-1 of the overlay of the `nm` members,
  * HK_DQ_CHUNK elements at a time (every member over one chunk while it is in L1). */
-HK_API void hk_dequant(const hk_dq_member *members, size_t nm, size_t g0, size_t n, float *out) {
+static void hk_dequant(const hk_dq_member *members, size_t nm, size_t g0, size_t n, float *out) {
     uint8_t c[HK_DQ_FUSED][HK_DQ_CHUNK];
     int fused = dq_fusable(members, nm), avx2 = fused && (dq_avx2_state < 0 ? hk_dequant_avx2(-1) : dq_avx2_state);
     for (size_t c0 = g0; c0 < g0 + n; c0 += HK_DQ_CHUNK) {
@@ -1294,7 +1284,7 @@ HK_API void hk_dequant(const hk_dq_member *members, size_t nm, size_t g0, size_t
 /* float32 values of n 16-bit floats (the dequantizer's plain float16 / bfloat16 tensors):
  * kind 1 float16 through `table` (numpy's own cast of every bit pattern, 64 Ki entries, so
  * numpy's bits by construction), 2 bfloat16 (the high half of a float32). */
-HK_API void hk_halves(const uint16_t *h, size_t n, int kind, const float *table, float *out) {
+static void dq_halves(const uint16_t *h, size_t n, int kind, const float *table, float *out) {
     if (kind == 2) {
         uint32_t *o = (uint32_t *)(void *)out;
         for (size_t i = 0; i < n; i++) o[i] = (uint32_t)h[i] << 16;
@@ -1351,80 +1341,52 @@ HK_API size_t hk_first_diff_u8(const uint8_t *a, const uint8_t *b, size_t n) {
     return n;
 }
 
-/* The first element of g0 .. g0+n-1 whose value (hk_dequant's) differs in its bits from
- * ref[0 .. n) (zero_equal: +0 and -0 alike), or n: each chunk is evaluated into a buffer
- * that stays in L1 and compared there, so the values never travel through memory. */
-HK_API size_t hk_dequant_diff(const hk_dq_member *members, size_t nm, size_t g0, size_t n, const float *ref,
-                              int zero_equal) {
-    float buf[HK_DQ_CHUNK];
-    for (size_t c0 = 0; c0 < n; c0 += HK_DQ_CHUNK) {
-        size_t len = n - c0 < HK_DQ_CHUNK ? n - c0 : HK_DQ_CHUNK;
-        hk_dequant(members, nm, g0 + c0, len, buf);
-        size_t i = hk_first_diff_f32((const uint32_t *)(const void *)buf, (const uint32_t *)(const void *)(ref + c0),
-                                     len, zero_equal);
-        if (i < len)
-            return c0 + i;
-    }
-    return n;
+/* A compiled evaluation (kernels.DequantPlan / HalvesPlan): a dequantization of `nm`
+ * members (hk_dequant), or, with members NULL, plain 16-bit floats (dq_halves). */
+typedef struct {
+    const hk_dq_member *members;
+    size_t nm;
+    const uint16_t *halves;
+    int32_t kind;
+    const float *table;
+} hk_plan;
+
+static void plan_values(const hk_plan *p, size_t g, size_t n, float *out) {
+    if (p->members)
+        hk_dequant(p->members, p->nm, g, n, out);
+    else
+        dq_halves(p->halves + g, n, p->kind, p->table, out);
 }
 
-/* hk_dequant_diff against a reference decoder run here, chunk by chunk, instead of a
- * reference window: `decode` (a ggml to_float: void (const void *blocks, float *out,
- * int64_t count)) decodes whole blocks of `src` (element g0 is the first of its first
- * block; block_elems values of block_bytes bytes each, block_elems <= HK_DQ_CHUNK, n a
- * multiple of it) into an L1 buffer beside ours, and the two are compared there: neither
- * window travels through memory.  The caller bounds-checks src for the n / block_elems
- * blocks (kernels.dequant_diff_decoded). */
+/* out[0 .. n) = the plan's values of elements g0 .. g0+n-1. */
+HK_API void hk_plan_window(const hk_plan *p, size_t g0, size_t n, float *out) { plan_values(p, g0, n, out); }
+
 typedef void (*hk_to_float)(const void *, float *, int64_t);
 
-HK_API size_t hk_dequant_diff_decoded(const hk_dq_member *members, size_t nm, size_t g0, size_t n, void *decode,
-                                      const uint8_t *src, size_t block_elems, size_t block_bytes, int zero_equal) {
-    float buf[HK_DQ_CHUNK], ref[HK_DQ_CHUNK];
-    hk_to_float fn;
-    memcpy(&fn, &decode, sizeof fn);  /* an object pointer to a function pointer, as POSIX allows */
+/* The first element of g0 .. g0+n-1 whose value (the plan's) differs in its bits from the
+ * reference's (zero_equal: +0 and -0 alike), or n.  Each chunk of ours is computed into a
+ * buffer that stays in L1 and compared there, so our values never travel through memory.
+ * The reference is `ref[0 .. n)`, or, with ref NULL, `decode` (a ggml to_float: void (const
+ * void *blocks, float *out, int64_t count)) run here over whole blocks of `src` (element g0
+ * is the first of its first block; block_elems values of block_bytes bytes each, block_elems
+ * <= HK_DQ_CHUNK, n a multiple of it) into a second L1 buffer: then neither side's values
+ * travel through memory.  The caller bounds-checks src for the n / block_elems blocks
+ * (kernels.dequant_diff_decoded); with ref, block_elems is 1. */
+HK_API size_t hk_plan_diff(const hk_plan *p, size_t g0, size_t n, const float *ref, void *decode, const uint8_t *src,
+                           size_t block_elems, size_t block_bytes, int zero_equal) {
+    float buf[HK_DQ_CHUNK], dec[HK_DQ_CHUNK];
+    hk_to_float fn = NULL;
+    if (!ref)
+        memcpy(&fn, &decode, sizeof fn);  /* an object pointer to a function pointer, as POSIX allows */
     size_t step = HK_DQ_CHUNK / block_elems * block_elems;
     for (size_t c0 = 0; c0 < n; c0 += step) {
         size_t len = n - c0 < step ? n - c0 : step;
-        fn(src + c0 / block_elems * block_bytes, ref, (int64_t)len);
-        hk_dequant(members, nm, g0 + c0, len, buf);
-        size_t i = hk_first_diff_f32((const uint32_t *)(const void *)buf, (const uint32_t *)(const void *)ref, len,
+        const float *r = ref ? ref + c0 : dec;
+        if (!ref)
+            fn(src + c0 / block_elems * block_bytes, dec, (int64_t)len);
+        plan_values(p, g0 + c0, len, buf);
+        size_t i = hk_first_diff_f32((const uint32_t *)(const void *)buf, (const uint32_t *)(const void *)r, len,
                                      zero_equal);
-        if (i < len)
-            return c0 + i;
-    }
-    return n;
-}
-
-/* hk_halves_diff against a reference decoder run here (hk_dequant_diff_decoded's contract:
- * `decode` over whole blocks of `src`, element 0 the first of its first block). */
-HK_API size_t hk_halves_diff_decoded(const uint16_t *h, size_t n, int kind, const float *table, void *decode,
-                                     const uint8_t *src, size_t block_elems, size_t block_bytes, int zero_equal) {
-    float buf[HK_DQ_CHUNK], ref[HK_DQ_CHUNK];
-    hk_to_float fn;
-    memcpy(&fn, &decode, sizeof fn);
-    size_t step = HK_DQ_CHUNK / block_elems * block_elems;
-    for (size_t c0 = 0; c0 < n; c0 += step) {
-        size_t len = n - c0 < step ? n - c0 : step;
-        fn(src + c0 / block_elems * block_bytes, ref, (int64_t)len);
-        hk_halves(h + c0, len, kind, table, buf);
-        size_t i = hk_first_diff_f32((const uint32_t *)(const void *)buf, (const uint32_t *)(const void *)ref, len,
-                                     zero_equal);
-        if (i < len)
-            return c0 + i;
-    }
-    return n;
-}
-
-/* hk_dequant_diff for hk_halves: the first of h[0 .. n) whose value differs in its bits from
- * ref (zero_equal: +0 and -0 alike), or n; each chunk converted into L1 and compared there. */
-HK_API size_t hk_halves_diff(const uint16_t *h, size_t n, int kind, const float *table, const float *ref,
-                             int zero_equal) {
-    float buf[HK_DQ_CHUNK];
-    for (size_t c0 = 0; c0 < n; c0 += HK_DQ_CHUNK) {
-        size_t len = n - c0 < HK_DQ_CHUNK ? n - c0 : HK_DQ_CHUNK;
-        hk_halves(h + c0, len, kind, table, buf);
-        size_t i = hk_first_diff_f32((const uint32_t *)(const void *)buf, (const uint32_t *)(const void *)(ref + c0),
-                                     len, zero_equal);
         if (i < len)
             return c0 + i;
     }

@@ -64,7 +64,8 @@ The forms every GGML type imports to -- per-block affine and MXFP along the last
 rows of whole blocks, codes of 1/2/4/8 bits stored row-major (or one broadcast code), and
 the sealed overlays ``add`` of such members evaluated in float32 -- run on the compiled path
 where the optional kernel is loaded (``hk_dequant`` in ``_kernel.c``, through
-:func:`hurray_interop.kernels.dequant_window`): every member of an overlay in one pass,
+:func:`hurray_interop.kernels.dequant_window`; plain float16/bfloat16 tensors too, a
+:class:`~hurray_interop.kernels.HalvesPlan`): every member of an overlay in one pass,
 block by block, with numpy's operations in numpy's order (NaN payloads included), so the
 numpy evaluation below is its byte-identical twin (tests/test_dequant_kernel.py).
 :func:`windows` evaluates a tensor window by window into buffers the caller reuses (what
@@ -303,13 +304,15 @@ class _Dense:
         self._prepare_layout(desc.layout)
         # ---- the compiled path (kernels.dequant_window) where the tensor fits it
         self.spec = self._compiled_spec()
-        self.halves = self._halves_spec()
 
     @functools.cached_property
-    def plan(self) -> "kernels.DequantPlan | None":
-        """The compiled plan of this tensor alone, built when first asked for: an overlay's
-        members are evaluated through the overlay's plan (their specs) and never need theirs."""
-        return kernels.dequant_plan([self.spec], self.size) if self.spec is not None else None
+    def plan(self) -> "kernels.Plan | None":
+        """The compiled plan of this tensor alone (its spec's, or a plain float16/bfloat16
+        tensor's), built when first asked for: an overlay's members are evaluated through the
+        overlay's plan (their specs) and never need theirs."""
+        if self.spec is not None:
+            return kernels.dequant_plan([self.spec], self.size)
+        return self._halves_plan()
 
     # -- scheme ------------------------------------------------------------------
 
@@ -413,11 +416,10 @@ class _Dense:
                 "table": None if integer else _values_by_key(self.values_key),
                 "block": self.block, "bits": et.bits, "signed": et.kind == "int", "constant": self.constant}
 
-    def _halves_spec(self) -> tuple[np.ndarray, str, np.ndarray | None] | None:
-        """``(bits, kind, table)`` of a row-major float16/bfloat16 tensor without a scheme --
-        its 16-bit patterns from element 0 (aligned), the kind and float16's value table --
-        for the compiled conversion (kernels.halves_window; the same values as
-        :meth:`_decode`'s cast and shift), or None."""
+    def _halves_plan(self) -> "kernels.HalvesPlan | None":
+        """The compiled plan of a row-major float16/bfloat16 tensor without a scheme (its
+        16-bit patterns from element 0; the same values as :meth:`_decode`'s cast and shift),
+        or None."""
         et = self.et
         if (not kernels.loaded() or self.q is not None or et.name not in kernels.HALF_KINDS or not self.row_major
                 or self.size == 0 or self.storage_shape != self.shape):
@@ -425,7 +427,7 @@ class _Dense:
         raw = self.bufs[0][self.byte_offset : self.byte_offset + 2 * self.size]
         if raw.size != 2 * self.size or raw.ctypes.data % 2:
             return None
-        return raw.view("<u2"), et.name, _f16_table() if et.name == "float16" else None
+        return kernels.halves_plan(raw.view("<u2"), et.name, _f16_table() if et.name == "float16" else None)
 
     # -- fetching codes ----------------------------------------------------------
 
@@ -600,11 +602,6 @@ class _Dense:
         inner = _prod(self.shape[d + 1 :])
         if self.plan is not None and not accumulate:
             kernels.dequant_window(self.plan, _linear(self.shape, d, prefix, a), out[: (b - a) * inner])
-            return
-        if self.halves is not None and not accumulate:
-            g0, n = _linear(self.shape, d, prefix, a), (b - a) * inner
-            bits, kind, table = self.halves
-            kernels.halves_window(bits[g0 : g0 + n], kind, table, out[:n])
             return
         pos = 0
         ad, al = self.align
@@ -988,19 +985,12 @@ class Windows:
         equal -- computed and compared chunk by chunk in the compiled path (a per-block plan, or
         a plain float16/bfloat16 tensor), the values never written out -- or None when the
         tensor is not on the compiled path (then :meth:`fill` and compare)."""
-        plan = getattr(self._dec, "plan", None)
-        halves = getattr(self._dec, "halves", None)
-        if plan is None and halves is None:
+        at = self._compiled(region)
+        if at is None:
             return None
-        d, prefix, a, b = region
-        n = (b - a) * _prod(self._dec.shape[d + 1 :])
-        if ref.size != n:
-            raise UsageError(f"the reference window holds {ref.size} values, the window {n}", tensor=self._dec.name)
-        g0 = _linear(self._dec.shape, d, prefix, a)
-        if plan is None:
-            bits, kind, table = halves
-            return kernels.halves_diff(bits[g0 : g0 + n], kind, table, ref, zero_equal)
-        return kernels.dequant_diff(plan, g0, ref, zero_equal)
+        if ref.size != at[1]:
+            raise UsageError(f"the reference window holds {ref.size} values, the window {at[1]}", tensor=self._dec.name)
+        return kernels.dequant_diff(self._dec.plan, at[0], ref, zero_equal)
 
     def first_diff_decoded(self, region: tuple, decode: int, blocks: np.ndarray, block_elements: int,
                            zero_equal: bool = False) -> int | None:
@@ -1008,20 +998,18 @@ class Windows:
         blocks (``decode``: a ggml ``to_float``'s address; ``blocks``: one row per block of
         ``block_elements`` values, the window's first value first): both sides computed and
         compared 4096 values at a time, no reference window at all
-        (kernels.dequant_diff_decoded; plain float16/bfloat16: kernels.halves_diff_decoded).
-        None when the tensor is not on the compiled path."""
-        plan = getattr(self._dec, "plan", None)
-        halves = getattr(self._dec, "halves", None)
-        if plan is None and halves is None:
+        (kernels.dequant_diff_decoded).  None when the tensor is not on the compiled path."""
+        at = self._compiled(region)
+        if at is None:
+            return None
+        return kernels.dequant_diff_decoded(self._dec.plan, at[0], at[1], decode, blocks, block_elements, zero_equal)
+
+    def _compiled(self, region: tuple) -> tuple[int, int] | None:
+        """``(flat index of the first value, count)`` of a window on the compiled path, else None."""
+        if getattr(self._dec, "plan", None) is None:
             return None
         d, prefix, a, b = region
-        n = (b - a) * _prod(self._dec.shape[d + 1 :])
-        g0 = _linear(self._dec.shape, d, prefix, a)
-        if plan is None:
-            bits, kind, table = halves
-            return kernels.halves_diff_decoded(bits[g0 : g0 + n], kind, table, decode, blocks, block_elements,
-                                               zero_equal)
-        return kernels.dequant_diff_decoded(plan, g0, n, decode, blocks, block_elements, zero_equal)
+        return _linear(self._dec.shape, d, prefix, a), (b - a) * _prod(self._dec.shape[d + 1 :])
 
 
 def windows(tensor: Tensor, *, max_elements: int = DEFAULT_MAX_ELEMENTS, strict: bool = True) -> Windows:

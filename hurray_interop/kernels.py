@@ -63,7 +63,7 @@ __all__ = [
 
 ENV_VAR = "HURRAY_INTEROP_KERNEL"
 LIBRARY = Path(__file__).with_name("_kernel.dll" if os.name == "nt" else "_kernel.so")
-_ABI_VERSION = 15  # hk_abi_version() in _kernel.c
+_ABI_VERSION = 16  # hk_abi_version() in _kernel.c
 
 #: scale classes returned by :func:`scale_class`, one byte per block
 SCALE_OK, SCALE_ZERO, SCALE_BAD = 0, 1, 2
@@ -92,15 +92,11 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "hk_factor_rows": (_N, [_P, _P, _N, _N, ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_float,
                             ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_uint,
                             ctypes.c_int, _P, _P]),
-    "hk_dequant": (None, [_P, _N, _N, _N, _P]),
+    "hk_plan_window": (None, [_P, _N, _N, _P]),
+    "hk_plan_diff": (_N, [_P, _N, _N, _P, _P, _P, _N, _N, ctypes.c_int]),
     "hk_dequant_avx2": (ctypes.c_int, [ctypes.c_int]),
-    "hk_halves": (None, [_P, _N, ctypes.c_int, _P, _P]),
-    "hk_halves_diff": (_N, [_P, _N, ctypes.c_int, _P, _P, ctypes.c_int]),
-    "hk_halves_diff_decoded": (_N, [_P, _N, ctypes.c_int, _P, _P, _P, _N, _N, ctypes.c_int]),
     "hk_first_diff_f32": (_N, [_P, _P, _N, ctypes.c_int]),
     "hk_first_diff_u8": (_N, [_P, _P, _N]),
-    "hk_dequant_diff": (_N, [_P, _N, _N, _N, _P, ctypes.c_int]),
-    "hk_dequant_diff_decoded": (_N, [_P, _N, _N, _N, _P, _P, _N, _N, ctypes.c_int]),
     "hk_first_bad_scale": (_N, [_P, _N, ctypes.c_int, ctypes.c_uint32]),
     "hk_compare_stats": (None, [_P, _P, _N, _P, _P]),
     "hk_dsc_scales": (_N, [_P, _S, _N, _N, _N, _P, _N, ctypes.c_int, ctypes.c_int, _S, _P, _N, _P, _P, _P]),
@@ -658,9 +654,16 @@ class DequantMember(ctypes.Structure):
 DQ_SCALE_KINDS = {"float16": 1, "bfloat16": 2, "float32": 3, "float8_e8m0": 4}
 
 
+class _Plan(ctypes.Structure):
+    """``hk_plan`` in ``_kernel.c``: a dequantization's members, or (members NULL) plain 16-bit floats."""
+
+    _fields_ = [("members", _P), ("nm", _N), ("halves", _P), ("kind", ctypes.c_int32), ("table", _P)]
+
+
 class DequantPlan:
     """The members of one compiled dequantization and every array they point into (kept
-    alive with the plan).  Built by :func:`dequant_plan`; run by :func:`dequant_window`."""
+    alive with the plan).  Built by :func:`dequant_plan`; run by :func:`dequant_window`,
+    :func:`dequant_diff` and :func:`dequant_diff_decoded`."""
 
     def __init__(self, members: list[dict[str, Any]], size: int) -> None:
         self.size = size
@@ -673,7 +676,39 @@ class DequantPlan:
             slot.block, slot.bits, slot.is_signed = int(m["block"]), int(m["bits"]), int(m["signed"])
             slot.scale_kind, slot.constant = DQ_SCALE_KINDS[m["scale_kind"]], int(m["constant"])
         self.members = arr
-        self.count = len(members)
+        self.c = _Plan(ctypes.cast(arr, ctypes.c_void_p).value, len(members), None, 0, None)
+
+
+#: kinds of plain 16-bit floats (:class:`HalvesPlan`): float16 through its value table, bfloat16 by a shift
+HALF_KINDS = {"float16": 1, "bfloat16": 2}
+
+
+class HalvesPlan:
+    """A plain float16/bfloat16 tensor's 16-bit patterns (and float16's value table: numpy's
+    cast of every pattern, so numpy's bits by construction), run by the same functions as a
+    :class:`DequantPlan`.  Built by :func:`halves_plan`."""
+
+    def __init__(self, bits: np.ndarray, kind: str, table: np.ndarray | None) -> None:
+        self.size = bits.size
+        self._keep = (bits, table)
+        self.c = _Plan(None, 0, _at(bits), HALF_KINDS[kind], _at(table) if table is not None else None)
+
+
+def halves_plan(bits: np.ndarray, kind: str, table: np.ndarray | None) -> HalvesPlan | None:
+    """A compiled plan for the plain 16-bit floats ``bits`` (1-D, C-contiguous, aligned ``<u2``)
+    of ``kind`` (:data:`HALF_KINDS`; float16 with ``table``, its 65536 float32 values), or None
+    where the library is not loaded or the arrays do not fit: the caller's numpy path."""
+    if _lib is None or kind not in HALF_KINDS:
+        return None
+    if not (bits.dtype == np.dtype("<u2") and bits.ndim == 1 and bits.flags.c_contiguous and _at(bits) % 2 == 0):
+        return None
+    if kind == "float16" and not (isinstance(table, np.ndarray) and table.dtype == np.float32
+                                  and table.size == 1 << 16 and table.flags.c_contiguous):
+        return None
+    return HalvesPlan(bits, kind, table if kind == "float16" else None)
+
+
+Plan = DequantPlan | HalvesPlan
 
 
 def _aligned(a: np.ndarray | None, itemsize: int) -> bool:
@@ -709,15 +744,15 @@ def dequant_plan(members: list[dict[str, Any]], size: int) -> DequantPlan | None
     return DequantPlan(members, size)
 
 
-def dequant_diff(plan: DequantPlan, g0: int, ref: np.ndarray, zero_equal: bool = False) -> int:
+def dequant_diff(plan: Plan, g0: int, ref: np.ndarray, zero_equal: bool = False) -> int:
     """The index in ``ref`` (C-contiguous float32) of the first value that differs in its bits
     from element ``g0 + index`` as :func:`dequant_window` computes it (``zero_equal``: +0 and
     -0 alike), or -1: the comparison without the window ever written to memory."""
     if not (isinstance(ref, np.ndarray) and ref.dtype == np.float32 and ref.flags.c_contiguous and ref.ndim == 1):
         raise ValueError("dequant_diff compares with a 1-D C-contiguous float32 array")
-    if not 0 <= g0 <= plan.size - ref.size:
-        raise ValueError(f"elements {g0}..{g0 + ref.size} are not inside the tensor's {plan.size}")
-    i = int(_lib.hk_dequant_diff(plan.members, plan.count, int(g0), ref.size, _at(ref), 1 if zero_equal else 0))
+    _inside(plan, g0, ref.size)
+    i = int(_lib.hk_plan_diff(ctypes.byref(plan.c), int(g0), ref.size, _at(ref), None, None, 1, 0,
+                              1 if zero_equal else 0))
     return -1 if i == ref.size else i
 
 
@@ -725,28 +760,7 @@ def dequant_diff(plan: DequantPlan, g0: int, ref: np.ndarray, zero_equal: bool =
 DECODED_CHUNK = 4096
 
 
-def _decoded_args(n: int, decode: int, blocks: np.ndarray, block_elements: int) -> None:
-    if not (isinstance(blocks, np.ndarray) and blocks.dtype == np.uint8 and blocks.ndim == 2
-            and blocks.flags.c_contiguous):
-        raise ValueError("the reference decoder reads C-contiguous uint8 blocks, one per row")
-    if not 1 <= block_elements <= DECODED_CHUNK or blocks.shape[0] * block_elements != n:
-        raise ValueError(f"{blocks.shape[0]} blocks of {block_elements} values are not the {n} values compared")
-    if not decode:
-        raise ValueError("no decoder")
-
-
-def halves_diff_decoded(h: np.ndarray, kind: str, table: np.ndarray | None, decode: int, blocks: np.ndarray,
-                        block_elements: int, zero_equal: bool = False) -> int:
-    """:func:`halves_diff` against a reference decoder run in C over ``blocks`` (the contract of
-    :func:`dequant_diff_decoded`): the index of the first value of ``h`` whose bits differ, or -1."""
-    k, t = _halves_args(h, kind, table)
-    _decoded_args(h.size, decode, blocks, block_elements)
-    i = int(_lib.hk_halves_diff_decoded(_at(h), h.size, k, t, decode, _at(blocks), block_elements, blocks.shape[1],
-                                        1 if zero_equal else 0))
-    return -1 if i == h.size else i
-
-
-def dequant_diff_decoded(plan: DequantPlan, g0: int, n: int, decode: int, blocks: np.ndarray, block_elements: int,
+def dequant_diff_decoded(plan: Plan, g0: int, n: int, decode: int, blocks: np.ndarray, block_elements: int,
                          zero_equal: bool = False) -> int:
     """:func:`dequant_diff` of elements ``g0 .. g0 + n`` against a reference decoder run in C
     over ``blocks`` (C-contiguous uint8, one row per block of ``block_elements`` values, the
@@ -754,63 +768,37 @@ def dequant_diff_decoded(plan: DequantPlan, g0: int, n: int, decode: int, blocks
     (``void (const void *, float *, int64_t)``).  Both sides are computed 4096 values at a
     time and compared in L1.  Returns the index (from ``g0``) of the first value whose bits
     differ, or -1."""
-    _decoded_args(n, decode, blocks, block_elements)
-    if not 0 <= g0 <= plan.size - n:
-        raise ValueError(f"elements {g0}..{g0 + n} are not inside the tensor's {plan.size}")
-    i = int(_lib.hk_dequant_diff_decoded(plan.members, plan.count, int(g0), n, decode, _at(blocks), block_elements,
-                                         blocks.shape[1], 1 if zero_equal else 0))
+    if not (isinstance(blocks, np.ndarray) and blocks.dtype == np.uint8 and blocks.ndim == 2
+            and blocks.flags.c_contiguous):
+        raise ValueError("the reference decoder reads C-contiguous uint8 blocks, one per row")
+    if not 1 <= block_elements <= DECODED_CHUNK or blocks.shape[0] * block_elements != n:
+        raise ValueError(f"{blocks.shape[0]} blocks of {block_elements} values are not the {n} values compared")
+    if not decode:
+        raise ValueError("no decoder")
+    _inside(plan, g0, n)
+    i = int(_lib.hk_plan_diff(ctypes.byref(plan.c), int(g0), n, None, decode, _at(blocks), block_elements,
+                              blocks.shape[1], 1 if zero_equal else 0))
     return -1 if i == n else i
 
 
-def dequant_window(plan: DequantPlan, g0: int, out: np.ndarray) -> None:
+def _inside(plan: Plan, g0: int, n: int) -> None:
+    if not 0 <= g0 <= plan.size - n:
+        raise ValueError(f"elements {g0}..{g0 + n} are not inside the tensor's {plan.size}")
+
+
+def dequant_window(plan: Plan, g0: int, out: np.ndarray) -> None:
     """``out`` (C-contiguous float32) = the values of elements ``g0 .. g0 + out.size`` (row-major),
     which must lie inside the plan's tensor (the C code reads codes and scales there)."""
     if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.flags.c_contiguous
             and out.flags.writeable):
         raise ValueError("dequant_window writes a writeable C-contiguous float32 array")
-    if not 0 <= g0 <= plan.size - out.size:
-        raise ValueError(f"elements {g0}..{g0 + out.size} are not inside the tensor's {plan.size}")
-    _lib.hk_dequant(plan.members, plan.count, int(g0), out.size, _at(out))
+    _inside(plan, g0, out.size)
+    _lib.hk_plan_window(ctypes.byref(plan.c), int(g0), out.size, _at(out))
 
 
 def loaded() -> bool:
     """Whether the compiled library is loaded now (the tests switch it off to run the twins)."""
     return _lib is not None
-
-
-#: kinds of ``hk_halves``: float16 through its value table, bfloat16 by a shift
-HALF_KINDS = {"float16": 1, "bfloat16": 2}
-
-
-def _halves_args(h: np.ndarray, kind: str, table: np.ndarray | None) -> tuple[int, int]:
-    if not (isinstance(h, np.ndarray) and h.dtype == np.dtype("<u2") and h.ndim == 1 and h.flags.c_contiguous
-            and _at(h) % 2 == 0):
-        raise ValueError("hk_halves reads a 1-D C-contiguous aligned little-endian uint16 array")
-    k = HALF_KINDS[kind]
-    if k == 1 and not (isinstance(table, np.ndarray) and table.dtype == np.float32 and table.size == 1 << 16
-                       and table.flags.c_contiguous):
-        raise ValueError("float16 values need the 65536-entry float32 table")
-    return k, (_at(table) if k == 1 else 0)
-
-
-def halves_window(h: np.ndarray, kind: str, table: np.ndarray | None, out: np.ndarray) -> None:
-    """``out`` (C-contiguous float32, ``h``'s size) = the values of the 16-bit floats ``h``
-    (``kind`` float16 through ``table``, numpy's cast of every bit pattern; bfloat16 by a shift)."""
-    k, t = _halves_args(h, kind, table)
-    if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.flags.c_contiguous
-            and out.flags.writeable and out.size == h.size):
-        raise ValueError("halves_window writes a writeable C-contiguous float32 array of the input's size")
-    _lib.hk_halves(_at(h), h.size, k, t, _at(out))
-
-
-def halves_diff(h: np.ndarray, kind: str, table: np.ndarray | None, ref: np.ndarray, zero_equal: bool = False) -> int:
-    """:func:`dequant_diff` for :func:`halves_window`: the index of the first value of ``h``
-    whose bits differ from ``ref``'s, or -1, the values never written out."""
-    k, t = _halves_args(h, kind, table)
-    if not (isinstance(ref, np.ndarray) and ref.dtype == np.float32 and ref.flags.c_contiguous and ref.size == h.size):
-        raise ValueError("halves_diff compares with a C-contiguous float32 array of the input's size")
-    i = int(_lib.hk_halves_diff(_at(h), h.size, k, t, _at(ref), 1 if zero_equal else 0))
-    return -1 if i == h.size else i
 
 
 def dequant_avx2(enabled: bool | None = None) -> bool:

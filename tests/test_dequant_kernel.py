@@ -418,18 +418,18 @@ def test_every_half_pattern_agrees_with_numpy(etype: str) -> None:
     """All 65536 bit patterns (NaN payloads, signalling NaNs, subnormals, ±0, ±inf) through C
     and through numpy, whole and in windows that start anywhere."""
     t = halves_case(etype)
-    assert dq._make(t, True).halves is not None
+    assert isinstance(dq._make(t, True).plan, K.HalvesPlan)
     c = dq.dequantize(t, threads=1)
     flat = np.concatenate([v.reshape(-1) for _, v in dq.iter_dequantize(t, max_elements=4096 * 3 + 7, threads=1)])
     with numpy_path():
-        assert dq._make(t, True).halves is None
+        assert dq._make(t, True).plan is None
         n = dq.dequantize(t, threads=1)
     assert same_bits(c, n) and same_bits(flat.reshape(c.shape), n)
 
 
 @pytest.mark.parametrize("etype", ["float16", "bfloat16"])
 def test_half_first_diff_finds_the_first_difference(etype: str) -> None:
-    """Windows.first_diff of a plain half tensor (hk_halves_diff): -1 on equal values, else the
+    """Windows.first_diff of a plain half tensor (hk_plan_diff): -1 on equal values, else the
     index, at the first, the chunk's last and first and the last element."""
     t = halves_case(etype, shape=(2, 3 * 4096 + 5))
     wins = dq.windows(t, max_elements=2 * 4096 + 9)
@@ -449,23 +449,27 @@ def test_halves_the_c_conversion_cannot_take_stay_on_numpy(case: str) -> None:
         t = halves_case("float16", shape=(2, 64), byte_offset=1)
     else:
         t = halves_case("float16", shape=(2, 64), layout=ColumnMajor())
-    assert dq._make(t, True).halves is None
+    assert dq._make(t, True).plan is None
     c = dq.dequantize(t)
     with numpy_path():
         assert same_bits(c, dq.dequantize(t))
 
 
-def test_halves_window_refuses_what_it_cannot_read() -> None:
+def test_a_halves_plan_refuses_what_it_cannot_read() -> None:
+    """halves_plan: no table for float16, a table of the wrong size, misaligned or wrong-typed
+    bits give no plan (the numpy path); the plan's window and comparison check their ranges."""
     h = np.zeros(8, "<u2")
     table = dq._f16_table()
-    with pytest.raises(ValueError):
-        K.halves_window(h, "float16", None, np.empty(8, np.float32))  # no table
-    with pytest.raises(ValueError):
-        K.halves_window(h, "float16", table, np.empty(7, np.float32))  # wrong size
-    with pytest.raises(ValueError):
-        K.halves_window(np.zeros(9, np.uint8)[1:].view("<u2"), "bfloat16", None, np.empty(4, np.float32))  # misaligned
-    with pytest.raises(ValueError):
-        K.halves_diff(h, "bfloat16", None, np.empty(9, np.float32))
+    assert K.halves_plan(h, "float16", None) is None
+    assert K.halves_plan(h, "float16", table[:-1]) is None
+    assert K.halves_plan(np.zeros(9, np.uint8)[1:].view("<u2"), "bfloat16", None) is None
+    assert K.halves_plan(h.astype("<i2"), "bfloat16", None) is None
+    plan = K.halves_plan(h, "float16", table)
     out = np.empty(8, np.float32)
-    K.halves_window(h, "float16", table, out)
+    K.dequant_window(plan, 0, out)
     assert same_bits(out, np.zeros(8, np.float32))
+    with pytest.raises(ValueError):
+        K.dequant_window(plan, 1, out)  # one past the end
+    with pytest.raises(ValueError):
+        K.dequant_diff(plan, 0, np.empty(9, np.float32))
+    assert K.dequant_diff(plan, 0, out) == -1

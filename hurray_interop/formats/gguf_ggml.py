@@ -7,7 +7,9 @@ with a ``to_float``, including Q1_0 and Q2_0, which gguf-py cannot; the only whe
 CPython 3.11 on x86-64 Linux, so everything here degrades to "not available, and why".
 
 ``to_float(const void *x, float *y, int64_t k)`` trusts its arguments and reads raw memory.
-:func:`decode_blocks` is the only door to it: it takes a C-contiguous ``uint8`` array of
+:func:`decode_blocks` is one door to it, :func:`decoder_address` the other (for
+``kernels.dequant_diff_decoded``, which checks the same things before its C runs it):
+:func:`decode_blocks` takes a C-contiguous ``uint8`` array of
 shape ``(n, block_bytes)`` (a view the GGUF reader has bounds-checked against the file),
 a C-contiguous, writeable float32 ``out`` of exactly ``n * block_elements`` values, and
 a type whose block geometry the library reports exactly as ``mappings/ggml_types.toml``
@@ -112,12 +114,19 @@ def version() -> str:
     return _load()[1]
 
 
+#: type ids whose ``to_float`` is not the value the type defines, so never used: F16 (1) quiets
+#: signalling NaNs (0x7C01 -> 0x7FC02000, where the exact widening gives 0x7F802000); numpy's
+#: cast decodes it under either oracle
+_NOT_EXACT = frozenset({1})
+
+
 @functools.cache
 def _decoder(type_id: int, block_elements: int, block_bytes: int) -> Any:
-    """The type's ``to_float``, or None: when the library has none, or reports another block
-    geometry than ours (another ggml's type of that id: never trusted with our bytes)."""
+    """The type's ``to_float``, or None: when the library has none, reports another block
+    geometry than ours (another ggml's type of that id: never trusted with our bytes), or the
+    type is in :data:`_NOT_EXACT`."""
     lib = _load()[0]
-    if lib is None or not 0 <= type_id <= _MAX_TYPE_ID:
+    if lib is None or not 0 <= type_id <= _MAX_TYPE_ID or type_id in _NOT_EXACT:
         return None
     tr = lib.ggml_get_type_traits(type_id).contents
     if not tr.to_float or tr.blck_size != block_elements or tr.type_size != block_bytes or tr.blck_size_interleave:

@@ -61,10 +61,7 @@ def _reference(info: "G.GGUFTensorInfo", name: str) -> Rows | None:
     cast over elements for plain types it has no decoder for); None when it has no decoder
     for the type."""
     t = info.ggml_type
-    # F16 is IEEE binary16, widened exactly by numpy's cast; ggml's F16 to_float quiets
-    # signalling NaNs (0x7C01 -> 0x7FC02000 where the exact widening keeps 0x7F802000), so
-    # a byte-identical file would fail: F16 takes the plain path under either oracle
-    if name == "ggml" and t.name != "F16" and ggml.has_decoder(t.id, t.block_elements, t.block_bytes):
+    if name == "ggml" and ggml.has_decoder(t.id, t.block_elements, t.block_bytes):  # (not F16: gguf_ggml._NOT_EXACT)
         # the reader bounds-checked the tensor's bytes: a whole number of contiguous blocks
         blocks = info.data.reshape(-1, t.block_bytes)
 
